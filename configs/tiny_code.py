@@ -1,0 +1,25 @@
+"""The embedded default: a byte-level Llama trained on the Python standard library's source.
+
+Sized to train in minutes on a 2-core CPU with early exits good enough for self-speculation.
+    python train/train.py --config configs/tiny_code.py --workdir runs/tiny
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.model = ml_collections.ConfigDict(dict(
+        vocab_size=259, d_model=256, num_layers=8, num_heads=4, num_kv_heads=2, mlp_dim=704,
+        rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True, dtype="float32",
+        param_dtype="float32", init_std=0.02))
+    config.data = ml_collections.ConfigDict(dict(
+        source="stdlib", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=16, total_steps=400, learning_rate=2e-3, warmup_steps=40, min_lr_ratio=0.1,
+        weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
+        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat=False))
+    config.layerskip = ml_collections.ConfigDict(dict(
+        p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
+        curriculum="none", rotation_interval=1))
+    return config

@@ -1,0 +1,28 @@
+"""specjax: self-speculative and early-exit language models in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="specjax",
+    version="0.1.0",
+    description="JAX/Flax research framework for self-speculative and early-exit language models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["specjax", "specjax.*"]),
+    install_requires=[
+        "jax>=0.10.2",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "einops>=0.8",
+        "datasets>=3.0",
+        "absl-py>=2.0",
+        "ml_collections>=1.0",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "flatbuffers>=24"],
+    },
+)

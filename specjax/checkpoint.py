@@ -1,0 +1,100 @@
+"""Checkpoints in a workdir, through orbax's CheckpointManager.
+
+Each step is one orbax checkpoint with three items: `params`, `opt_state` and `meta` (JSON: the
+full run config, the model config, the data position). Orbax writes to a temporary directory and
+renames it when complete, so a crash mid-save never leaves a half-written "latest" checkpoint.
+Inference restores `params` alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from specjax.config import ModelConfig
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or does not belong to this model."""
+
+
+class Checkpointer:
+    """Save / restore / resume in `workdir/checkpoints`, keeping the last `keep` steps."""
+
+    def __init__(self, workdir: str, keep: int = 3, *, create: bool = True):
+        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        if not create and not os.path.isdir(self.directory):
+            raise CheckpointError(f"no checkpoints in {workdir!r} (expected {self.directory}); "
+                                  "train a model there first with train/train.py")
+        self._manager = ocp.CheckpointManager(
+            self.directory, item_names=("params", "opt_state", "meta"),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                                 enable_async_checkpointing=False))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, params: Any, opt_state: Any, meta: dict[str, Any]) -> None:
+        self._manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta)), force=True)
+        self._manager.wait_until_finished()
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        step = self._resolve(step)
+        return self._restore(step, meta=ocp.args.JsonRestore())["meta"]
+
+    def restore(self, abstract_params: Any, abstract_opt_state: Any | None = None,
+                step: int | None = None) -> tuple[Any, Any | None, dict[str, Any]]:
+        """Restores (params, opt_state or None, meta); abstract trees give shapes and dtypes."""
+        step = self._resolve(step)
+        items = {"params": ocp.args.StandardRestore(abstract_params),
+                 "meta": ocp.args.JsonRestore()}
+        if abstract_opt_state is not None:
+            items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+        restored = self._restore(step, **items)
+        return restored["params"], restored.get("opt_state"), restored["meta"]
+
+    def _resolve(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"no checkpoint found in {self.directory}")
+        elif step not in self._manager.all_steps():
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory} "
+                                  f"(available: {sorted(self._manager.all_steps())})")
+        return step
+
+    def _restore(self, step: int, **items: Any) -> Any:
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as error:  # orbax raises many types for unreadable files
+            raise CheckpointError(
+                f"checkpoint of step {step} in {self.directory} could not be restored "
+                f"({type(error).__name__}: {str(error)[:300]}). It may be corrupt or written "
+                f"by a different model; remove that step's folder to fall back to an earlier "
+                f"one.") from error
+
+    def close(self) -> None:
+        self._manager.close()
+
+
+def check_model_config(meta: dict[str, Any], cfg: ModelConfig, directory: str) -> None:
+    """Refuses a checkpoint whose model differs from `cfg`, naming every differing field."""
+    if "model" not in meta:
+        raise CheckpointError(f"checkpoint in {directory} has no model config in its metadata")
+    saved = ModelConfig.from_dict(meta["model"])
+    differences = saved.diff(cfg)
+    if differences:
+        listing = ", ".join(f"{k}: checkpoint={a!r} vs config={b!r}"
+                            for k, (a, b) in sorted(differences.items()))
+        raise CheckpointError(f"the workdir {directory} holds a different model ({listing}); "
+                              "use a new --workdir or the matching config")
+
+
+def abstract_tree(tree: Any) -> Any:
+    """Shape/dtype structs (with shardings, if any) for orbax restore targets."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

@@ -1,0 +1,150 @@
+"""ModelConfig: the static description of a specjax model.
+
+Everything here changes the compiled program (shapes, dtypes, layer count), so it is a frozen,
+hashable dataclass that can be passed to `jax.jit` as a static argument. It validates itself on
+construction and names the offending field in a `ValueError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (`rope_type="llama3"` in HF configs)."""
+
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self) -> None:
+        _require(self.factor >= 1.0, "rope_scaling.factor", self.factor, "must be >= 1")
+        _require(self.low_freq_factor > 0, "rope_scaling.low_freq_factor", self.low_freq_factor,
+                 "must be > 0")
+        _require(self.high_freq_factor > self.low_freq_factor, "rope_scaling.high_freq_factor",
+                 self.high_freq_factor, "must be > low_freq_factor")
+        _require(self.original_max_position > 0, "rope_scaling.original_max_position",
+                 self.original_max_position, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder with a shared multi-exit head.
+
+    Exits are numbered by how many layers ran: exit `e` in [1, num_layers] is the hidden state after
+    layer `e` (1-based), so exit `num_layers` is the ordinary final output. `exit_layers` lists the
+    exits that training supervises (default: all of them).
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    mlp_dim: int
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    init_std: float = 0.02
+    exit_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, name, value, "must be a positive int")
+        _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
+                 f"must divide num_heads={self.num_heads}")
+        if self.head_dim is None:
+            _require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
+                     f"must divide d_model={self.d_model} (or set head_dim)")
+        else:
+            _require(isinstance(self.head_dim, int) and self.head_dim > 0, "head_dim",
+                     self.head_dim, "must be a positive int")
+        _require(self.resolved_head_dim % 2 == 0, "head_dim", self.resolved_head_dim,
+                 "must be even for rotary embeddings")
+        _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
+        _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
+        _require(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+        for name in ("dtype", "param_dtype"):
+            _require(getattr(self, name) in DTYPES, name, getattr(self, name),
+                     f"must be one of {sorted(DTYPES)}")
+        if self.exit_layers is not None:
+            exits = tuple(self.exit_layers)
+            _require(len(exits) > 0, "exit_layers", exits, "must not be empty (use None for all)")
+            _require(all(isinstance(e, int) and 1 <= e <= self.num_layers for e in exits),
+                     "exit_layers", exits, f"must lie in [1, num_layers={self.num_layers}]")
+            _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
+                     "must be strictly increasing")
+            object.__setattr__(self, "exit_layers", exits)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def supervised_exits(self) -> tuple[int, ...]:
+        return self.exit_layers or tuple(range(1, self.num_layers + 1))
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def weight_dtype(self) -> jnp.dtype:
+        return DTYPES[self.param_dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict; `from_dict(to_dict())` round-trips."""
+        out = dataclasses.asdict(self)
+        if self.exit_layers is not None:
+            out["exit_layers"] = list(self.exit_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from a plain or ml_collections mapping, rejecting unknown keys."""
+        values = dict(values)
+        scaling = values.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            values["rope_scaling"] = dataclass_from_mapping(RopeScaling, scaling,
+                                                            "model.rope_scaling")
+        if values.get("exit_layers") is not None:
+            values["exit_layers"] = tuple(values["exit_layers"])
+        return dataclass_from_mapping(cls, values, "model")
+
+    def diff(self, other: ModelConfig) -> dict[str, tuple[Any, Any]]:
+        """Fields whose values differ, as {field: (self_value, other_value)}."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
+
+
+def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -> Any:
+    """Builds a config dataclass from a mapping, naming the config section for unknown keys."""
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{section}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**values)
+
+
+def _require(ok: bool, field: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ValueError(f"ModelConfig.{field}={value!r} {why}")

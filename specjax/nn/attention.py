@@ -1,0 +1,73 @@
+"""Grouped-query self-attention, with or without a KV cache.
+
+The fused projection kernel is [d_model, num_kv_heads, group + 2, head_dim]: for each kv head, its
+`group` query heads, then its key and its value. One matrix-vector product reads all of it during
+decoding, and a tensor-parallel mesh can shard the kv-head axis without splitting a group.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import LayerKV
+from specjax.config import ModelConfig
+from specjax.nn.mlp import residual_init_std
+from specjax.nn.rope import Rope, apply_rope
+
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+
+class Attention(nn.Module):
+    """Self-attention over the new tokens plus, when `kv` is given, the cached ones.
+
+    Without a cache, `mask` is [1 or B, T, T] over the new tokens. With a cache, the new keys and
+    values are written at slots `write_pos[b] + t` and `mask` is [B, T, max_len] over cache slots.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, rope: Rope, mask: jax.Array, kv: LayerKV | None = None,
+                 write_pos: jax.Array | None = None) -> tuple[jax.Array, LayerKV | None]:
+        cfg = self.cfg
+        batch, steps, _ = x.shape
+        kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.resolved_head_dim
+        qkv = self.param("qkv", nn.initializers.normal(cfg.init_std),
+                         (cfg.d_model, kv_heads, group + 2, head_dim), cfg.weight_dtype)
+        out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
+                         (kv_heads, group, head_dim, cfg.d_model), cfg.weight_dtype)
+
+        y = jnp.einsum("btd,dkgh->btkgh", x, qkv.astype(cfg.compute_dtype))
+        q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
+        k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
+        v = y[:, :, :, group + 1]
+
+        # Merge batch and kv heads into one leading axis (the cache layout, see cache.py).
+        q = q.transpose(0, 2, 3, 1, 4).reshape(batch * kv_heads, group * steps, head_dim)
+        k = k.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
+        v = v.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
+        if kv is not None:
+            kv = _write(kv, k, v, write_pos, kv_heads)
+            k, v = kv.k, kv.v
+
+        scores = jnp.einsum("nqd,nsd->nqs", q, k, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, kv_heads, group, steps, -1) * head_dim ** -0.5
+        scores = jnp.where(mask[:, None, None], scores, _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+        probs = probs.reshape(batch * kv_heads, group * steps, -1)
+        attended = jnp.einsum("nqs,nsd->nqd", probs, v)
+        attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
+        return jnp.einsum("bkgth,kghd->btd", attended, out.astype(cfg.compute_dtype)), kv
+
+
+def _write(kv: LayerKV, k: jax.Array, v: jax.Array, write_pos: jax.Array,
+           kv_heads: int) -> LayerKV:
+    """Scatters new keys/values [B*K, T, Dh] into the cache at slots write_pos[b] + t, in place.
+
+    Writes past the end of the buffer are dropped; callers size the cache so that rows still
+    generating never reach it.
+    """
+    rows = jnp.arange(k.shape[0])[:, None]
+    slots = jnp.repeat(write_pos, kv_heads)[:, None] + jnp.arange(k.shape[1])[None, :]
+    return LayerKV(kv.k.at[rows, slots].set(k, mode="drop"),
+                   kv.v.at[rows, slots].set(v, mode="drop"))

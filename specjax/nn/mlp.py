@@ -1,0 +1,30 @@
+"""SwiGLU feed-forward block with a fused gate/up projection."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+
+
+class MLP(nn.Module):
+    """down(silu(gate(x)) * up(x)); gate and up share one [d_model, 2, mlp_dim] kernel so that
+    a decode step reads them with one matrix-vector product."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        gate_up = self.param("gate_up", nn.initializers.normal(cfg.init_std),
+                             (cfg.d_model, 2, cfg.mlp_dim), cfg.weight_dtype)
+        down = self.param("down", nn.initializers.normal(residual_init_std(cfg)),
+                          (cfg.mlp_dim, cfg.d_model), cfg.weight_dtype)
+        y = jnp.einsum("btd,dcf->btcf", x, gate_up.astype(cfg.compute_dtype))
+        hidden = jax.nn.silu(y[..., 0, :]) * y[..., 1, :]
+        return hidden @ down.astype(cfg.compute_dtype)
+
+
+def residual_init_std(cfg: ModelConfig) -> float:
+    """Projections into the residual stream start smaller (GPT-2 style 1/sqrt(2L) scaling)."""
+    return cfg.init_std / (2 * cfg.num_layers) ** 0.5

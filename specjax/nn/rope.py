@@ -1,0 +1,55 @@
+"""Rotary position embeddings (rotate-half convention of HF Llama), with Llama-3 scaling."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig, RopeScaling
+
+
+class Rope(NamedTuple):
+    """cos and sin tables for one call, [B, T, head_dim // 2], float32."""
+
+    cos: jax.Array
+    sin: jax.Array
+
+
+def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured."""
+    dim = cfg.resolved_head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    inv_freq = inv_freq.astype(np.float32)
+    if cfg.rope_scaling is not None:
+        inv_freq = _llama3_scale(inv_freq, cfg.rope_scaling)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
+    """Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated."""
+    low_freq_wavelen = s.original_max_position / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(cfg: ModelConfig, positions: jax.Array) -> Rope:
+    """cos/sin for integer positions [B, T]."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inverse_frequencies(cfg))
+    return Rope(jnp.cos(angles), jnp.sin(angles))
+
+
+def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
+    """Rotates x [B, T, *heads, head_dim] by the tables of `rope`."""
+    extra = (1,) * (x.ndim - 3)
+    cos = rope.cos.reshape(rope.cos.shape[:2] + extra + rope.cos.shape[2:]).astype(x.dtype)
+    sin = rope.sin.reshape(rope.sin.shape[:2] + extra + rope.sin.shape[2:]).astype(x.dtype)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

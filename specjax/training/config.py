@@ -1,0 +1,132 @@
+"""Validated training settings, built from the `train` and `layerskip` parts of a config file."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.data import DataConfig
+from specjax.tokenizer import get_tokenizer
+
+DROPOUT_SCHEDULES = ("constant", "exp")
+EXIT_SCALES = ("uniform", "linear", "sum")
+CURRICULA = ("none", "rotational", "gradual")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, evaluation and checkpointing cadence."""
+
+    batch_size: int = 16
+    total_steps: int = 1000
+    learning_rate: float = 2e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 200
+    eval_batches: int = 8
+    save_every: int = 200
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "total_steps", "eval_every", "eval_batches", "save_every",
+                     "keep_checkpoints", "log_every"):
+            _positive(self, name)
+        for name in ("learning_rate", "grad_clip"):
+            _positive(self, name)
+        _check(0 <= self.warmup_steps < self.total_steps, "train.warmup_steps", self.warmup_steps,
+               f"must lie in [0, total_steps={self.total_steps})")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", self.min_lr_ratio,
+               "must lie in [0, 1]")
+        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        for name in ("b1", "b2"):
+            _check(0.0 <= getattr(self, name) < 1.0, f"train.{name}", getattr(self, name),
+                   "must lie in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSkipConfig:
+    """Layer dropout and the early-exit loss (Elhoushi et al. 2024, §4.1).
+
+    Layer dropout: layer l (0-based) of sample b is skipped with probability
+    p_l(t) = S(t) * D(l) * p_max, D(l) = exp(l ln2 / (L-1)) - 1, S = 1 ("constant") or
+    exp(t ln2 / (T-1)) - 1 ("exp", for training from scratch).
+
+    Early-exit loss: sum over active exits e of w_e * CE(head(h_e)), w normalised over the exits
+    the curriculum enables at this step. Raw weight of exit e < L is e_scale * s(e) with
+    s = 1 ("uniform"), e ("linear") or e(e+1)/2 ("sum", the paper's cumulative scale). The final
+    exit L always has raw weight s(L), never scaled by e_scale, and is always enabled: it is the
+    model we must not hurt (torchtune's convention; the paper adds its L-1 term instead).
+    """
+
+    p_max: float = 0.0
+    dropout_schedule: str = "constant"
+    e_scale: float = 1.0
+    exit_scale: str = "uniform"
+    curriculum: str = "none"
+    rotation_interval: int = 1
+
+    def __post_init__(self) -> None:
+        _check(0.0 <= self.p_max <= 1.0, "layerskip.p_max", self.p_max, "must lie in [0, 1]")
+        _check(self.dropout_schedule in DROPOUT_SCHEDULES, "layerskip.dropout_schedule",
+               self.dropout_schedule, f"must be one of {list(DROPOUT_SCHEDULES)}")
+        _check(0.0 <= self.e_scale <= 1.0, "layerskip.e_scale", self.e_scale, "must lie in [0, 1]")
+        _check(self.exit_scale in EXIT_SCALES, "layerskip.exit_scale", self.exit_scale,
+               f"must be one of {list(EXIT_SCALES)}")
+        _check(self.curriculum in CURRICULA, "layerskip.curriculum", self.curriculum,
+               f"must be one of {list(CURRICULA)}")
+        _check(isinstance(self.rotation_interval, int) and self.rotation_interval >= 1,
+               "layerskip.rotation_interval", self.rotation_interval, "must be an int >= 1")
+
+
+def _positive(cfg: Any, name: str) -> None:
+    value = getattr(cfg, name)
+    _check(value > 0, f"train.{name}", value, "must be > 0")
+
+
+def _check(ok: bool, field: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{field}={value!r} {why}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A whole training run: the model, its data, optimisation and the LayerSkip recipe."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    layerskip: LayerSkipConfig
+
+
+SECTIONS = ("model", "data", "train", "layerskip", "decoding")
+
+
+def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
+    """Validates a config file's dict (ml_collections ConfigDict or plain) into a RunConfig."""
+    values = dict(config)
+    unknown = sorted(set(values) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"config: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
+    missing = [s for s in ("model", "train") if s not in values]
+    if missing:
+        raise ValueError(f"config: missing section(s) {missing}")
+    run = RunConfig(
+        model=ModelConfig.from_dict(values["model"]),
+        data=DataConfig.from_dict(values.get("data", {})),
+        train=dataclass_from_mapping(TrainConfig, values["train"], "train"),
+        layerskip=dataclass_from_mapping(LayerSkipConfig, values.get("layerskip", {}),
+                                         "layerskip"))
+    vocab = get_tokenizer(run.data.tokenizer).vocab_size
+    if run.model.vocab_size < vocab:
+        raise ValueError(f"model.vocab_size={run.model.vocab_size} is smaller than the "
+                         f"{run.data.tokenizer!r} tokenizer's {vocab} ids")
+    return run

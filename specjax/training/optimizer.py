@@ -1,0 +1,25 @@
+"""AdamW with linear warmup, cosine decay and global-norm clipping (optax)."""
+
+import jax
+import optax
+
+from specjax.training.config import TrainConfig
+
+
+def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+        decay_steps=cfg.total_steps, end_value=cfg.learning_rate * cfg.min_lr_ratio)
+
+
+def _decay_mask(params):
+    """Weight decay on matrices and embeddings, not on norm scales."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: not any("norm" in str(getattr(p, "key", "")) for p in path), params)
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2,
+                    weight_decay=cfg.weight_decay, mask=_decay_mask))

@@ -1,0 +1,66 @@
+"""The jit-compiled LayerSkip train step.
+
+Everything that varies from step to step (layer-dropout rates, which exits the loss supervises and
+their weights, the PRNG key) is an array argument, so one compiled program serves the whole run.
+"""
+
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax.config import ModelConfig
+from specjax.model import Params, embed, init_params, run_layers
+from specjax.training.layer_dropout import sample_keep_mask
+from specjax.training.loss import exit_cross_entropies
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Params
+    opt_state: optax.OptState
+
+
+@flax.struct.dataclass
+class StepSchedule:
+    """Host-built per-step inputs: dropout rates [L], exit numbers [M], exit weights [M]."""
+
+    drop_rates: jax.Array
+    exit_layers: jax.Array
+    exit_weights: jax.Array
+
+
+def init_train_state(cfg: ModelConfig, optimizer: optax.GradientTransformation,
+                     key: jax.Array) -> TrainState:
+    params = init_params(cfg, key)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params))
+
+
+def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
+                    remat: bool = False) -> Callable:
+    """Returns train_step(state, batch [B, T+1], key, schedule) -> (state, metrics)."""
+
+    def train_step(state: TrainState, batch: jax.Array, key: jax.Array,
+                   schedule: StepSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+
+        def loss_fn(params):
+            keep = sample_keep_mask(key, schedule.drop_rates, inputs.shape[0])
+            per_layer = run_layers(params, cfg, embed(params, cfg, inputs), keep=keep,
+                                   remat=remat)
+            ce = exit_cross_entropies(params, cfg, per_layer, schedule.exit_layers, targets)
+            return jnp.sum(ce * schedule.exit_weights), ce
+
+        (loss, exit_ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        final_ce = exit_ce[jnp.argmax(schedule.exit_layers == cfg.num_layers)]
+        metrics = {"loss": loss, "final_ce": final_ce, "exit_ce": exit_ce,
+                   "grad_norm": optax.global_norm(grads)}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step

@@ -1,0 +1,174 @@
+"""The training loop: data, jitted steps, evaluation, logging, checkpoints, resume, interrupts.
+
+A run is a function of (config, workdir). If the workdir holds a checkpoint of the same model the
+run resumes from it, with the same data order and PRNG stream, so an interrupted-and-resumed run
+reproduces an uninterrupted one step for step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
+from specjax.data import BatchSampler, Corpus
+from specjax.training.config import RunConfig, parse_run_config
+from specjax.training.curriculum import exit_schedule
+from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
+from specjax.training.interrupt import catch_interrupts
+from specjax.training.layer_dropout import dropout_rates
+from specjax.training.metrics_log import MetricsLog
+from specjax.training.optimizer import learning_rate_schedule, make_optimizer
+from specjax.training.train_step import (StepSchedule, TrainState, init_train_state,
+                                         make_train_step)
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite; training stopped without saving the bad state."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int
+    report: ExitReport | None
+    interrupted: bool
+    wall_seconds: float
+
+
+def step_schedule(run: RunConfig, step: int) -> StepSchedule:
+    """The host-built per-step inputs of the train step."""
+    cfg = run.model
+    layers, weights = exit_schedule(run.layerskip, cfg.supervised_exits, cfg.num_layers, step,
+                                    run.train.total_steps)
+    rates = dropout_rates(run.layerskip, cfg.num_layers, step, run.train.total_steps)
+    return StepSchedule(drop_rates=jnp.asarray(rates), exit_layers=jnp.asarray(layers),
+                        exit_weights=jnp.asarray(weights))
+
+
+class Trainer:
+    """Holds the compiled steps and the data of one run."""
+
+    def __init__(self, config: Mapping[str, Any], workdir: str):
+        self.config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        self.run = parse_run_config(self.config)
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        cfg, train = self.run.model, self.run.train
+        self.corpus = Corpus.build(self.run.data)
+        self.sampler = BatchSampler(self.corpus.train, train.batch_size, train.seed)
+        self.eval_batches = self.corpus.validation_batches(train.batch_size, train.eval_batches)
+        self.optimizer = make_optimizer(train)
+        self.learning_rate = learning_rate_schedule(train)
+        self.train_step = jax.jit(make_train_step(cfg, self.optimizer, remat=train.remat),
+                                  donate_argnums=0)
+        self.eval_step = jax.jit(make_eval_step(cfg))
+        self.checkpoints = Checkpointer(workdir, keep=train.keep_checkpoints)
+        self.log = MetricsLog(workdir)
+
+    def initial_state(self) -> TrainState:
+        """The latest checkpoint of this model in the workdir, or a fresh initialisation."""
+        cfg, seed = self.run.model, self.run.train.seed
+        fresh = lambda: init_train_state(cfg, self.optimizer, jax.random.PRNGKey(seed))
+        if self.checkpoints.latest_step() is None:
+            return fresh()
+        meta = self.checkpoints.read_meta()
+        check_model_config(meta, cfg, self.workdir)
+        abstract = jax.eval_shape(fresh)
+        params, opt_state, meta = self.checkpoints.restore(
+            abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
+        logging.info("resuming %s from step %d", self.workdir, meta["step"])
+        return TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
+                          opt_state=opt_state)
+
+    def save(self, state: TrainState) -> None:
+        step = int(state.step)
+        self.checkpoints.save(step, state.params, state.opt_state, {
+            "step": step, "data_position": step, "model": self.run.model.to_dict(),
+            "tokenizer": self.run.data.tokenizer, "config": _jsonable(self.config)})
+
+    def evaluate(self, state: TrainState) -> ExitReport:
+        report = evaluate(self.eval_step, state.params, self.eval_batches)
+        self.log.write({"split": "eval", "step": int(state.step), **report.to_dict()})
+        return report
+
+    def fit(self, stop_requested: Callable[[int], bool] | None = None) -> TrainResult:
+        """Trains until total_steps, a stop request or a signal; always saves before returning.
+
+        `stop_requested(step)` is checked after each step (step = steps completed).
+        """
+        train = self.run.train
+        started = time.perf_counter()
+        state = self.initial_state()
+        step = int(state.step)
+        last_saved = step if self.checkpoints.latest_step() is not None else None
+        key = jax.random.PRNGKey(train.seed + 1)
+        tokens_per_step = train.batch_size * self.run.data.seq_len
+        report, interrupted = None, False
+        bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
+                   dynamic_ncols=True)
+        with catch_interrupts() as interrupt:
+            while step < train.total_steps:
+                tick = time.perf_counter()
+                state, metrics = self.train_step(state, self.sampler.batch(step),
+                                                 jax.random.fold_in(key, step),
+                                                 step_schedule(self.run, step))
+                loss = float(metrics["loss"])
+                if not math.isfinite(loss):
+                    raise TrainingDivergedError(
+                        f"loss is {loss} at step {step + 1}; training stopped. "
+                        + (f"The last good checkpoint (step {last_saved}) is kept in "
+                           f"{self.checkpoints.directory}." if last_saved is not None else
+                           "No checkpoint had been saved yet.")
+                        + " Lower train.learning_rate or raise train.warmup_steps.")
+                step += 1
+                tokens_per_s = tokens_per_step / (time.perf_counter() - tick)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+                if step % train.log_every == 0 or step == train.total_steps:
+                    self.log.write({"split": "train", "step": step, "loss": loss,
+                                    "final_ce": float(metrics["final_ce"]),
+                                    "grad_norm": float(metrics["grad_norm"]),
+                                    "learning_rate": float(self.learning_rate(step - 1)),
+                                    "tokens_per_s": tokens_per_s})
+                if step % train.eval_every == 0 or step == train.total_steps:
+                    report = self.evaluate(state)
+                interrupted = interrupt.requested or bool(stop_requested and stop_requested(step))
+                if step % train.save_every == 0 or step == train.total_steps or interrupted:
+                    self.save(state)
+                    last_saved = step
+                if interrupted:
+                    logging.warning("stopped at step %d; checkpoint saved; rerun the same "
+                                    "command to resume", step)
+                    break
+        bar.close()
+        if report is None and not interrupted:
+            report = self.evaluate(state)
+        return TrainResult(step=step, report=report, interrupted=interrupted,
+                           wall_seconds=time.perf_counter() - started)
+
+
+def train_and_evaluate(config: Mapping[str, Any], workdir: str, *,
+                       stop_requested: Callable[[int], bool] | None = None) -> TrainResult:
+    """Trains (or resumes) the run described by `config` in `workdir`."""
+    return Trainer(config, workdir).fit(stop_requested)
+
+
+def _jsonable(value: Any) -> Any:
+    """Config values as JSON types (tuples to lists, nested mappings to dicts)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    return value

@@ -23,6 +23,6 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "flatbuffers>=24"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5"],
     },
 )

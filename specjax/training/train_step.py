@@ -60,7 +60,7 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *
         params = optax.apply_updates(state.params, updates)
         final_ce = exit_ce[jnp.argmax(schedule.exit_layers == cfg.num_layers)]
         metrics = {"loss": loss, "final_ce": final_ce, "exit_ce": exit_ce,
-                   "grad_norm": optax.global_norm(grads)}
+                   "grad_norm": optax.tree.norm(grads)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

@@ -75,15 +75,18 @@ class Trainer:
         self.checkpoints = Checkpointer(workdir, keep=train.keep_checkpoints)
         self.log = MetricsLog(workdir)
 
+    def fresh_state(self) -> TrainState:
+        """A new initialisation from the run's seed."""
+        return init_train_state(self.run.model, self.optimizer,
+                                jax.random.PRNGKey(self.run.train.seed))
+
     def initial_state(self) -> TrainState:
         """The latest checkpoint of this model in the workdir, or a fresh initialisation."""
-        cfg, seed = self.run.model, self.run.train.seed
-        fresh = lambda: init_train_state(cfg, self.optimizer, jax.random.PRNGKey(seed))
         if self.checkpoints.latest_step() is None:
-            return fresh()
+            return self.fresh_state()
         meta = self.checkpoints.read_meta()
-        check_model_config(meta, cfg, self.workdir)
-        abstract = jax.eval_shape(fresh)
+        check_model_config(meta, self.run.model, self.workdir)
+        abstract = jax.eval_shape(self.fresh_state)
         params, opt_state, meta = self.checkpoints.restore(
             abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
         logging.info("resuming %s from step %d", self.workdir, meta["step"])

@@ -1,0 +1,39 @@
+"""Shared tiny configurations: every test model compiles in seconds on a 2-core CPU."""
+
+import copy
+
+import jax
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.model import init_params
+
+TINY_MODEL = dict(vocab_size=259, d_model=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                  mlp_dim=64)
+
+TINY_RUN = {
+    "model": TINY_MODEL,
+    "data": dict(source="stdlib", seq_len=32, val_fraction=0.1, max_documents=60),
+    "train": dict(batch_size=4, total_steps=12, learning_rate=3e-3, warmup_steps=2,
+                  eval_every=6, eval_batches=2, save_every=6, keep_checkpoints=2, log_every=3),
+    "layerskip": dict(p_max=0.1, dropout_schedule="constant", e_scale=1.0,
+                      exit_scale="uniform", curriculum="rotational", rotation_interval=2),
+}
+
+
+def tiny_run(**sections) -> dict:
+    """A copy of TINY_RUN with the given sections' fields overridden."""
+    run = copy.deepcopy(TINY_RUN)
+    for section, values in sections.items():
+        run[section].update(values)
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> ModelConfig:
+    return ModelConfig(**TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_cfg):
+    return init_params(tiny_cfg, jax.random.PRNGKey(0))

@@ -1,0 +1,64 @@
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.training.config import parse_run_config
+from tests.conftest import TINY_MODEL, tiny_run
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("d_model", 0, "ModelConfig.d_model=0 must be a positive int"),
+    ("num_layers", -2, "ModelConfig.num_layers=-2"),
+    ("num_heads", 5, "ModelConfig.num_kv_heads=2 must divide num_heads=5"),
+    ("num_kv_heads", 3, "ModelConfig.num_kv_heads=3 must divide num_heads=4"),
+    ("d_model", 30, "ModelConfig.num_heads=4 must divide d_model=30"),
+    ("head_dim", 7, "ModelConfig.head_dim=7 must be even"),
+    ("rope_theta", 0.0, "ModelConfig.rope_theta=0.0 must be > 0"),
+    ("dtype", "float8", "ModelConfig.dtype='float8' must be one of"),
+    ("exit_layers", (0, 2), "ModelConfig.exit_layers=(0, 2) must lie in [1, num_layers=4]"),
+    ("exit_layers", (1, 5), "must lie in [1, num_layers=4]"),
+    ("exit_layers", (2, 1), "must be strictly increasing"),
+    ("exit_layers", (), "must not be empty"),
+])
+def test_invalid_model_config_names_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        ModelConfig(**{**TINY_MODEL, field: value})
+
+
+def test_model_config_round_trips_and_rejects_unknown_fields():
+    cfg = ModelConfig(**TINY_MODEL, exit_layers=(1, 4))
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"model: unknown field\(s\) \['hidden'\]"):
+        ModelConfig.from_dict({**TINY_MODEL, "hidden": 3})
+    scaled = ModelConfig.from_dict({**TINY_MODEL, "rope_scaling": {"factor": 8.0}})
+    assert scaled.rope_scaling.factor == 8.0
+    assert ModelConfig.from_dict(scaled.to_dict()) == scaled
+
+
+def test_diff_lists_changed_fields():
+    a, b = ModelConfig(**TINY_MODEL), ModelConfig(**{**TINY_MODEL, "d_model": 64})
+    assert a.diff(b) == {"d_model": (32, 64)}
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"train": {"batch_size": 0}}, "train.batch_size=0 must be > 0"),
+    ({"train": {"warmup_steps": 12}}, r"train.warmup_steps=12 must lie in \[0, total_steps=12\)"),
+    ({"train": {"b2": 1.0}}, r"train.b2=1.0 must lie in \[0, 1\)"),
+    ({"layerskip": {"p_max": 1.5}}, r"layerskip.p_max=1.5 must lie in \[0, 1\]"),
+    ({"layerskip": {"curriculum": "zigzag"}}, "layerskip.curriculum='zigzag' must be one of"),
+    ({"layerskip": {"rotation_interval": 0}}, "layerskip.rotation_interval=0"),
+    ({"layerskip": {"exit_scale": "cubic"}}, "layerskip.exit_scale='cubic'"),
+    ({"data": {"source": "web"}}, "data.source='web' must be one of"),
+    ({"data": {"seq_len": 1}}, "data.seq_len=1 must be >= 2"),
+    ({"data": {"tokenizer": "bpe"}}, "unknown tokenizer 'bpe'"),
+    ({"model": {"vocab_size": 100}}, "model.vocab_size=100 is smaller than the 'bytes'"),
+    ({"train": {"steps": 3}}, r"train: unknown field\(s\) \['steps'\]"),
+])
+def test_invalid_run_config_is_a_clear_error(sections, message):
+    with pytest.raises(ValueError, match=message):
+        parse_run_config(tiny_run(**sections))
+
+
+def test_unknown_section_is_rejected():
+    with pytest.raises(ValueError, match=r"unknown section\(s\) \['optimiser'\]"):
+        parse_run_config({**tiny_run(), "optimiser": {}})

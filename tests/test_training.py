@@ -1,0 +1,118 @@
+"""The training loop end to end on tiny runs of the embedded corpus."""
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.checkpoint import Checkpointer, CheckpointError
+from specjax.training import trainer as trainer_module
+from specjax.training.config import parse_run_config
+from specjax.training.evaluate import evaluate
+from specjax.training.metrics_log import MetricsLog
+from specjax.training.optimizer import make_optimizer
+from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
+from specjax.training.trainer import Trainer, TrainingDivergedError
+from tests.conftest import tiny_run
+
+
+def _train_losses(workdir):
+    return {r["step"]: r["loss"] for r in MetricsLog(workdir).read() if r["split"] == "train"}
+
+
+def _final_params(workdir, trainer):
+    abstract = jax.eval_shape(trainer.fresh_state)
+    params, _, meta = Checkpointer(workdir).restore(abstract.params)
+    return params, meta
+
+
+def test_loss_decreases_on_the_embedded_corpus(tmp_path):
+    trainer = Trainer(tiny_run(train=dict(total_steps=40, eval_every=40, save_every=40)),
+                      str(tmp_path))
+    before = evaluate(trainer.eval_step, trainer.initial_state().params, trainer.eval_batches)
+    result = trainer.fit()
+    after = result.report
+    assert before.final_loss > 5.0  # ~ln(259) at initialisation
+    assert after.final_loss < before.final_loss - 1.5
+    assert all(a < b for a, b in zip(after.loss, before.loss))  # every exit learned
+    losses = _train_losses(str(tmp_path))
+    assert np.mean([losses[s] for s in (36, 39, 40) if s in losses]) < losses[3] - 1.0
+    assert set(after.to_dict()) >= {"exit_loss", "exit_agreement", "bits_per_byte"}
+    assert after.agreement[-1] == 1.0 and len(after.loss) == 4
+
+
+def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
+    config = tiny_run()
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    trainer = Trainer(config, straight)
+    full = trainer.fit()
+    first = Trainer(config, resumed).fit(stop_requested=lambda step: step == 5)
+    assert first.interrupted and first.step == 5
+    assert Checkpointer(resumed).latest_step() == 5
+    second = Trainer(config, resumed).fit()
+    assert second.step == full.step == 12 and not second.interrupted
+    a, b = _train_losses(straight), _train_losses(resumed)
+    assert [a[s] for s in (6, 9, 12)] == [b[s] for s in (6, 9, 12)]
+    assert full.report.loss == second.report.loss
+    params_a, meta_a = _final_params(straight, trainer)
+    params_b, meta_b = _final_params(resumed, trainer)
+    assert meta_a["data_position"] == meta_b["data_position"] == 12
+    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = trainer_module.make_train_step
+
+    def poisoned(cfg, optimizer, remat=False):
+        step_fn = real(cfg, optimizer, remat=remat)
+
+        def train_step(state, batch, key, schedule):
+            new_state, metrics = step_fn(state, batch, key, schedule)
+            loss = jnp.where(state.step >= 7, jnp.nan, metrics["loss"])
+            return new_state, {**metrics, "loss": loss}
+        return train_step
+
+    monkeypatch.setattr(trainer_module, "make_train_step", poisoned)
+    with pytest.raises(TrainingDivergedError, match=r"loss is nan at step 8.*step 6"):
+        Trainer(tiny_run(), str(tmp_path)).fit()
+    assert Checkpointer(str(tmp_path)).latest_step() == 6
+
+
+def test_resume_with_a_different_model_is_refused(tmp_path):
+    Trainer(tiny_run(train=dict(total_steps=3, warmup_steps=1)), str(tmp_path)).fit()
+    other = tiny_run(model=dict(d_model=64, mlp_dim=96), train=dict(total_steps=6))
+    with pytest.raises(CheckpointError, match=r"different model \(d_model: checkpoint=32 vs "
+                                              r"config=64, mlp_dim: checkpoint=64 vs config=96\)"):
+        Trainer(other, str(tmp_path)).fit()
+
+
+def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoints in"):
+        Checkpointer(str(tmp_path / "empty"), create=False)
+    Trainer(tiny_run(train=dict(total_steps=3, warmup_steps=1)), str(tmp_path)).fit()
+    for path in glob.glob(str(tmp_path / "checkpoints" / "3" / "params" / "**"), recursive=True):
+        if os.path.isfile(path):
+            with open(path, "wb") as f:
+                f.write(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="step 3 .* could not be restored"):
+        Trainer(tiny_run(train=dict(total_steps=6)), str(tmp_path)).fit()
+
+
+def test_train_step_exports_for_tpu_and_cuda(tiny_cfg):
+    run = parse_run_config(tiny_run())
+    optimizer = make_optimizer(run.train)
+    state = jax.eval_shape(lambda: init_train_state(tiny_cfg, optimizer, jax.random.PRNGKey(0)))
+    batch = jax.ShapeDtypeStruct((4, 33), jnp.int32)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    schedule = StepSchedule(drop_rates=jax.ShapeDtypeStruct((4,), jnp.float32),
+                            exit_layers=jax.ShapeDtypeStruct((3,), jnp.int32),
+                            exit_weights=jax.ShapeDtypeStruct((3,), jnp.float32))
+    step = jax.jit(make_train_step(tiny_cfg, optimizer))
+    exported = jax.export.export(step, platforms=("tpu", "cuda"))(state, batch, key, schedule)
+    assert exported.platforms == ("tpu", "cuda")
+    assert len(exported.in_avals) == len(jax.tree.leaves((state, batch, key, schedule)))
+    assert "stablehlo.while" in exported.mlir_module()  # the layer scan survives lowering

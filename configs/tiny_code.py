@@ -22,4 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.layerskip = ml_collections.ConfigDict(dict(
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
         curriculum="none", rotation_interval=1))
+    # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
+    config.decoding = ml_collections.ConfigDict(dict(exit_layer=1, num_draft=4))
     return config

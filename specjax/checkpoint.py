@@ -15,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from specjax.config import ModelConfig
+from specjax.model import init_params
 
 
 class CheckpointError(RuntimeError):
@@ -98,3 +99,16 @@ def check_model_config(meta: dict[str, Any], cfg: ModelConfig, directory: str) -
 def abstract_tree(tree: Any) -> Any:
     """Shape/dtype structs (with shardings, if any) for orbax restore targets."""
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+def load_params(workdir: str, step: int | None = None) -> tuple[Any, ModelConfig, dict[str, Any]]:
+    """(params, model config, metadata) of a workdir's latest (or given) checkpoint, for
+    inference: the optimizer state is not read."""
+    checkpoints = Checkpointer(workdir, create=False)
+    meta = checkpoints.read_meta(step)
+    if "model" not in meta:
+        raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")
+    cfg = ModelConfig.from_dict(meta["model"])
+    abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    params, _, meta = checkpoints.restore(abstract_tree(abstract), step=step)
+    return params, cfg, meta

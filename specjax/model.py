@@ -62,8 +62,10 @@ def embed(params: Params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
 def exit_logits(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """The shared exit head: final norm + unembedding of any layer's hidden state, float32."""
     normed = apply_rms_norm(hidden, params["final_norm"]["scale"], cfg)
-    unembed = params["embed"].T if cfg.tie_embeddings else params["unembed"]
-    return jnp.einsum("...d,dv->...v", normed, unembed.astype(cfg.compute_dtype),
+    if cfg.tie_embeddings:  # contract with the [V, D] table as stored: no transposed copy
+        return jnp.einsum("...d,vd->...v", normed, params["embed"].astype(cfg.compute_dtype),
+                          preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", normed, params["unembed"].astype(cfg.compute_dtype),
                       preferred_element_type=jnp.float32)
 
 

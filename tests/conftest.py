@@ -37,3 +37,15 @@ def tiny_cfg() -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny_params(tiny_cfg):
     return init_params(tiny_cfg, jax.random.PRNGKey(0))
+
+
+def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
+    """Random parameters whose layers after the first write less into the residual stream, so
+    shallow exits agree with the final layer part of the time: speculation tests then see
+    rejections, long accepted runs and bonus tokens."""
+    params = init_params(cfg, key)
+    scale = jax.numpy.asarray([1.0] + [deep_scale] * (cfg.num_layers - 1))
+    layers = dict(params["layers"])
+    layers["attn"] = dict(layers["attn"], out=layers["attn"]["out"] * scale[:, None, None, None, None])
+    layers["mlp"] = dict(layers["mlp"], down=layers["mlp"]["down"] * scale[:, None, None])
+    return {**params, "layers": layers}

@@ -1,0 +1,1 @@
+"""Jitted draft-verify decoding: one loop, pluggable drafting strategies, lossless acceptance."""

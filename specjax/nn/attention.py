@@ -37,7 +37,10 @@ class Attention(nn.Module):
         out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
                          (kv_heads, group, head_dim, cfg.d_model), cfg.weight_dtype)
 
-        y = jnp.einsum("btd,dkgh->btkgh", x, qkv.astype(cfg.compute_dtype))
+        # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
+        # make XLA re-lay the weight out in memory on every decode step.
+        y = (x @ qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
+            batch, steps, kv_heads, group + 2, head_dim)
         q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
         k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
         v = y[:, :, :, group + 1]
@@ -56,8 +59,9 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
         probs = probs.reshape(batch * kv_heads, group * steps, -1)
         attended = jnp.einsum("nqs,nsd->nqd", probs, v)
-        attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
-        return jnp.einsum("bkgth,kghd->btd", attended, out.astype(cfg.compute_dtype)), kv
+        attended = attended.reshape(batch, kv_heads, group, steps, head_dim).transpose(0, 3, 1, 2, 4)
+        out = out.reshape(-1, cfg.d_model).astype(cfg.compute_dtype)
+        return attended.reshape(batch, steps, -1) @ out, kv
 
 
 def _write(kv: LayerKV, k: jax.Array, v: jax.Array, write_pos: jax.Array,

@@ -2,7 +2,6 @@
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 
@@ -20,8 +19,9 @@ class MLP(nn.Module):
                              (cfg.d_model, 2, cfg.mlp_dim), cfg.weight_dtype)
         down = self.param("down", nn.initializers.normal(residual_init_std(cfg)),
                           (cfg.mlp_dim, cfg.d_model), cfg.weight_dtype)
-        y = jnp.einsum("btd,dcf->btcf", x, gate_up.astype(cfg.compute_dtype))
-        hidden = jax.nn.silu(y[..., 0, :]) * y[..., 1, :]
+        y = x @ gate_up.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)
+        gate, up = y[..., :cfg.mlp_dim], y[..., cfg.mlp_dim:]
+        hidden = jax.nn.silu(gate) * up
         return hidden @ down.astype(cfg.compute_dtype)
 
 

@@ -1,0 +1,136 @@
+"""Benchmarks decoding strategies on a trained workdir: speed, speed-up over autoregressive
+decoding, acceptance, compile time, and memory bandwidth. Greedy, same weights and prompts, one
+process, after a warm-up.
+
+    python infer/bench.py --workdir runs/tiny
+    python infer/bench.py --workdir runs/tiny --exit_layer=1,2 --num_draft=3,4,6
+"""
+
+import json
+import os
+import platform
+import sys
+
+import jax
+from absl import app, flags, logging
+
+from specjax.checkpoint import CheckpointError, load_params
+from specjax.data import DataConfig
+from specjax.decoding.bench import (bytes_per_token, heldout_prompts, read_bandwidth,
+                                    run_benchmark)
+from specjax.decoding.cli import decoding_defaults, make_strategy, read_prompts_file
+from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
+from specjax.tokenizer import get_tokenizer
+
+flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
+flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
+flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the baseline).")
+flags.DEFINE_list("exit_layer", None, "Draft exit layer(s) E for selfspec (default: checkpoint).")
+flags.DEFINE_list("num_draft", None, "Draft length(s) K for selfspec (default: checkpoint).")
+flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
+flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
+flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
+flags.DEFINE_integer("batch_size", 1, "Prompts decoded together.")
+flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
+flags.DEFINE_float("temperature", 0.0, "0: greedy (outputs checked identical to ar); else "
+                   "sampled decoding at this temperature (lossless in distribution).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
+flags.DEFINE_string("output_json", None, "Also write the results here.")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    try:
+        report = benchmark()
+    except (CheckpointError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    print(format_report(report))
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+
+
+def benchmark() -> dict:
+    params, cfg, meta = load_params(FLAGS.workdir)
+    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"))
+    if FLAGS.prompts_file:
+        prompts = [tokenizer.encode(p) for p in read_prompts_file(FLAGS.prompts_file)]
+    else:
+        data = DataConfig.from_dict(meta["config"]["data"])
+        prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
+    default_exit, default_draft = decoding_defaults(meta)
+    strategies = {}
+    for name in FLAGS.strategies:
+        if name != "selfspec":
+            strategies[name] = make_strategy(name, default_exit, default_draft)
+            continue
+        for exit_layer in FLAGS.exit_layer or [default_exit]:
+            for num_draft in FLAGS.num_draft or [default_draft]:
+                strategies[f"selfspec E={exit_layer} K={num_draft}"] = make_strategy(
+                    name, int(exit_layer), int(num_draft))
+    sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
+        FLAGS.temperature, top_p=FLAGS.top_p)
+    generator = Generator(params, cfg)
+    results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
+                            batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
+                            baseline="ar" if "ar" in strategies else next(iter(strategies)),
+                            sampling=sampling)
+    bandwidth, single_thread_bandwidth = read_bandwidth()
+    bandwidth = max(bandwidth, single_thread_bandwidth)
+    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
+    per_token = bytes_per_token(params, cfg, mean_prompt + FLAGS.max_new_tokens / 2)
+    base = results[0].tokens_per_second
+    rows = [{"strategy": r.name, "tokens_per_s": r.tokens_per_second,
+             "speedup": r.tokens_per_second / base, "tau": r.stats.tau,
+             "acceptance_rate": r.stats.acceptance_rate, "compile_s": r.compile_seconds,
+             "decode_tokens_per_s": r.decode_tokens_per_second, "tokens": r.tokens,
+             "seconds": r.seconds, "prefill_seconds": r.prefill_seconds,
+             "distinct_4grams": r.distinct_4grams,
+             "identical_to_ar": r.identical_to_baseline} for r in results]
+    ar = next((r for r in results if r.name == "ar"), None)
+    ar_rate = ar.decode_tokens_per_second if ar else None
+    return {
+        "workdir": os.path.abspath(FLAGS.workdir), "step": meta["step"],
+        "model": cfg.to_dict(), "prompts": len(prompts), "mean_prompt_tokens": mean_prompt,
+        "max_new_tokens": FLAGS.max_new_tokens, "batch_size": FLAGS.batch_size,
+        "repeats": FLAGS.repeats, "temperature": FLAGS.temperature, "top_p": FLAGS.top_p,
+        "results": rows, "read_bandwidth_gb_s": bandwidth / 1e9,
+        "single_thread_read_bandwidth_gb_s": single_thread_bandwidth / 1e9,
+        "ar_bytes_per_token": per_token,
+        "ar_decode_tokens_per_s": ar_rate,
+        "ar_achieved_gb_s": per_token * ar_rate / 1e9 if ar else None,
+        "ar_bandwidth_fraction": per_token * ar_rate / bandwidth if ar else None,
+        "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
+        "jax": jax.__version__, "python": platform.python_version()}
+
+
+def format_report(report: dict) -> str:
+    mode = ("greedy" if report["temperature"] == 0 else
+            f"sampled (temperature {report['temperature']}, top-p {report['top_p']})")
+    lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch "
+             f"{report['batch_size']}, {mode}, median of {report['repeats']} "
+             f"(step {report['step']} of {report['workdir']})",
+             f"{'strategy':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'accept':>8}"
+             f"{'decode tok/s':>14}{'compile s':>11}{'distinct 4g':>13}  identical to ar"]
+    for r in report["results"]:
+        same = {True: "yes", False: "NO", None: "n/a (sampled)"}[r["identical_to_ar"]]
+        lines.append(f"{r['strategy']:<22}{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x"
+                     f"{r['tau']:7.2f}{r['acceptance_rate']:8.2f}{r['decode_tokens_per_s']:14.1f}"
+                     f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
+    if report["ar_achieved_gb_s"] is not None:
+        lines.append(
+            f"ar decode reads {report['ar_bytes_per_token'] / 1e6:.1f} MB/token (weights + live "
+            f"KV): {report['ar_achieved_gb_s']:.1f} GB/s achieved = "
+            f"{100 * report['ar_bandwidth_fraction']:.0f}% of the {report['read_bandwidth_gb_s']:.1f}"
+            f" GB/s read bandwidth measured here (one core alone reads "
+            f"{report['single_thread_read_bandwidth_gb_s']:.1f} GB/s)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,83 @@
+"""Generates completions from a trained workdir with any decoding strategy.
+
+    python infer/generate.py --workdir runs/tiny --strategy selfspec --prompt "def main("
+    python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
+"""
+
+import json
+import sys
+
+from absl import app, flags, logging
+
+from specjax.checkpoint import CheckpointError, load_params
+from specjax.decoding.cli import STRATEGIES, decoding_defaults, make_strategy, read_prompts_file
+from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
+from specjax.tokenizer import get_tokenizer
+
+flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
+flags.DEFINE_enum("strategy", "selfspec", STRATEGIES, "Decoding strategy.")
+flags.DEFINE_integer("exit_layer", None, "Draft exit layer E (default: from the checkpoint).")
+flags.DEFINE_integer("num_draft", None, "Drafted tokens per round K (default: checkpoint).")
+flags.DEFINE_string("prompt", None, "A single prompt.")
+flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
+flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
+flags.DEFINE_float("temperature", 0.0, "0 for greedy decoding, else the sampling temperature.")
+flags.DEFINE_integer("top_k", 0, "Top-k filtering (0: off).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus filtering (1: off).")
+flags.DEFINE_integer("seed", 0, "PRNG seed.")
+flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.")
+flags.DEFINE_bool("add_bos", True, "Prepend the tokenizer's BOS token to each prompt.")
+flags.DEFINE_string("output", None, "Write JSONL here instead of printing.")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    try:
+        records = run()
+    except (CheckpointError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    if FLAGS.output:
+        with open(FLAGS.output, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        print(f"wrote {len(records)} completions to {FLAGS.output}")
+    else:
+        for record in records:
+            print(record["prompt"] + record["completion"])
+            print(f"--- tau={record['tau']:.2f} acceptance={record['acceptance_rate']:.2f}")
+
+
+def run() -> list[dict]:
+    if (FLAGS.prompt is None) == (FLAGS.prompts_file is None):
+        raise ValueError("give exactly one of --prompt and --prompts_file")
+    if FLAGS.batch_size < 1:
+        raise ValueError(f"--batch_size={FLAGS.batch_size} must be >= 1")
+    prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
+    params, cfg, meta = load_params(FLAGS.workdir)
+    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"))
+    default_exit, default_draft = decoding_defaults(meta)
+    strategy = make_strategy(FLAGS.strategy, FLAGS.exit_layer or default_exit,
+                             FLAGS.num_draft or default_draft)
+    sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
+        FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
+    generator = Generator(params, cfg)
+    records = []
+    for start in range(0, len(prompts), FLAGS.batch_size):
+        batch = prompts[start:start + FLAGS.batch_size]
+        encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in batch]
+        out = generator.generate(encoded, max_new_tokens=FLAGS.max_new_tokens,
+                                 strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
+                                 eos_id=tokenizer.eos_id)
+        for prompt, tokens, stats in zip(batch, out.tokens, out.stats):
+            records.append({"prompt": prompt, "completion": tokenizer.decode(tokens),
+                            **stats.to_dict()})
+    return records
+
+
+if __name__ == "__main__":
+    app.run(main)

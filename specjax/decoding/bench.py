@@ -1,0 +1,167 @@
+"""Decoding benchmark: strategies x prompts on the same weights, cache code and process.
+
+Protocol: every strategy is compiled and run once (its compile time is the first call minus a
+warm call); then, for each repeat, every prompt batch is decoded by every strategy in turn
+(interleaved, so drift in machine speed hits all strategies alike). A strategy's time on a batch
+is the median over repeats; tokens/s is total tokens over the summed medians.
+
+The memory-bandwidth limit of batch-1 decoding is bandwidth / bytes read per token (weights plus
+the live KV cache); `read_bandwidth` measures the machine's bandwidth in the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.data import DataConfig, load_documents, split_documents
+from specjax.decoding.engine import Generation, Generator, RowStats
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.strategy import Strategy
+from specjax.model import Params
+from specjax.tokenizer import ByteTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyResult:
+    """Totals over all prompts. `prefill_seconds` is the time of the same calls generating one
+    token (prefill plus the first token), so seconds - prefill_seconds is pure decoding."""
+
+    name: str
+    tokens: int
+    rows: int
+    seconds: float
+    prefill_seconds: float
+    compile_seconds: float
+    stats: RowStats
+    distinct_4grams: float
+    identical_to_baseline: bool | None  # None when sampling: outputs differ by design
+
+    @property
+    def tokens_per_second(self) -> float:
+        """End to end: every generated token over the whole call, prefill included."""
+        return self.tokens / self.seconds
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first over the time after prefill: the decode loop alone."""
+        return (self.tokens - self.rows) / (self.seconds - self.prefill_seconds)
+
+
+def heldout_prompts(data: DataConfig, tokenizer: ByteTokenizer, count: int,
+                    length: int) -> list[list[int]]:
+    """`length`-token windows from the middle of held-out validation documents, each starting
+    at a line boundary: unseen text in the middle of real files."""
+    _, validation = split_documents(load_documents(data), data.val_fraction)
+    newline = tokenizer.encode("\n")[0]
+    prompts = []
+    for text in validation["text"]:
+        ids = tokenizer.encode(text)
+        breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
+        if len(breaks) == 0:
+            continue
+        start = len(ids) // 2 + int(breaks[0]) + 1
+        if start + length <= len(ids):
+            prompts.append(ids[start:start + length].tolist())
+        if len(prompts) == count:
+            return prompts
+    raise ValueError(f"only {len(prompts)} validation documents are long enough for "
+                     f"{count} prompts of {length} tokens")
+
+
+def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> tuple[float, float]:
+    """Bytes/s reading an array far larger than the CPU caches, best of N: (a jitted reduction,
+    which XLA spreads over all cores; a single-threaded numpy reduction)."""
+    data = jnp.ones((num_bytes // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(data).block_until_ready()
+    parallel = min(_timed(lambda: total(data).block_until_ready()) for _ in range(repeats))
+    host = np.ones(num_bytes // 4, np.float32)
+    single = min(_timed(host.sum) for _ in range(repeats))
+    return num_bytes / parallel, num_bytes / single
+
+
+def distinct_ngram_fraction(rows: Sequence[Sequence[int]], n: int = 4) -> float:
+    """Unique n-grams over all n-grams of each generated row, averaged: near 1 for varied text,
+    near 0 when greedy decoding has fallen into a loop (which inflates draft acceptance)."""
+    fractions = []
+    for row in rows:
+        grams = [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+        if grams:
+            fractions.append(len(set(grams)) / len(grams))
+    return float(np.mean(fractions)) if fractions else 0.0
+
+
+def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
+    """Bytes one decode step reads: every weight (the embedding table once, as the tied head;
+    one row of it when untied) plus the live KV cache of `context` tokens."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    weights = 0
+    for path, leaf in leaves:
+        if not cfg.tie_embeddings and path and getattr(path[0], "key", None) == "embed":
+            weights += leaf.shape[-1] * leaf.dtype.itemsize
+        else:
+            weights += leaf.size * leaf.dtype.itemsize
+    kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.resolved_head_dim
+                    * jnp.dtype(cfg.compute_dtype).itemsize)
+    return weights + kv_per_token * context
+
+
+def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
+                  prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 1,
+                  repeats: int = 3, baseline: str = "ar",
+                  sampling: SamplingParams | None = None) -> list[StrategyResult]:
+    """Decoding of `prompts` by each strategy (greedy unless `sampling`); see the module
+    docstring. Sampled runs use the same seed for every strategy."""
+    batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+    run = lambda name, batch, new=max_new_tokens: generator.run(
+        batch, max_new_tokens=new, strategy=strategies[name], sampling=sampling)
+    compile_seconds = {}
+    for name in strategies:
+        jax.block_until_ready(run(name, batches[0], 1))
+        first = _timed(lambda: jax.block_until_ready(run(name, batches[0])))
+        compile_seconds[name] = max(first - _timed(
+            lambda: jax.block_until_ready(run(name, batches[0]))), 0.0)
+    times = {name: [[] for _ in batches] for name in strategies}
+    prefill_times = {name: [[] for _ in batches] for name in strategies}
+    outputs = {name: [None] * len(batches) for name in strategies}
+    for _ in range(repeats):
+        for index, batch in enumerate(batches):
+            for name in strategies:
+                prefill_times[name][index].append(
+                    _timed(lambda: jax.block_until_ready(run(name, batch, 1))))
+                start = time.perf_counter()
+                out = jax.block_until_ready(run(name, batch))
+                times[name][index].append(time.perf_counter() - start)
+                outputs[name][index] = out
+    results = []
+    unpacked = {name: [generator.unpack(o) for o in outs] for name, outs in outputs.items()}
+    for name in strategies:
+        merged = _merge(unpacked[name])
+        reference = _merge(unpacked.get(baseline, unpacked[name]))
+        results.append(StrategyResult(
+            name=name, tokens=sum(len(t) for t in merged.tokens), rows=len(merged.tokens),
+            seconds=sum(statistics.median(ts) for ts in times[name]),
+            prefill_seconds=sum(statistics.median(ts) for ts in prefill_times[name]),
+            compile_seconds=compile_seconds[name], stats=merged.total,
+            distinct_4grams=distinct_ngram_fraction(merged.tokens),
+            identical_to_baseline=None if sampling else merged.tokens == reference.tokens))
+    return results
+
+
+def _merge(generations: Sequence[Generation]) -> Generation:
+    return Generation(tokens=[t for g in generations for t in g.tokens],
+                      stats=[s for g in generations for s in g.stats])
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start

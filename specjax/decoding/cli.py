@@ -1,0 +1,47 @@
+"""Shared pieces of the inference entry points: strategies from flags, prompt files, defaults."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.strategy import Strategy
+
+STRATEGIES = ("ar", "selfspec")
+FALLBACK_EXIT_LAYER, FALLBACK_NUM_DRAFT = 1, 4
+
+
+def decoding_defaults(meta: dict[str, Any]) -> tuple[int, int]:
+    """(exit_layer, num_draft) from the checkpoint's `decoding` config section, if any."""
+    section = meta.get("config", {}).get("decoding", {}) or {}
+    return (int(section.get("exit_layer", FALLBACK_EXIT_LAYER)),
+            int(section.get("num_draft", FALLBACK_NUM_DRAFT)))
+
+
+def make_strategy(name: str, exit_layer: int, num_draft: int) -> Strategy:
+    if name == "ar":
+        return Autoregressive()
+    if name == "selfspec":
+        return SelfSpeculative(exit_layer=exit_layer, num_draft=num_draft)
+    raise ValueError(f"unknown strategy {name!r}; choose from {list(STRATEGIES)}")
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """One JSON object per line with a "prompt" field."""
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{path}:{number}: expected an object with a string 'prompt'")
+            prompts.append(record["prompt"])
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts

@@ -1,0 +1,126 @@
+"""Host-side generation API: pads prompts, sizes the cache, calls the jitted loop, unpacks rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.loop import DecodeOutput, generate_tokens
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.strategy import Strategy
+from specjax.model import Params, unstack_layers
+
+PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
+
+
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+    """One row's decoding statistics. tau = mean tokens committed per round."""
+
+    rounds: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "tau": self.tau, "acceptance_rate": self.acceptance_rate}
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """Generated token ids per row (EOS included when it ended the row) and per-row stats."""
+
+    tokens: list[list[int]]
+    stats: list[RowStats]
+
+    @property
+    def total(self) -> RowStats:
+        return RowStats(*(sum(getattr(s, f) for s in self.stats)
+                          for f in ("rounds", "drafted", "accepted")))
+
+
+class Generator:
+    """Holds a model's decoding parameters and generates with any strategy.
+
+    Compiled programs are cached per (strategy, padded prompt length, max_new_tokens, batch
+    size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile.
+    """
+
+    def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192):
+        self.cfg = cfg
+        self.max_cache_len = max_cache_len
+        layers = params["layers"]
+        self.params = params if isinstance(layers, (tuple, list)) else unstack_layers(params)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 strategy: Strategy = Autoregressive(), sampling: SamplingParams | None = None,
+                 seed: int = 0, eos_id: int | None = None) -> Generation:
+        """Decodes every prompt; greedy when `sampling` is None."""
+        return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
+                                    sampling=sampling, seed=seed, eos_id=eos_id))
+
+    def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+            strategy: Strategy = Autoregressive(), sampling: SamplingParams | None = None,
+            seed: int = 0, eos_id: int | None = None) -> DecodeOutput:
+        """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
+        strategy.validate(self.cfg)
+        padded, lengths = self.pad(prompts)
+        cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.num_draft)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        return generate_tokens(
+            self.params, padded, lengths, jax.random.PRNGKey(seed), sampling,
+            jnp.int32(-1 if eos_id is None else eos_id), cfg=self.cfg, strategy=strategy,
+            max_new_tokens=max_new_tokens, cache_len=cache_len)
+
+    def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
+        """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""
+        if len(prompts) == 0:
+            raise ValueError("no prompts given")
+        rows = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+        for i, row in enumerate(rows):
+            if len(row) == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if row.min() < 0 or row.max() >= self.cfg.vocab_size:
+                raise ValueError(f"prompt {i} has token ids outside [0, {self.cfg.vocab_size})")
+        width = _round_up(max(len(r) for r in rows), PAD_MULTIPLE)
+        padded = np.zeros((len(rows), width), np.int32)
+        for i, row in enumerate(rows):
+            padded[i, :len(row)] = row
+        return jnp.asarray(padded), jnp.asarray([len(r) for r in rows], jnp.int32)
+
+    def cache_len(self, prompt_width: int, max_new_tokens: int, num_draft: int) -> int:
+        """Cache slots needed: the prompt, every new token and one round's drafts."""
+        needed = prompt_width + max_new_tokens + num_draft
+        if needed > self.max_cache_len:
+            raise ValueError(
+                f"prompt length {prompt_width} (padded) + max_new_tokens {max_new_tokens} + "
+                f"num_draft {num_draft} = {needed} exceeds the cache limit max_cache_len="
+                f"{self.max_cache_len}; shorten the prompt or generate fewer tokens")
+        return _round_up(needed, PAD_MULTIPLE)
+
+    @staticmethod
+    def unpack(output: DecodeOutput) -> Generation:
+        tokens, counts, stats = jax.device_get((output.tokens, output.num_tokens, output.stats))
+        return Generation(
+            tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
+            stats=[RowStats(int(r), int(d), int(a))
+                   for r, d, a in zip(stats.rounds, stats.drafted, stats.accepted)])
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

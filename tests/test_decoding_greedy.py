@@ -1,0 +1,121 @@
+"""Greedy self-speculative decoding is token-for-token identical to autoregressive decoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.sampling import SamplingParams
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-token prompt
+NEW = 23  # not a multiple of K + 1 for any K below
+
+
+@pytest.fixture(scope="module", params=[0.5, 0.3], ids=["mixed", "agreeable"])
+def generator(request):
+    return Generator(damped_params(CFG, jax.random.PRNGKey(0), request.param), CFG)
+
+
+@pytest.fixture(scope="module")
+def reference(generator):
+    return {batch: generator.generate(PROMPTS[:batch], max_new_tokens=NEW) for batch in (1, 3)}
+
+
+@pytest.mark.parametrize("num_draft", [1, 2, 4, 8])
+@pytest.mark.parametrize("exit_layer", [1, 2, 3])
+def test_greedy_selfspec_equals_autoregressive(generator, reference, exit_layer, num_draft):
+    for batch in (1, 3):
+        out = generator.generate(PROMPTS[:batch], max_new_tokens=NEW,
+                                 strategy=SelfSpeculative(exit_layer, num_draft))
+        assert out.tokens == reference[batch].tokens
+        assert all(len(t) == NEW for t in out.tokens)
+        for stats in out.stats:
+            assert stats.drafted == num_draft * stats.rounds
+            assert 0 <= stats.accepted <= stats.drafted
+            assert stats.accepted + stats.rounds >= NEW - 1  # every round commits >= 1 token
+
+
+def test_speculation_actually_accepts_and_rejects(generator):
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(2, 4))
+    assert 0 < out.total.acceptance_rate < 1
+    assert out.total.rounds < 3 * (NEW - 1)  # fewer rounds than autoregressive steps
+
+
+def test_autoregressive_stats(reference):
+    for stats in reference[3].stats:
+        assert (stats.rounds, stats.drafted, stats.accepted) == (NEW - 1, 0, 0)
+        assert stats.tau == 1.0
+
+
+@pytest.mark.parametrize("num_draft", [3, 8])
+def test_eos_inside_a_draft_ends_the_row_exactly_like_autoregressive(generator, num_draft):
+    full = generator.generate(PROMPTS, max_new_tokens=NEW).tokens
+    # A token that first appears mid-output in row 0 becomes the EOS.
+    eos = next(t for i, t in enumerate(full[0]) if i >= 4 and t not in full[0][:i])
+    expected = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos).tokens
+    assert expected[0][-1] == eos and len(expected[0]) < NEW
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos,
+                             strategy=SelfSpeculative(1, num_draft))
+    assert out.tokens == expected
+    for row, tokens in enumerate(expected):
+        assert eos not in tokens[:-1]
+        if tokens[-1] != eos:
+            assert len(tokens) == NEW
+
+
+def test_rows_are_independent_of_each_others_content(generator):
+    sampling = SamplingParams.create(temperature=1.0)
+    for sp in (None, sampling):
+        a = generator.generate([PROMPTS[0], PROMPTS[1]], max_new_tokens=12, sampling=sp,
+                               strategy=SelfSpeculative(1, 3), seed=5)
+        b = generator.generate([PROMPTS[0], [200, 201, 202]], max_new_tokens=12, sampling=sp,
+                               strategy=SelfSpeculative(1, 3), seed=5)
+        assert a.tokens[0] == b.tokens[0]
+        assert a.tokens[1] != b.tokens[1]
+    alone = generator.generate(PROMPTS[2:], max_new_tokens=NEW, strategy=SelfSpeculative(3, 2))
+    batched = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(3, 2))
+    assert batched.tokens[2] == alone.tokens[0]
+
+
+def test_same_key_same_output_and_keys_matter(generator):
+    sampling = SamplingParams.create(temperature=1.0, top_k=50)
+    runs = [generator.generate(PROMPTS, max_new_tokens=15, sampling=sampling, seed=seed,
+                               strategy=SelfSpeculative(2, 4)).tokens for seed in (3, 3, 4)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_bad_requests_are_clear_errors(generator):
+    small = Generator(generator.params, CFG, max_cache_len=64)
+    with pytest.raises(ValueError, match="exceeds the cache limit max_cache_len=64"):
+        small.generate([list(range(60))], max_new_tokens=10)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generator.generate([[1], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"outside \[0, 259\)"):
+        generator.generate([[1, 300]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"exit_layer=4 must lie in \[1, num_layers - 1 = 3\]"):
+        generator.generate([[1]], max_new_tokens=4, strategy=SelfSpeculative(4, 2))
+    with pytest.raises(ValueError, match="temperature=0.0 must be > 0"):
+        SamplingParams.create(temperature=0.0)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
+def test_generate_loop_exports_for_tpu_and_cuda(generator, sampled):
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
+    sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             SamplingParams.create()) if sampled else None)
+    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
+        p, prompts, lengths, key, sp, eos, cfg=CFG, strategy=SelfSpeculative(2, 4),
+        max_new_tokens=32, cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")
+    module = exported.mlir_module()
+    assert module.count("stablehlo.while") >= 2  # the decode loop and the draft scan

@@ -1,0 +1,105 @@
+"""Speculative sampling is lossless: the joint distribution of the first generated tokens under
+self-speculation equals plain sampling's, computed exactly from the model. The same test rejects
+a subtly wrong acceptance rule, so it has teeth."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.config import ModelConfig
+from specjax.decoding import loop
+from specjax.decoding.acceptance import _prefix_length
+from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.sampling import SamplingParams, probabilities, sample
+
+VOCAB, NEW, ROWS, SEEDS = 8, 3, 2000, 6
+CFG = ModelConfig(vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                  mlp_dim=64, init_std=0.3)
+PROMPT = [1, 4, 2]
+SETTINGS = {"t1": dict(temperature=1.0), "filtered": dict(temperature=1.3, top_k=5, top_p=0.9)}
+
+
+@pytest.fixture(scope="module")
+def params():
+    return M.init_params(CFG, jax.random.PRNGKey(11))
+
+
+def exact_joint(params, sampling):
+    """P(x1, x2, x3) under plain sampling, from the model's processed conditionals."""
+    prefixes = np.array([PROMPT + list(p) for p in itertools.product(range(VOCAB), repeat=2)])
+    logits = jax.jit(M.forward, static_argnames="cfg")(params, CFG, jnp.asarray(prefixes))
+    probs = np.asarray(probabilities(logits[:, len(PROMPT) - 1:], sampling), np.float64)
+    joint = np.zeros((VOCAB,) * 3)
+    for row, (a, b) in enumerate(itertools.product(range(VOCAB), repeat=2)):
+        joint[a, b] = probs[row, 0, a] * probs[row, 1, b] * probs[row, 2]
+    return joint / joint.sum()
+
+
+def empirical_counts(params, strategy, sampling):
+    generator = Generator(params, CFG)
+    counts = np.zeros((VOCAB,) * 3)
+    for seed in range(SEEDS):
+        out = generator.generate([PROMPT] * ROWS, max_new_tokens=NEW, strategy=strategy,
+                                 sampling=sampling, seed=seed)
+        for tokens in out.tokens:
+            counts[tuple(tokens)] += 1
+    return counts
+
+
+def chi_square_p_below(observed, expected_probs, alpha=1e-4):
+    """True if a chi-square goodness-of-fit test rejects at level alpha (bins with an expected
+    count under 5 are pooled; critical value by the Wilson-Hilferty approximation)."""
+    total = observed.sum()
+    expected = expected_probs.ravel() * total
+    observed = observed.ravel()
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    stat = np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep])
+    df = keep.sum() - 1
+    z = 3.719  # one-sided standard normal quantile for 1e-4
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat > critical, stat, critical
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2)], ids=["ar", "selfspec"])
+def test_sampled_tokens_follow_the_plain_distribution(params, setting, strategy):
+    sampling = SamplingParams.create(**SETTINGS[setting])
+    rejected, stat, critical = chi_square_p_below(
+        empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
+    assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
+
+
+def _resample_from_target(key, draft, draft_probs, target_probs):
+    """A classic bug: on rejection, sample from p instead of norm(max(0, p - q))."""
+    accept_key, resample_key = jax.random.split(key)
+    num_draft = draft.shape[1]
+    p_draft = jnp.take_along_axis(target_probs[:, :num_draft], draft[..., None], -1)[..., 0]
+    q_draft = jnp.take_along_axis(draft_probs, draft[..., None], -1)[..., 0]
+    accepted = _prefix_length(jax.random.uniform(accept_key, draft.shape) * q_draft < p_draft)
+    stop = jnp.take_along_axis(target_probs, accepted[:, None, None], axis=1)[:, 0]
+    final = sample(resample_key, stop)
+    padded = jnp.pad(draft, ((0, 0), (0, 1)))
+    emitted = jnp.where(jnp.arange(num_draft + 1) == accepted[:, None], final[:, None], padded)
+    return accepted, emitted
+
+
+def test_the_distribution_test_catches_a_wrong_acceptance_rule(params, monkeypatch):
+    sampling = SamplingParams.create(**SETTINGS["t1"])
+    monkeypatch.setattr(loop, "speculative_accept", _resample_from_target)
+    loop.generate_tokens.clear_cache()
+    try:
+        counts = empirical_counts(params, SelfSpeculative(1, 2), sampling)
+    finally:
+        loop.generate_tokens.clear_cache()
+    rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))
+    assert rejected, f"a wrong rule passed: chi2={stat:.1f} <= {critical:.1f}"

@@ -1,0 +1,55 @@
+"""Logits processing against a plain reference, and the acceptance rules on hand-made cases."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.decoding.acceptance import greedy_accept, speculative_accept
+from specjax.decoding.sampling import SamplingParams, probabilities
+
+
+def _reference(logits, temperature, top_k, top_p):
+    out = []
+    for row in np.asarray(logits, np.float64) / temperature:
+        order = np.argsort(-row)
+        kept = order[:top_k or len(row)]
+        probs = np.exp(row[kept] - row[kept[0]])
+        probs /= probs.sum()
+        mass_before = np.cumsum(probs) - probs
+        keep = np.zeros(len(row), bool)
+        keep[kept[mass_before < top_p]] = True
+        x = np.where(keep, row, -np.inf)
+        e = np.exp(x - x.max())
+        out.append(e / e.sum())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 10, 0.5), (1.0, 40, 0.99), (2.0, 1, 1.0)])
+def test_probabilities_match_a_plain_reference(temperature, top_k, top_p):
+    logits = np.random.default_rng(0).normal(size=(6, 37)) * 2
+    got = probabilities(jnp.asarray(logits, jnp.float32),
+                        SamplingParams.create(temperature, top_k, top_p))
+    np.testing.assert_allclose(got, _reference(logits, temperature, top_k, top_p), atol=1e-6)
+
+
+def test_greedy_accept_takes_the_longest_matching_prefix_plus_one():
+    target = jnp.array([[5, 6, 7, 8], [5, 6, 7, 8], [1, 2, 3, 4]])
+    logits = jax.nn.one_hot(target, 10) * 10
+    draft = jnp.array([[5, 6, 7], [5, 9, 7], [9, 2, 3]])
+    accepted, emitted = greedy_accept(draft, logits)
+    assert accepted.tolist() == [3, 1, 0]
+    assert emitted.tolist() == target.tolist()
+
+
+def test_speculative_accept_edge_cases():
+    vocab = 4
+    p = jax.nn.one_hot(jnp.array([[2, 3, 1]]), vocab)       # target is deterministic
+    q_same = p[:, :2]
+    accepted, emitted = speculative_accept(jax.random.PRNGKey(0), jnp.array([[2, 3]]), q_same, p)
+    assert accepted.tolist() == [2] and emitted.tolist() == [[2, 3, 1]]  # all in + bonus
+    q_wrong = jax.nn.one_hot(jnp.array([[0, 3]]), vocab)
+    accepted, emitted = speculative_accept(jax.random.PRNGKey(0), jnp.array([[0, 3]]), q_wrong, p)
+    # p(0) = 0: the first draft is always rejected and replaced from max(0, p - q) = p.
+    assert accepted.tolist() == [0] and emitted[0, 0] == 2

@@ -73,7 +73,7 @@ def run() -> list[dict]:
         out = generator.generate(encoded, max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
                                  eos_id=tokenizer.eos_id)
-        for prompt, tokens, stats in zip(batch, out.tokens, out.stats):
+        for prompt, tokens, stats in zip(batch, out.tokens, out.stats, strict=True):
             records.append({"prompt": prompt, "completion": tokenizer.decode(tokens),
                             **stats.to_dict()})
     return records

@@ -98,7 +98,8 @@ def _file_documents(cfg: DataConfig) -> datasets.Dataset:
         if path.endswith((".jsonl", ".json")):
             rows = datasets.load_dataset("json", data_files=path, split="train")
             if cfg.text_field not in rows.column_names:
-                raise ValueError(f"{path}: no field {cfg.text_field!r} (fields: {rows.column_names})")
+                raise ValueError(
+                    f"{path}: no field {cfg.text_field!r} (fields: {rows.column_names})")
             parts.append(datasets.Dataset.from_dict({
                 "key": [f"{path}:{i}" for i in range(len(rows))], "text": rows[cfg.text_field]}))
         else:

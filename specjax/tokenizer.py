@@ -1,4 +1,5 @@
-"""Tokenizers. The byte-level one needs no vocabulary file: ids 0-255 are bytes, then BOS/EOS/PAD."""
+"""Tokenizers. The byte-level one needs no vocabulary file: ids 0-255 are bytes, then BOS, EOS
+and PAD."""
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
     params = init_params(cfg, key)
     scale = jax.numpy.asarray([1.0] + [deep_scale] * (cfg.num_layers - 1))
     layers = dict(params["layers"])
-    layers["attn"] = dict(layers["attn"], out=layers["attn"]["out"] * scale[:, None, None, None, None])
+    layers["attn"] = dict(layers["attn"],
+                          out=layers["attn"]["out"] * scale[:, None, None, None, None])
     layers["mlp"] = dict(layers["mlp"], down=layers["mlp"]["down"] * scale[:, None, None])
     return {**params, "layers": layers}

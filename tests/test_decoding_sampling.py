@@ -71,7 +71,8 @@ def chi_square_p_below(observed, expected_probs, alpha=1e-4):
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2)], ids=["ar", "selfspec"])
+@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2)],
+                         ids=["ar", "selfspec"])
 def test_sampled_tokens_follow_the_plain_distribution(params, setting, strategy):
     sampling = SamplingParams.create(**SETTINGS[setting])
     rejected, stat, critical = chi_square_p_below(

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from specjax.training.config import LayerSkipConfig
-from specjax.training.curriculum import (curriculum_mask, exit_schedule, max_active_exits,
-                                         raw_exit_weights)
-from specjax.training.layer_dropout import (depth_scale, dropout_rates, sample_keep_mask,
-                                            time_scale)
+from specjax.training.curriculum import (
+    curriculum_mask,
+    exit_schedule,
+    max_active_exits,
+    raw_exit_weights,
+)
+from specjax.training.layer_dropout import depth_scale, dropout_rates, sample_keep_mask, time_scale
 
 
 def test_depth_scale_rises_exponentially_from_zero_to_one():
@@ -99,7 +102,8 @@ def test_schedule_has_static_size_and_normalised_weights(curriculum):
         assert layers.shape == weights.shape == (size,)
         assert weights.sum() == pytest.approx(1.0)
         mask = curriculum_mask(cfg, EXITS, 8, step, 100)
-        assert sorted(set(layers[weights > 0].tolist())) == [e for e, m in zip(EXITS, mask) if m]
+        enabled = [e for e, m in zip(EXITS, mask, strict=True) if m]
+        assert sorted(set(layers[weights > 0].tolist())) == enabled
 
 
 def test_zero_total_weight_is_an_error():

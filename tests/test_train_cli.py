@@ -33,7 +33,7 @@ def _train_steps(workdir):
 
 
 def test_sigterm_saves_then_resume_continues(tmp_path):
-    overrides = ["--config.train.total_steps=800", "--config.train.log_every=1",
+    overrides = ["--config.train.total_steps=300", "--config.train.log_every=1",
                  "--config.train.save_every=10000", "--config.train.eval_every=10000"]
     proc = subprocess.Popen(_command(tmp_path, *overrides), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -46,7 +46,7 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     stopped = Checkpointer(str(tmp_path)).latest_step()
-    assert stopped is not None and 3 <= stopped < 800
+    assert stopped is not None and 3 <= stopped < 300
     assert f"interrupted at step {stopped}" in output
 
     finish = subprocess.run(_command(tmp_path, *overrides[:1], "--config.train.log_every=500",
@@ -55,7 +55,7 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
                             env=_env(), capture_output=True, text=True, timeout=300)
     assert finish.returncode == 0, finish.stderr[-2000:]
     assert f"resuming {tmp_path} from step {stopped}" in finish.stderr
-    assert "finished step 800" in finish.stdout
+    assert "finished step 300" in finish.stdout
     assert "agree w/ final" in finish.stdout  # the per-exit table
 
 

@@ -37,7 +37,7 @@ def test_loss_decreases_on_the_embedded_corpus(tmp_path):
     after = result.report
     assert before.final_loss > 5.0  # ~ln(259) at initialisation
     assert after.final_loss < before.final_loss - 1.5
-    assert all(a < b for a, b in zip(after.loss, before.loss))  # every exit learned
+    assert all(a < b for a, b in zip(after.loss, before.loss, strict=True))  # every exit learned
     losses = _train_losses(str(tmp_path))
     assert np.mean([losses[s] for s in (36, 39, 40) if s in losses]) < losses[3] - 1.0
     assert set(after.to_dict()) >= {"exit_loss", "exit_agreement", "bits_per_byte"}
@@ -60,7 +60,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
     params_a, meta_a = _final_params(straight, trainer)
     params_b, meta_b = _final_params(resumed, trainer)
     assert meta_a["data_position"] == meta_b["data_position"] == 12
-    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

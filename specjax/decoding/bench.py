@@ -121,26 +121,25 @@ def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
     """Decoding of `prompts` by each strategy (greedy unless `sampling`); see the module
     docstring. Sampled runs use the same seed for every strategy."""
     batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-    run = lambda name, batch, new=max_new_tokens: generator.run(
-        batch, max_new_tokens=new, strategy=strategies[name], sampling=sampling)
+    def run(name, batch, new=max_new_tokens):
+        return jax.block_until_ready(generator.run(batch, max_new_tokens=new,
+                                                   strategy=strategies[name], sampling=sampling))
+
     compile_seconds = {}
     for name in strategies:
-        jax.block_until_ready(run(name, batches[0], 1))
-        first = _timed(lambda: jax.block_until_ready(run(name, batches[0])))
-        compile_seconds[name] = max(first - _timed(
-            lambda: jax.block_until_ready(run(name, batches[0]))), 0.0)
+        run(name, batches[0], 1)
+        first = _timed(run, name, batches[0])
+        compile_seconds[name] = max(first - _timed(run, name, batches[0]), 0.0)
     times = {name: [[] for _ in batches] for name in strategies}
     prefill_times = {name: [[] for _ in batches] for name in strategies}
     outputs = {name: [None] * len(batches) for name in strategies}
     for _ in range(repeats):
         for index, batch in enumerate(batches):
             for name in strategies:
-                prefill_times[name][index].append(
-                    _timed(lambda: jax.block_until_ready(run(name, batch, 1))))
+                prefill_times[name][index].append(_timed(run, name, batch, 1))
                 start = time.perf_counter()
-                out = jax.block_until_ready(run(name, batch))
+                outputs[name][index] = run(name, batch)
                 times[name][index].append(time.perf_counter() - start)
-                outputs[name][index] = out
     results = []
     unpacked = {name: [generator.unpack(o) for o in outs] for name, outs in outputs.items()}
     for name in strategies:
@@ -161,7 +160,7 @@ def _merge(generations: Sequence[Generation]) -> Generation:
                       stats=[s for g in generations for s in g.stats])
 
 
-def _timed(fn) -> float:
+def _timed(fn, *args) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - start

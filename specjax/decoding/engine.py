@@ -17,6 +17,7 @@ from specjax.decoding.strategy import Strategy
 from specjax.model import Params, unstack_layers
 
 PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
+AUTOREGRESSIVE = Autoregressive()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +68,14 @@ class Generator:
         self.params = params if isinstance(layers, (tuple, list)) else unstack_layers(params)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                 strategy: Strategy = Autoregressive(), sampling: SamplingParams | None = None,
+                 strategy: Strategy = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_id: int | None = None) -> Generation:
         """Decodes every prompt; greedy when `sampling` is None."""
         return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
                                     sampling=sampling, seed=seed, eos_id=eos_id))
 
     def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-            strategy: Strategy = Autoregressive(), sampling: SamplingParams | None = None,
+            strategy: Strategy = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
             seed: int = 0, eos_id: int | None = None) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
         strategy.validate(self.cfg)
@@ -119,7 +120,7 @@ class Generator:
         return Generation(
             tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
             stats=[RowStats(int(r), int(d), int(a))
-                   for r, d, a in zip(stats.rounds, stats.drafted, stats.accepted)])
+                   for r, d, a in zip(stats.rounds, stats.drafted, stats.accepted, strict=True)])
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -59,7 +59,8 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
         probs = probs.reshape(batch * kv_heads, group * steps, -1)
         attended = jnp.einsum("nqs,nsd->nqd", probs, v)
-        attended = attended.reshape(batch, kv_heads, group, steps, head_dim).transpose(0, 3, 1, 2, 4)
+        attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
+        attended = attended.transpose(0, 3, 1, 2, 4)
         out = out.reshape(-1, cfg.d_model).astype(cfg.compute_dtype)
         return attended.reshape(batch, steps, -1) @ out, kv
 

@@ -39,7 +39,8 @@ class ExitReport:
 
     def table(self) -> str:
         lines = [f"{'exit':>4}  {'loss':>7}  {'top1 acc':>8}  {'agree w/ final':>14}"]
-        for e, (loss, acc, agree) in enumerate(zip(self.loss, self.accuracy, self.agreement), 1):
+        rows = zip(self.loss, self.accuracy, self.agreement, strict=True)
+        for e, (loss, acc, agree) in enumerate(rows, 1):
             lines.append(f"{e:>4}  {loss:7.4f}  {acc:8.3f}  {agree:14.3f}")
         lines.append(f"final layer: {self.final_loss:.4f} nats/token = {self.bits_per_byte:.4f} "
                      f"bits/byte over {self.tokens} validation tokens")

@@ -1,7 +1,6 @@
 """LayerSkip layer dropout: per-layer rates on the host, per-sample masks on the device."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.training.config import LayerSkipConfig

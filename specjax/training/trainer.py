@@ -29,8 +29,7 @@ from specjax.training.interrupt import catch_interrupts
 from specjax.training.layer_dropout import dropout_rates
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
-from specjax.training.train_step import (StepSchedule, TrainState, init_train_state,
-                                         make_train_step)
+from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
 
 
 class TrainingDivergedError(RuntimeError):

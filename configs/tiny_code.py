@@ -12,7 +12,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(dict(
         vocab_size=259, d_model=256, num_layers=8, num_heads=4, num_kv_heads=2, mlp_dim=704,
         rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True, dtype="float32",
-        param_dtype="float32", init_std=0.02))
+        param_dtype="float32", init_std=0.02,
+        # Exits the early-exit loss supervises, e.g. --config.model.exit_layers="(1,2,8)";
+        # None supervises all of them.
+        exit_layers=ml_collections.config_dict.placeholder(tuple)))
     config.data = ml_collections.ConfigDict(dict(
         source="stdlib", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
     config.train = ml_collections.ConfigDict(dict(

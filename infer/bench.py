@@ -9,17 +9,17 @@ process, after a warm-up.
 import json
 import os
 import platform
-import sys
 
 import jax
-from absl import app, flags, logging
+from absl import app, flags
 
-from specjax.checkpoint import CheckpointError, load_params
+from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import bytes_per_token, heldout_prompts, read_bandwidth, run_benchmark
 from specjax.decoding.cli import decoding_defaults, make_strategy, read_prompts_file
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
+from specjax.entrypoint import run_cli
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -43,12 +43,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
-    try:
-        report = benchmark()
-    except (CheckpointError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    report = run_cli(benchmark)
     print(format_report(report))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w", encoding="utf-8") as f:
@@ -63,14 +58,14 @@ def benchmark() -> dict:
     else:
         data = DataConfig.from_dict(meta["config"]["data"])
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
-    default_exit, default_draft = decoding_defaults(meta)
+    defaults = decoding_defaults(meta)
     strategies = {}
     for name in FLAGS.strategies:
         if name != "selfspec":
-            strategies[name] = make_strategy(name, default_exit, default_draft)
+            strategies[name] = make_strategy(name, defaults.exit_layer, defaults.num_draft)
             continue
-        for exit_layer in FLAGS.exit_layer or [default_exit]:
-            for num_draft in FLAGS.num_draft or [default_draft]:
+        for exit_layer in FLAGS.exit_layer or [defaults.exit_layer]:
+            for num_draft in FLAGS.num_draft or [defaults.num_draft]:
                 strategies[f"selfspec E={exit_layer} K={num_draft}"] = make_strategy(
                     name, int(exit_layer), int(num_draft))
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(

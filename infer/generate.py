@@ -5,14 +5,14 @@
 """
 
 import json
-import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from specjax.checkpoint import CheckpointError, load_params
+from specjax.checkpoint import load_params
 from specjax.decoding.cli import STRATEGIES, decoding_defaults, make_strategy, read_prompts_file
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
+from specjax.entrypoint import run_cli
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -35,12 +35,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)
-    try:
-        records = run()
-    except (CheckpointError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    records = run_cli(run)
     if FLAGS.output:
         with open(FLAGS.output, "w", encoding="utf-8") as f:
             for record in records:
@@ -60,9 +55,9 @@ def run() -> list[dict]:
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"))
-    default_exit, default_draft = decoding_defaults(meta)
-    strategy = make_strategy(FLAGS.strategy, FLAGS.exit_layer or default_exit,
-                             FLAGS.num_draft or default_draft)
+    defaults = decoding_defaults(meta)
+    strategy = make_strategy(FLAGS.strategy, FLAGS.exit_layer or defaults.exit_layer,
+                             FLAGS.num_draft or defaults.num_draft)
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
         FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     generator = Generator(params, cfg)

@@ -15,10 +15,11 @@ import jax
 import orbax.checkpoint as ocp
 
 from specjax.config import ModelConfig
+from specjax.entrypoint import SpecjaxError
 from specjax.model import init_params
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SpecjaxError):
     """A checkpoint is missing, unreadable or does not belong to this model."""
 
 

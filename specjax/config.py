@@ -135,6 +135,22 @@ class ModelConfig:
         return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """Self-speculation defaults stored with a trained model for the inference entry points:
+    draft with layers [0, exit_layer), `num_draft` tokens per round."""
+
+    exit_layer: int = 1
+    num_draft: int = 4
+
+    def check(self, model: ModelConfig) -> None:
+        _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
+                 "decoding.exit_layer", self.exit_layer,
+                 f"must lie in [1, num_layers - 1 = {model.num_layers - 1}]")
+        _require(isinstance(self.num_draft, int) and self.num_draft >= 1, "decoding.num_draft",
+                 self.num_draft, "must be an int >= 1")
+
+
 def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -> Any:
     """Builds a config dataclass from a mapping, naming the config section for unknown keys."""
     values = dict(values)
@@ -147,4 +163,5 @@ def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -
 
 def _require(ok: bool, field: str, value: Any, why: str) -> None:
     if not ok:
-        raise ValueError(f"ModelConfig.{field}={value!r} {why}")
+        name = field if "." in field else f"ModelConfig.{field}"
+        raise ValueError(f"{name}={value!r} {why}")

@@ -62,3 +62,13 @@ def test_invalid_run_config_is_a_clear_error(sections, message):
 def test_unknown_section_is_rejected():
     with pytest.raises(ValueError, match=r"unknown section\(s\) \['optimiser'\]"):
         parse_run_config({**tiny_run(), "optimiser": {}})
+
+
+@pytest.mark.parametrize("decoding, message", [
+    ({"exit_layer": 4}, r"decoding.exit_layer=4 must lie in \[1, num_layers - 1 = 3\]"),
+    ({"num_draft": 0}, "decoding.num_draft=0 must be an int >= 1"),
+    ({"draft": 2}, r"decoding: unknown field\(s\) \['draft'\]"),
+])
+def test_invalid_decoding_defaults(decoding, message):
+    with pytest.raises(ValueError, match=message):
+        parse_run_config({**tiny_run(), "decoding": decoding})

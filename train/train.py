@@ -4,13 +4,12 @@
         [--config.train.total_steps=200 ...]
 """
 
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from specjax.checkpoint import CheckpointError
-from specjax.training.trainer import TrainingDivergedError, train_and_evaluate
+from specjax.entrypoint import run_cli
+from specjax.training.trainer import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -19,12 +18,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.INFO)
-    try:
-        result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except (CheckpointError, TrainingDivergedError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value), logging.INFO)
     if result.interrupted:
         print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "
               "Run the same command again to resume.")

@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specjax.config import DecodingConfig, dataclass_from_mapping
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.strategy import Strategy
 
 STRATEGIES = ("ar", "selfspec")
-FALLBACK_EXIT_LAYER, FALLBACK_NUM_DRAFT = 1, 4
 
 
-def decoding_defaults(meta: dict[str, Any]) -> tuple[int, int]:
-    """(exit_layer, num_draft) from the checkpoint's `decoding` config section, if any."""
-    section = meta.get("config", {}).get("decoding", {}) or {}
-    return (int(section.get("exit_layer", FALLBACK_EXIT_LAYER)),
-            int(section.get("num_draft", FALLBACK_NUM_DRAFT)))
+def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
+    """The checkpoint's `decoding` config section (DecodingConfig defaults where absent)."""
+    section = meta.get("config", {}).get("decoding") or {}
+    return dataclass_from_mapping(DecodingConfig, section, "decoding")
 
 
 def make_strategy(name: str, exit_layer: int, num_draft: int) -> Strategy:

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.tokenizer import get_tokenizer
 
@@ -105,6 +105,7 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     layerskip: LayerSkipConfig
+    decoding: DecodingConfig
 
 
 SECTIONS = ("model", "data", "train", "layerskip", "decoding")
@@ -124,7 +125,9 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         data=DataConfig.from_dict(values.get("data", {})),
         train=dataclass_from_mapping(TrainConfig, values["train"], "train"),
         layerskip=dataclass_from_mapping(LayerSkipConfig, values.get("layerskip", {}),
-                                         "layerskip"))
+                                         "layerskip"),
+        decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"))
+    run.decoding.check(run.model)
     vocab = get_tokenizer(run.data.tokenizer).vocab_size
     if run.model.vocab_size < vocab:
         raise ValueError(f"model.vocab_size={run.model.vocab_size} is smaller than the "

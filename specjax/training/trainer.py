@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
 from specjax.data import BatchSampler, Corpus
+from specjax.entrypoint import SpecjaxError
 from specjax.training.config import RunConfig, parse_run_config
 from specjax.training.curriculum import exit_schedule
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
@@ -32,7 +33,7 @@ from specjax.training.optimizer import learning_rate_schedule, make_optimizer
 from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
 
 
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(SpecjaxError):
     """The loss became NaN or infinite; training stopped without saving the bad state."""
 
 

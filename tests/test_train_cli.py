@@ -54,7 +54,7 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
                                      "--config.train.eval_every=10000"),
                             env=_env(), capture_output=True, text=True, timeout=300)
     assert finish.returncode == 0, finish.stderr[-2000:]
-    assert f"resuming {tmp_path} from step {stopped}" in finish.stderr
+    assert f"resuming {tmp_path} from step {stopped}" in finish.stdout
     assert "finished step 300" in finish.stdout
     assert "agree w/ final" in finish.stdout  # the per-exit table
 

@@ -5,7 +5,7 @@
 """
 
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.entrypoint import run_cli
@@ -18,7 +18,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value), logging.INFO)
+    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
     if result.interrupted:
         print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "
               "Run the same command again to resume.")

@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from tqdm import tqdm
 
 from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
@@ -89,7 +88,7 @@ class Trainer:
         abstract = jax.eval_shape(self.fresh_state)
         params, opt_state, meta = self.checkpoints.restore(
             abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
-        logging.info("resuming %s from step %d", self.workdir, meta["step"])
+        tqdm.write(f"resuming {self.workdir} from step {meta['step']}")
         return TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                           opt_state=opt_state)
 
@@ -150,8 +149,7 @@ class Trainer:
                     self.save(state)
                     last_saved = step
                 if interrupted:
-                    logging.warning("stopped at step %d; checkpoint saved; rerun the same "
-                                    "command to resume", step)
+                    tqdm.write(f"stopped at step {step}; checkpoint saved")
                     break
         bar.close()
         if report is None and not interrupted:

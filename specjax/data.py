@@ -156,7 +156,9 @@ def pack(docs: datasets.Dataset, tokenizer: ByteTokenizer, seq_len: int) -> np.n
 
 
 class BatchSampler:
-    """Shuffled batches of packed sequences; batch `i` is a pure function of (seed, i)."""
+    """Shuffled batches of packed sequences. The stream of sequences is a pure function of the
+    seed; a batch is addressed by its offset in that stream (the data position), so a resumed
+    run continues exactly where the interrupted one stopped, whatever its batch size."""
 
     def __init__(self, sequences: np.ndarray, batch_size: int, seed: int):
         self.sequences, self.batch_size, self.seed = sequences, batch_size, seed
@@ -168,11 +170,11 @@ class BatchSampler:
             self._epoch, self._order = epoch, rng.permutation(len(self.sequences))
         return self._order
 
-    def batch(self, index: int) -> np.ndarray:
-        """Rows for batch `index`, [batch_size, seq_len + 1] int32."""
+    def batch(self, position: int) -> np.ndarray:
+        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]."""
         total = len(self.sequences)
         rows = []
-        for flat in range(index * self.batch_size, (index + 1) * self.batch_size):
+        for flat in range(position, position + self.batch_size):
             epoch, offset = divmod(flat, total)
             rows.append(self._permutation(epoch)[offset])
         return self.sequences[np.asarray(rows)]

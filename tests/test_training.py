@@ -32,7 +32,7 @@ def _final_params(workdir, trainer):
 def test_loss_decreases_on_the_embedded_corpus(tmp_path):
     trainer = Trainer(tiny_run(train=dict(total_steps=40, eval_every=40, save_every=40)),
                       str(tmp_path))
-    before = evaluate(trainer.eval_step, trainer.initial_state().params, trainer.eval_batches)
+    before = evaluate(trainer.eval_step, trainer.fresh_state().params, trainer.eval_batches)
     result = trainer.fit()
     after = result.report
     assert before.final_loss > 5.0  # ~ln(259) at initialisation
@@ -59,7 +59,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
     assert full.report.loss == second.report.loss
     params_a, meta_a = _final_params(straight, trainer)
     params_b, meta_b = _final_params(resumed, trainer)
-    assert meta_a["data_position"] == meta_b["data_position"] == 12
+    assert meta_a["data_position"] == meta_b["data_position"] == 12 * 4  # steps x batch
     for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), strict=True):
         np.testing.assert_array_equal(x, y)
 

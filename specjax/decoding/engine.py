@@ -78,11 +78,11 @@ class Generator:
             strategy: Strategy = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
             seed: int = 0, eos_id: int | None = None) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy.validate(self.cfg)
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.num_draft)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         return generate_tokens(
             self.params, padded, lengths, jax.random.PRNGKey(seed), sampling,
             jnp.int32(-1 if eos_id is None else eos_id), cfg=self.cfg, strategy=strategy,

@@ -79,23 +79,26 @@ class Trainer:
         return init_train_state(self.run.model, self.optimizer,
                                 jax.random.PRNGKey(self.run.train.seed))
 
-    def initial_state(self) -> TrainState:
-        """The latest checkpoint of this model in the workdir, or a fresh initialisation."""
+    def initial_state(self) -> tuple[TrainState, int]:
+        """(state, data position): the workdir's latest checkpoint of this model, or a fresh
+        initialisation at the start of the data stream."""
         if self.checkpoints.latest_step() is None:
-            return self.fresh_state()
+            return self.fresh_state(), 0
         meta = self.checkpoints.read_meta()
         check_model_config(meta, self.run.model, self.workdir)
         abstract = jax.eval_shape(self.fresh_state)
         params, opt_state, meta = self.checkpoints.restore(
             abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
         tqdm.write(f"resuming {self.workdir} from step {meta['step']}")
-        return TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
-                          opt_state=opt_state)
+        state = TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
+                           opt_state=opt_state)
+        return state, int(meta["data_position"])
 
-    def save(self, state: TrainState) -> None:
+    def save(self, state: TrainState, data_position: int) -> None:
+        """`data_position`: sequences of the training stream consumed so far."""
         step = int(state.step)
         self.checkpoints.save(step, state.params, state.opt_state, {
-            "step": step, "data_position": step, "model": self.run.model.to_dict(),
+            "step": step, "data_position": data_position, "model": self.run.model.to_dict(),
             "tokenizer": self.run.data.tokenizer, "config": _jsonable(self.config)})
 
     def evaluate(self, state: TrainState) -> ExitReport:
@@ -110,7 +113,7 @@ class Trainer:
         """
         train = self.run.train
         started = time.perf_counter()
-        state = self.initial_state()
+        state, position = self.initial_state()
         step = int(state.step)
         last_saved = step if self.checkpoints.latest_step() is not None else None
         key = jax.random.PRNGKey(train.seed + 1)
@@ -121,9 +124,10 @@ class Trainer:
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()
-                state, metrics = self.train_step(state, self.sampler.batch(step),
+                state, metrics = self.train_step(state, self.sampler.batch(position),
                                                  jax.random.fold_in(key, step),
                                                  step_schedule(self.run, step))
+                position += train.batch_size
                 loss = float(metrics["loss"])
                 if not math.isfinite(loss):
                     raise TrainingDivergedError(
@@ -146,7 +150,7 @@ class Trainer:
                     report = self.evaluate(state)
                 interrupted = interrupt.requested or bool(stop_requested and stop_requested(step))
                 if step % train.save_every == 0 or step == train.total_steps or interrupted:
-                    self.save(state)
+                    self.save(state, position)
                     last_saved = step
                 if interrupted:
                     tqdm.write(f"stopped at step {step}; checkpoint saved")

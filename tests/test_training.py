@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from specjax.checkpoint import Checkpointer, CheckpointError
+from specjax.config import ModelConfig
 from specjax.training import trainer as trainer_module
 from specjax.training.config import parse_run_config
 from specjax.training.evaluate import evaluate
@@ -116,3 +117,22 @@ def test_train_step_exports_for_tpu_and_cuda(tiny_cfg):
     assert exported.platforms == ("tpu", "cuda")
     assert len(exported.in_avals) == len(jax.tree.leaves((state, batch, key, schedule)))
     assert "stablehlo.while" in exported.mlir_module()  # the layer scan survives lowering
+
+
+def test_remat_and_bfloat16_train_steps(tiny_cfg):
+    """Rematerialisation changes memory, not results; bf16 compute trains with fp32 params."""
+    run = parse_run_config(tiny_run())
+    optimizer = make_optimizer(run.train)
+    state = init_train_state(tiny_cfg, optimizer, jax.random.PRNGKey(0))
+    batch = jax.random.randint(jax.random.PRNGKey(1), (4, 33), 0, 259)
+    schedule = StepSchedule(drop_rates=jnp.full((4,), 0.1), exit_layers=jnp.array([1, 2, 4]),
+                            exit_weights=jnp.array([0.25, 0.25, 0.5]))
+    key = jax.random.PRNGKey(2)
+    outs = {remat: jax.jit(make_train_step(tiny_cfg, optimizer, remat=remat))(
+        state, batch, key, schedule) for remat in (False, True)}
+    np.testing.assert_allclose(outs[True][1]["loss"], outs[False][1]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(outs[True][1]["grad_norm"], outs[False][1]["grad_norm"], rtol=1e-5)
+    bf16 = ModelConfig(**{**tiny_cfg.to_dict(), "dtype": "bfloat16"})
+    new_state, metrics = jax.jit(make_train_step(bf16, optimizer))(state, batch, key, schedule)
+    assert np.isfinite(metrics["loss"]) and abs(metrics["loss"] - outs[False][1]["loss"]) < 0.05
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new_state.params))

@@ -21,8 +21,13 @@ setup(
         "ml_collections>=1.0",
         "numpy>=1.26",
         "tqdm>=4.66",
+        "safetensors>=0.4",
+        "tokenizers>=0.20",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        # Parity tests and the peer benchmark against the reference implementation; never
+        # imported by specjax at run time.
+        "hf": ["torch==2.13.0", "transformers>=4.46"],
     },
 )

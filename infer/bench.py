@@ -36,6 +36,8 @@ flags.DEFINE_float("temperature", 0.0, "0: greedy (outputs checked identical to 
                    "sampled decoding at this temperature (lossless in distribution).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
 flags.DEFINE_integer("bandwidth_mb", 512, "Array size for the read-bandwidth measurement.")
+flags.DEFINE_bool("compare_hf", False, "Also time Hugging Face transformers' greedy generate() "
+                  "and assistant_early_exit on the same weights (needs the `hf` extra).")
 flags.DEFINE_string("output_json", None, "Also write the results here.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -52,11 +54,11 @@ def main(argv):
 
 def benchmark() -> dict:
     params, cfg, meta = load_params(FLAGS.workdir)
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"))
+    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
         prompts = [tokenizer.encode(p) for p in read_prompts_file(FLAGS.prompts_file)]
     else:
-        data = DataConfig.from_dict(meta["config"]["data"])
+        data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     defaults = decoding_defaults(meta)
     strategies = {}
@@ -89,6 +91,9 @@ def benchmark() -> dict:
              "identical_to_ar": r.identical_to_baseline} for r in results]
     ar = next((r for r in results if r.name == "ar"), None)
     ar_rate = ar.decode_tokens_per_second if ar else None
+    measured = ar_rate is not None
+    peers = (compare_with_hf(results, prompts, defaults.exit_layer, defaults.num_draft)
+             if FLAGS.compare_hf else [])
     return {
         "workdir": os.path.abspath(FLAGS.workdir), "step": meta["step"],
         "model": cfg.to_dict(), "prompts": len(prompts), "mean_prompt_tokens": mean_prompt,
@@ -98,10 +103,36 @@ def benchmark() -> dict:
         "single_thread_read_bandwidth_gb_s": single_thread_bandwidth / 1e9,
         "ar_bytes_per_token": per_token,
         "ar_decode_tokens_per_s": ar_rate,
-        "ar_achieved_gb_s": per_token * ar_rate / 1e9 if ar else None,
-        "ar_bandwidth_fraction": per_token * ar_rate / bandwidth if ar else None,
+        "ar_achieved_gb_s": per_token * ar_rate / 1e9 if measured else None,
+        "ar_bandwidth_fraction": per_token * ar_rate / bandwidth if measured else None,
+        "hf_peers": peers,
         "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
         "jax": jax.__version__, "python": platform.python_version()}
+
+
+def compare_with_hf(results, prompts, default_exit: int, default_draft: int) -> list[dict]:
+    """HF greedy and HF early-exit decoding of the same prompts; each is compared with the
+    specjax strategy of the same kind (ar; the first selfspec) for speed and exact output."""
+    if FLAGS.temperature != 0 or FLAGS.batch_size != 1:
+        raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
+                         "(transformers' assisted generation is batch 1 only)")
+    from specjax.decoding.hf_peer import hf_peer_benchmark
+
+    ours = {"greedy": next(r for r in results if r.name == "ar"),
+            "early_exit": next((r for r in results if r.name.startswith("selfspec")), None)}
+    exit_layer = int(FLAGS.exit_layer[0]) if FLAGS.exit_layer else default_exit
+    num_draft = int(FLAGS.num_draft[0]) if FLAGS.num_draft else default_draft
+    peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
+                              exit_layer=exit_layer, num_draft=num_draft, repeats=FLAGS.repeats)
+    rows = []
+    for peer, mine in zip(peers, (ours["greedy"], ours["early_exit"], ours["early_exit"]),
+                          strict=True):
+        rows.append({"strategy": peer.name, "tokens_per_s": peer.tokens_per_second,
+                     "specjax_strategy": mine.name if mine else None,
+                     "specjax_speedup": (mine.tokens_per_second / peer.tokens_per_second
+                                         if mine else None),
+                     "identical_to_specjax": peer.generated == mine.generated if mine else None})
+    return rows
 
 
 def format_report(report: dict) -> str:
@@ -115,8 +146,13 @@ def format_report(report: dict) -> str:
     for r in report["results"]:
         same = {True: "yes", False: "NO", None: "n/a (sampled)"}[r["identical_to_ar"]]
         lines.append(f"{r['strategy']:<22}{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x"
-                     f"{r['tau']:7.2f}{r['acceptance_rate']:8.2f}{r['decode_tokens_per_s']:14.1f}"
+                     f"{r['tau']:7.2f}{r['acceptance_rate']:8.2f}{_rate(r['decode_tokens_per_s']):>14}"
                      f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
+    for peer in report["hf_peers"]:
+        versus = (f"; {peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, "
+                  f"output {'identical' if peer['identical_to_specjax'] else 'DIFFERENT'}"
+                  if peer["specjax_strategy"] else "")
+        lines.append(f"{peer['strategy']:<22}{peer['tokens_per_s']:9.1f} tok/s{versus}")
     if report["ar_achieved_gb_s"] is not None:
         lines.append(
             f"ar decode reads {report['ar_bytes_per_token'] / 1e6:.1f} MB/token (weights + live "
@@ -125,7 +161,14 @@ def format_report(report: dict) -> str:
             f"{report['read_bandwidth_gb_s']:.1f} GB/s read bandwidth measured here (one core "
             f"alone reads "
             f"{report['single_thread_read_bandwidth_gb_s']:.1f} GB/s)")
+    else:
+        lines.append("ar decode bandwidth not measured: the run is too short to separate "
+                     "decoding from prefill (raise --max_new_tokens)")
     return "\n".join(lines)
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "n/a" if tokens_per_s is None else f"{tokens_per_s:.1f}"
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def run() -> list[dict]:
         raise ValueError(f"--batch_size={FLAGS.batch_size} must be >= 1")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     params, cfg, meta = load_params(FLAGS.workdir)
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"))
+    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     defaults = decoding_defaults(meta)
     strategy = make_strategy(FLAGS.strategy, FLAGS.exit_layer or defaults.exit_layer,
                              FLAGS.num_draft or defaults.num_draft)

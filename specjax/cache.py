@@ -40,7 +40,7 @@ class Cache:
     @classmethod
     def allocate(cls, cfg: ModelConfig, batch: int, max_len: int) -> Cache:
         """Zero-filled buffers for `batch` rows of at most `max_len` tokens each."""
-        shape = (batch * cfg.num_kv_heads, max_len, cfg.resolved_head_dim)
+        shape = (batch * cfg.num_kv_heads, max_len, cfg.head_dim)
         layers = tuple(
             LayerKV(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype))
             for _ in range(cfg.num_layers))

@@ -39,10 +39,13 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, params: Any, opt_state: Any, meta: dict[str, Any]) -> None:
-        self._manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-            meta=ocp.args.JsonSave(meta)), force=True)
+    def save(self, step: int, params: Any, opt_state: Any | None, meta: dict[str, Any]) -> None:
+        """Saves a step; `opt_state` None (an imported model) records that there is none."""
+        items = {"params": ocp.args.StandardSave(params),
+                 "meta": ocp.args.JsonSave({**meta, "optimizer_state": opt_state is not None})}
+        if opt_state is not None:
+            items["opt_state"] = ocp.args.StandardSave(opt_state)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         self._manager.wait_until_finished()
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
@@ -56,6 +59,11 @@ class Checkpointer:
         items = {"params": ocp.args.StandardRestore(abstract_params),
                  "meta": ocp.args.JsonRestore()}
         if abstract_opt_state is not None:
+            if not self.read_meta(step).get("optimizer_state", True):
+                raise CheckpointError(
+                    f"checkpoint of step {step} in {self.directory} holds weights only (an "
+                    "imported model): training cannot resume from it; use it with "
+                    "infer/generate.py or infer/bench.py")
             items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
         restored = self._restore(step, **items)
         return restored["params"], restored.get("opt_state"), restored["meta"]

@@ -41,7 +41,8 @@ class ModelConfig:
 
     Exits are numbered by how many layers ran: exit `e` in [1, num_layers] is the hidden state after
     layer `e` (1-based), so exit `num_layers` is the ordinary final output. `exit_layers` lists the
-    exits that training supervises (default: all of them).
+    exits that training supervises (default: all of them). `attention_bias` adds biases to the
+    query/key/value projections (Qwen2-style checkpoints).
     """
 
     vocab_size: int
@@ -50,11 +51,12 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     mlp_dim: int
-    head_dim: int | None = None
+    head_dim: int | None = None  # None: d_model // num_heads (resolved on construction)
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    attention_bias: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -66,13 +68,13 @@ class ModelConfig:
             _require(isinstance(value, int) and value > 0, name, value, "must be a positive int")
         _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
                  f"must divide num_heads={self.num_heads}")
-        if self.head_dim is None:
+        if self.head_dim is None:  # canonical form: equal models have equal configs
             _require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
                      f"must divide d_model={self.d_model} (or set head_dim)")
-        else:
-            _require(isinstance(self.head_dim, int) and self.head_dim > 0, "head_dim",
-                     self.head_dim, "must be a positive int")
-        _require(self.resolved_head_dim % 2 == 0, "head_dim", self.resolved_head_dim,
+            object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
+        _require(isinstance(self.head_dim, int) and self.head_dim > 0, "head_dim",
+                 self.head_dim, "must be a positive int")
+        _require(self.head_dim % 2 == 0, "head_dim", self.head_dim,
                  "must be even for rotary embeddings")
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
         _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
@@ -88,10 +90,6 @@ class ModelConfig:
             _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
                      "must be strictly increasing")
             object.__setattr__(self, "exit_layers", exits)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
     @property
     def group_size(self) -> int:

@@ -26,7 +26,7 @@ import datasets
 import numpy as np
 
 from specjax.config import dataclass_from_mapping
-from specjax.tokenizer import ByteTokenizer, get_tokenizer
+from specjax.tokenizer import Tokenizer, get_tokenizer
 
 SOURCES = ("stdlib", "files", "hub")
 _EXCLUDED_DIRS = frozenset({"test", "tests", "site-packages", "__pycache__"})
@@ -144,7 +144,7 @@ def split_documents(docs: datasets.Dataset,
     return train, val
 
 
-def pack(docs: datasets.Dataset, tokenizer: ByteTokenizer, seq_len: int) -> np.ndarray:
+def pack(docs: datasets.Dataset, tokenizer: Tokenizer, seq_len: int) -> np.ndarray:
     """Concatenates [BOS] doc [EOS] for every document and cuts the stream into non-overlapping
     windows of seq_len + 1 tokens (inputs are window[:-1], targets window[1:])."""
     stream = np.concatenate([tokenizer.encode(t, add_bos=True, add_eos=True)

@@ -37,7 +37,7 @@ def test_model_config_round_trips_and_rejects_unknown_fields():
 
 def test_diff_lists_changed_fields():
     a, b = ModelConfig(**TINY_MODEL), ModelConfig(**{**TINY_MODEL, "d_model": 64})
-    assert a.diff(b) == {"d_model": (32, 64)}
+    assert a.diff(b) == {"d_model": (32, 64), "head_dim": (8, 16)}  # head_dim is resolved
 
 
 @pytest.mark.parametrize("sections, message", [

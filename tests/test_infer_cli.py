@@ -75,14 +75,14 @@ def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
 def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     report_path = tmp_path / "bench.json"
     result = _run("bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len", "16",
-                  "--max_new_tokens", "16", "--repeats", "1", "--exit_layer=1,2",
+                  "--max_new_tokens", "48", "--repeats", "2", "--exit_layer=1,2",
                   "--bandwidth_mb", "64", "--output_json", str(report_path))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(report_path.read_text())
     names = [r["strategy"] for r in report["results"]]
     assert names == ["ar", "selfspec E=1 K=3", "selfspec E=2 K=3"]
     for row in report["results"]:
-        assert row["identical_to_ar"] and row["tokens"] == 2 * 16 and row["tokens_per_s"] > 0
+        assert row["identical_to_ar"] and row["tokens"] == 2 * 48 and row["tokens_per_s"] > 0
     assert report["results"][0]["speedup"] == 1.0
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
     assert "identical to ar" in result.stdout and "GB/s read bandwidth" in result.stdout

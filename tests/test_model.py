@@ -130,3 +130,15 @@ def test_bad_layer_range_is_an_error(tiny_cfg, tiny_params):
         run_layers(tiny_params, tiny_cfg, hidden, layers=(2, 2))
     with pytest.raises(ValueError, match=r"layer range \(0, 5\)"):
         run_layers(tiny_params, tiny_cfg, hidden, layers=(0, 5))
+
+
+def test_attention_bias_is_a_parameter_that_changes_the_output():
+    cfg = ModelConfig(**{**TINY_MODEL, "attention_bias": True})
+    params = M.init_params(cfg, jax.random.PRNGKey(0))
+    bias = params["layers"]["attn"]["qkv_bias"]
+    assert bias.shape == (cfg.num_layers, cfg.num_kv_heads, cfg.group_size + 2,
+                          cfg.head_dim)
+    tokens = jnp.arange(6)[None]
+    shifted = {**params, "layers": {**params["layers"], "attn": {
+        **params["layers"]["attn"], "qkv_bias": bias + 0.5}}}
+    assert not np.allclose(forward(params, cfg, tokens), forward(shifted, cfg, tokens))

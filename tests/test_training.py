@@ -87,7 +87,8 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
     Trainer(tiny_run(train=dict(total_steps=3, warmup_steps=1)), str(tmp_path)).fit()
     other = tiny_run(model=dict(d_model=64, mlp_dim=96), train=dict(total_steps=6))
     with pytest.raises(CheckpointError, match=r"different model \(d_model: checkpoint=32 vs "
-                                              r"config=64, mlp_dim: checkpoint=64 vs config=96\)"):
+                                              r"config=64, head_dim: checkpoint=8 vs config=16, "
+                                              r"mlp_dim: checkpoint=64 vs config=96\)"):
         Trainer(other, str(tmp_path)).fit()
 
 

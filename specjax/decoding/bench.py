@@ -26,7 +26,7 @@ from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.strategy import Strategy
 from specjax.model import Params
-from specjax.tokenizer import ByteTokenizer
+from specjax.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,7 @@ class StrategyResult:
     prefill_seconds: float
     compile_seconds: float
     stats: RowStats
+    generated: list[list[int]]
     distinct_4grams: float
     identical_to_baseline: bool | None  # None when sampling: outputs differ by design
 
@@ -50,24 +51,25 @@ class StrategyResult:
         return self.tokens / self.seconds
 
     @property
-    def decode_tokens_per_second(self) -> float:
-        """Tokens after the first over the time after prefill: the decode loop alone."""
-        return (self.tokens - self.rows) / (self.seconds - self.prefill_seconds)
+    def decode_tokens_per_second(self) -> float | None:
+        """Tokens after the first over the time after prefill: the decode loop alone. None when
+        the run is too short for the two timings to separate (decode time not positive)."""
+        decode_seconds = self.seconds - self.prefill_seconds
+        return (self.tokens - self.rows) / decode_seconds if decode_seconds > 0 else None
 
 
-def heldout_prompts(data: DataConfig, tokenizer: ByteTokenizer, count: int,
+def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int,
                     length: int) -> list[list[int]]:
-    """`length`-token windows from the middle of held-out validation documents, each starting
-    at a line boundary: unseen text in the middle of real files."""
+    """`length`-token windows from the middle of held-out validation documents, starting at the
+    first line break after the middle (or the middle itself if the tokenizer merges newlines
+    into other tokens): unseen text in the middle of real files."""
     _, validation = split_documents(load_documents(data), data.val_fraction)
-    newline = tokenizer.encode("\n")[0]
+    newline = tokenizer.encode("\n")[-1]
     prompts = []
     for text in validation["text"]:
         ids = tokenizer.encode(text)
         breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
-        if len(breaks) == 0:
-            continue
-        start = len(ids) // 2 + int(breaks[0]) + 1
+        start = len(ids) // 2 + (int(breaks[0]) + 1 if len(breaks) else 0)
         if start + length <= len(ids):
             prompts.append(ids[start:start + length].tolist())
         if len(prompts) == count:
@@ -109,7 +111,7 @@ def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
             weights += leaf.shape[-1] * leaf.dtype.itemsize
         else:
             weights += leaf.size * leaf.dtype.itemsize
-    kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.resolved_head_dim
+    kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
                     * jnp.dtype(cfg.compute_dtype).itemsize)
     return weights + kv_per_token * context
 
@@ -149,7 +151,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
             name=name, tokens=sum(len(t) for t in merged.tokens), rows=len(merged.tokens),
             seconds=sum(statistics.median(ts) for ts in times[name]),
             prefill_seconds=sum(statistics.median(ts) for ts in prefill_times[name]),
-            compile_seconds=compile_seconds[name], stats=merged.total,
+            compile_seconds=compile_seconds[name], stats=merged.total, generated=merged.tokens,
             distinct_4grams=distinct_ngram_fraction(merged.tokens),
             identical_to_baseline=None if sampling else merged.tokens == reference.tokens))
     return results

@@ -31,7 +31,7 @@ class Attention(nn.Module):
                  write_pos: jax.Array | None = None) -> tuple[jax.Array, LayerKV | None]:
         cfg = self.cfg
         batch, steps, _ = x.shape
-        kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.resolved_head_dim
+        kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         qkv = self.param("qkv", nn.initializers.normal(cfg.init_std),
                          (cfg.d_model, kv_heads, group + 2, head_dim), cfg.weight_dtype)
         out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
@@ -41,6 +41,9 @@ class Attention(nn.Module):
         # make XLA re-lay the weight out in memory on every decode step.
         y = (x @ qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
             batch, steps, kv_heads, group + 2, head_dim)
+        if cfg.attention_bias:
+            y = y + self.param("qkv_bias", nn.initializers.zeros,
+                               (kv_heads, group + 2, head_dim), cfg.weight_dtype).astype(y.dtype)
         q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
         k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
         v = y[:, :, :, group + 1]

@@ -18,7 +18,7 @@ class Rope(NamedTuple):
 
 def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
     """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured."""
-    dim = cfg.resolved_head_dim
+    dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     inv_freq = inv_freq.astype(np.float32)
     if cfg.rope_scaling is not None:

@@ -1,0 +1,36 @@
+"""Converts Hugging Face Llama-family checkpoints to specjax workdirs and back.
+
+    python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
+    python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
+"""
+
+from absl import app, flags
+
+from specjax.config import DTYPES
+from specjax.convert.hf import export_checkpoint, import_checkpoint
+from specjax.entrypoint import run_cli
+
+flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
+                    "--to_hf).")
+flags.DEFINE_string("workdir", None, "specjax workdir (written, or read with --to_hf).")
+flags.DEFINE_bool("to_hf", False, "Export the workdir's latest weights to --hf_dir.")
+flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Import: parameter and compute dtype "
+                  "(default: the checkpoint's).")
+flags.DEFINE_float("max_shard_gb", 4.0, "Export: largest safetensors shard.")
+flags.mark_flags_as_required(["hf_dir", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    if FLAGS.to_hf:
+        files = run_cli(lambda: export_checkpoint(
+            FLAGS.workdir, FLAGS.hf_dir, max_shard_bytes=int(FLAGS.max_shard_gb * 2**30)))
+        print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
+    else:
+        cfg = run_cli(lambda: import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype))
+        print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
+
+
+if __name__ == "__main__":
+    app.run(main)

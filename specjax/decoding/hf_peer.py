@@ -1,0 +1,71 @@
+"""Peer benchmark: Hugging Face transformers' greedy `generate()` and its LayerSkip integration
+(`assistant_early_exit`) on the same weights, exported from a specjax workdir, timed like
+specjax's strategies (warm-up, interleaved repeats, median per prompt).
+
+Needs the optional `hf` extra (torch, transformers); only `infer/bench.py --compare_hf` imports
+it. EOS is disabled rather than suppressed, so every run generates exactly max_new_tokens with
+unmodified logits and the greedy outputs can be compared token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+
+from specjax.convert.hf import export_checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerResult:
+    name: str
+    seconds: float
+    generated: list[list[int]]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(len(g) for g in self.generated) / self.seconds
+
+
+def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                      exit_layer: int, num_draft: int, repeats: int = 3) -> list[PeerResult]:
+    """Times, batch 1, fp32, CPU: HF greedy decoding; HF early-exit self-speculation with its
+    defaults (up to 20 drafts per round, stopping at a draft confidence below 0.4); and the
+    same with exactly `num_draft` drafts per round, specjax's fixed-length policy."""
+    import torch
+    import transformers
+
+    with tempfile.TemporaryDirectory() as exported:
+        export_checkpoint(workdir, exported)
+        model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    model.eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    variants = {
+        "hf greedy": {},
+        f"hf assistant_early_exit={exit_layer}": {"assistant_early_exit": exit_layer},
+        f"hf assistant_early_exit={exit_layer} K={num_draft}": {
+            "assistant_early_exit": exit_layer, "num_assistant_tokens": num_draft,
+            "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0},
+    }
+
+    def run(options, prompt):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens,
+                                 do_sample=False, **options)
+        return out[0, len(prompt):].tolist()
+
+    for options in variants.values():
+        run(options, prompts[0])
+    times = {name: [[] for _ in prompts] for name in variants}
+    generated = {name: [None] * len(prompts) for name in variants}
+    for _ in range(repeats):
+        for index, prompt in enumerate(prompts):
+            for name, options in variants.items():
+                start = time.perf_counter()
+                generated[name][index] = run(options, prompt)
+                times[name][index].append(time.perf_counter() - start)
+    return [PeerResult(name, sum(statistics.median(t) for t in times[name]), generated[name])
+            for name in variants]

@@ -6,6 +6,7 @@ process, after a warm-up.
     python infer/bench.py --workdir runs/tiny --exit_layer=1,2 --num_draft=3,4,6
 """
 
+import itertools
 import json
 import os
 import platform
@@ -16,8 +17,9 @@ from absl import app, flags
 from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import bytes_per_token, heldout_prompts, read_bandwidth, run_benchmark
-from specjax.decoding.cli import decoding_defaults, make_strategy, read_prompts_file
+from specjax.decoding.cli import decoding_defaults, make_strategy, read_prompts_file, strategy_label
 from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams
 from specjax.entrypoint import run_cli
 from specjax.tokenizer import get_tokenizer
@@ -27,6 +29,8 @@ flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out vali
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the baseline).")
 flags.DEFINE_list("exit_layer", None, "Draft exit layer(s) E for selfspec (default: checkpoint).")
 flags.DEFINE_list("num_draft", None, "Draft length(s) K for selfspec (default: checkpoint).")
+flags.DEFINE_list("draft_threshold", None, "Draft confidence stop(s) for selfspec (default: "
+                  "checkpoint; 0: always K drafts).")
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
 flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
@@ -66,10 +70,11 @@ def benchmark() -> dict:
         if name != "selfspec":
             strategies[name] = make_strategy(name, defaults.exit_layer, defaults.num_draft)
             continue
-        for exit_layer in FLAGS.exit_layer or [defaults.exit_layer]:
-            for num_draft in FLAGS.num_draft or [defaults.num_draft]:
-                strategies[f"selfspec E={exit_layer} K={num_draft}"] = make_strategy(
-                    name, int(exit_layer), int(num_draft))
+        for exit_layer, num_draft, threshold in itertools.product(
+                FLAGS.exit_layer or [defaults.exit_layer], FLAGS.num_draft or [defaults.num_draft],
+                FLAGS.draft_threshold or [defaults.draft_threshold]):
+            strategy = make_strategy(name, int(exit_layer), int(num_draft), float(threshold))
+            strategies[strategy_label(strategy)] = strategy
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
         FLAGS.temperature, top_p=FLAGS.top_p)
     generator = Generator(params, cfg)
@@ -92,8 +97,7 @@ def benchmark() -> dict:
     ar = next((r for r in results if r.name == "ar"), None)
     ar_rate = ar.decode_tokens_per_second if ar else None
     measured = ar_rate is not None
-    peers = (compare_with_hf(results, prompts, defaults.exit_layer, defaults.num_draft)
-             if FLAGS.compare_hf else [])
+    peers = compare_with_hf(results, strategies, prompts) if FLAGS.compare_hf else []
     return {
         "workdir": os.path.abspath(FLAGS.workdir), "step": meta["step"],
         "model": cfg.to_dict(), "prompts": len(prompts), "mean_prompt_tokens": mean_prompt,
@@ -110,29 +114,26 @@ def benchmark() -> dict:
         "jax": jax.__version__, "python": platform.python_version()}
 
 
-def compare_with_hf(results, prompts, default_exit: int, default_draft: int) -> list[dict]:
-    """HF greedy and HF early-exit decoding of the same prompts; each is compared with the
-    specjax strategy of the same kind (ar; the first selfspec) for speed and exact output."""
+def compare_with_hf(results, strategies, prompts) -> list[dict]:
+    """HF greedy and HF early-exit decoding of the same prompts, each compared for speed and
+    exact output with the specjax strategy of the same kind (ar; the first selfspec)."""
     if FLAGS.temperature != 0 or FLAGS.batch_size != 1:
         raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
                          "(transformers' assisted generation is batch 1 only)")
+    by_name = {r.name: r for r in results}
+    drafters = [name for name, s in strategies.items() if isinstance(s, SelfSpeculative)]
+    if "ar" not in by_name or not drafters:
+        raise ValueError("--compare_hf compares with ar and selfspec: keep both in --strategies")
     from specjax.decoding.hf_peer import hf_peer_benchmark
 
-    ours = {"greedy": next(r for r in results if r.name == "ar"),
-            "early_exit": next((r for r in results if r.name.startswith("selfspec")), None)}
-    exit_layer = int(FLAGS.exit_layer[0]) if FLAGS.exit_layer else default_exit
-    num_draft = int(FLAGS.num_draft[0]) if FLAGS.num_draft else default_draft
     peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
-                              exit_layer=exit_layer, num_draft=num_draft, repeats=FLAGS.repeats)
-    rows = []
-    for peer, mine in zip(peers, (ours["greedy"], ours["early_exit"], ours["early_exit"]),
-                          strict=True):
-        rows.append({"strategy": peer.name, "tokens_per_s": peer.tokens_per_second,
-                     "specjax_strategy": mine.name if mine else None,
-                     "specjax_speedup": (mine.tokens_per_second / peer.tokens_per_second
-                                         if mine else None),
-                     "identical_to_specjax": peer.generated == mine.generated if mine else None})
-    return rows
+                              strategy=strategies[drafters[0]], repeats=FLAGS.repeats)
+    ours = (by_name["ar"], by_name[drafters[0]], by_name[drafters[0]])
+    return [{"strategy": peer.name, "tokens_per_s": peer.tokens_per_second,
+             "specjax_strategy": mine.name,
+             "specjax_speedup": mine.tokens_per_second / peer.tokens_per_second,
+             "identical_to_specjax": peer.generated == mine.generated}
+            for peer, mine in zip(peers, ours, strict=True)]
 
 
 def format_report(report: dict) -> str:
@@ -149,10 +150,9 @@ def format_report(report: dict) -> str:
                      f"{r['tau']:7.2f}{r['acceptance_rate']:8.2f}{_rate(r['decode_tokens_per_s']):>14}"
                      f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
     for peer in report["hf_peers"]:
-        versus = (f"; {peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, "
-                  f"output {'identical' if peer['identical_to_specjax'] else 'DIFFERENT'}"
-                  if peer["specjax_strategy"] else "")
-        lines.append(f"{peer['strategy']:<22}{peer['tokens_per_s']:9.1f} tok/s{versus}")
+        lines.append(f"{peer['strategy']}: {peer['tokens_per_s']:.1f} tok/s; "
+                     f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "
+                     f"{'identical' if peer['identical_to_specjax'] else 'DIFFERENT'}")
     if report["ar_achieved_gb_s"] is not None:
         lines.append(
             f"ar decode reads {report['ar_bytes_per_token'] / 1e6:.1f} MB/token (weights + live "

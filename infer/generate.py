@@ -19,6 +19,8 @@ flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
 flags.DEFINE_enum("strategy", "selfspec", STRATEGIES, "Decoding strategy.")
 flags.DEFINE_integer("exit_layer", None, "Draft exit layer E (default: from the checkpoint).")
 flags.DEFINE_integer("num_draft", None, "Drafted tokens per round K (default: checkpoint).")
+flags.DEFINE_float("draft_threshold", None, "Stop a row's draft after a token whose draft "
+                   "probability is below this (0: always K drafts; default: checkpoint).")
 flags.DEFINE_string("prompt", None, "A single prompt.")
 flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
@@ -56,8 +58,10 @@ def run() -> list[dict]:
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     defaults = decoding_defaults(meta)
-    strategy = make_strategy(FLAGS.strategy, FLAGS.exit_layer or defaults.exit_layer,
-                             FLAGS.num_draft or defaults.num_draft)
+    strategy = make_strategy(
+        FLAGS.strategy, FLAGS.exit_layer or defaults.exit_layer,
+        FLAGS.num_draft or defaults.num_draft,
+        defaults.draft_threshold if FLAGS.draft_threshold is None else FLAGS.draft_threshold)
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
         FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     generator = Generator(params, cfg)

@@ -136,10 +136,12 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
     """Self-speculation defaults stored with a trained model for the inference entry points:
-    draft with layers [0, exit_layer), `num_draft` tokens per round."""
+    draft with layers [0, exit_layer), up to `num_draft` tokens per round, stopping a row's
+    draft early at a token whose draft probability is below `draft_threshold` (0: never)."""
 
     exit_layer: int = 1
     num_draft: int = 4
+    draft_threshold: float = 0.0
 
     def check(self, model: ModelConfig) -> None:
         _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
@@ -147,6 +149,8 @@ class DecodingConfig:
                  f"must lie in [1, num_layers - 1 = {model.num_layers - 1}]")
         _require(isinstance(self.num_draft, int) and self.num_draft >= 1, "decoding.num_draft",
                  self.num_draft, "must be an int >= 1")
+        _require(isinstance(self.draft_threshold, (int, float)) and 0 <= self.draft_threshold < 1,
+                 "decoding.draft_threshold", self.draft_threshold, "must lie in [0, 1)")
 
 
 def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -> Any:

@@ -56,6 +56,20 @@ def test_greedy_selfspec_equals_autoregressive(generators, reference, exit_layer
             assert stats.accepted + stats.rounds >= NEW - 1  # every round commits >= 1 token
 
 
+@pytest.mark.parametrize("exit_layer,num_draft,threshold", [(1, 8, 0.3), (2, 4, 0.95)])
+def test_confidence_stopped_drafts_equal_autoregressive(generators, reference, exit_layer,
+                                                        num_draft, threshold):
+    strategy = SelfSpeculative(exit_layer, num_draft, draft_threshold=threshold)
+    for batch in (1, 3):
+        out = generators.generate(PROMPTS[:batch], max_new_tokens=NEW, strategy=strategy)
+        assert out.tokens == reference[batch].tokens
+        for stats in out.stats:
+            assert stats.rounds <= stats.drafted <= num_draft * stats.rounds
+            assert 0 <= stats.accepted <= stats.drafted
+    if threshold == 0.95:  # drafts really were cut short
+        assert out.total.drafted < num_draft * out.total.rounds
+
+
 def test_speculation_actually_accepts_and_rejects(generators):
     out = generators.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(2, 4))
     assert 0 < out.total.acceptance_rate < 1
@@ -68,8 +82,9 @@ def test_autoregressive_stats(reference):
         assert stats.tau == 1.0
 
 
-@pytest.mark.parametrize("num_draft", [3, 8])
-def test_eos_inside_a_draft_ends_the_row_exactly_like_autoregressive(generators, num_draft):
+@pytest.mark.parametrize("num_draft,threshold", [(3, 0.0), (8, 0.0), (8, 0.5)])
+def test_eos_inside_a_draft_ends_the_row_exactly_like_autoregressive(generators, num_draft,
+                                                                     threshold):
     generator = generators
     full = generator.generate(PROMPTS, max_new_tokens=NEW).tokens
     # A token that first appears mid-output in row 0 becomes the EOS.
@@ -77,7 +92,7 @@ def test_eos_inside_a_draft_ends_the_row_exactly_like_autoregressive(generators,
     expected = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos).tokens
     assert expected[0][-1] == eos and len(expected[0]) < NEW
     out = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos,
-                             strategy=SelfSpeculative(1, num_draft))
+                             strategy=SelfSpeculative(1, num_draft, threshold))
     assert out.tokens == expected
     for tokens in expected:
         assert eos not in tokens[:-1]
@@ -127,11 +142,12 @@ def test_generate_loop_exports_for_tpu_and_cuda(generator, sampled):
     sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                              SamplingParams.create()) if sampled else None)
     fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
-        p, prompts, lengths, key, sp, eos, cfg=CFG, strategy=SelfSpeculative(2, 4),
+        p, prompts, lengths, key, sp, eos, cfg=CFG,
+        strategy=SelfSpeculative(2, 4, draft_threshold=0.5 if sampled else 0.0),
         max_new_tokens=32, cache_len=64))
     exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
         params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
         jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
     assert exported.platforms == ("tpu", "cuda")
     module = exported.mlir_module()
-    assert module.count("stablehlo.while") >= 2  # the decode loop and the draft scan
+    assert module.count("stablehlo.while") >= 2  # the decode loop and the draft loop

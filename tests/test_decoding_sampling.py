@@ -71,16 +71,21 @@ def chi_square_p_below(observed, expected_probs, alpha=1e-4):
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2)],
-                         ids=["ar", "selfspec"])
+@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2),
+                                      SelfSpeculative(1, 3, draft_threshold=0.3)],
+                         ids=["ar", "selfspec", "selfspec-threshold"])
 def test_sampled_tokens_follow_the_plain_distribution(params, setting, strategy):
     sampling = SamplingParams.create(**SETTINGS[setting])
     rejected, stat, critical = chi_square_p_below(
         empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
+    if getattr(strategy, "draft_threshold", 0):  # the confidence stop really cut drafts short
+        total = Generator(params, CFG).generate([PROMPT] * 100, max_new_tokens=NEW,
+                                                strategy=strategy, sampling=sampling).total
+        assert total.rounds <= total.drafted < strategy.num_draft * total.rounds
 
 
-def _resample_from_target(key, draft, draft_probs, target_probs):
+def _resample_from_target(key, draft, draft_probs, target_probs, num_valid):
     """A classic bug: on rejection, sample from p instead of norm(max(0, p - q))."""
     accept_key, resample_key = jax.random.split(key)
     num_draft = draft.shape[1]

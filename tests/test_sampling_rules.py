@@ -38,8 +38,11 @@ def test_greedy_accept_takes_the_longest_matching_prefix_plus_one():
     target = jnp.array([[5, 6, 7, 8], [5, 6, 7, 8], [1, 2, 3, 4]])
     logits = jax.nn.one_hot(target, 10) * 10
     draft = jnp.array([[5, 6, 7], [5, 9, 7], [9, 2, 3]])
-    accepted, emitted = greedy_accept(draft, logits)
+    accepted, emitted = greedy_accept(draft, logits, jnp.array([3, 3, 3]))
     assert accepted.tolist() == [3, 1, 0]
+    assert emitted.tolist() == target.tolist()
+    accepted, emitted = greedy_accept(draft, logits, jnp.array([2, 1, 3]))  # shorter drafts
+    assert accepted.tolist() == [2, 1, 0]
     assert emitted.tolist() == target.tolist()
 
 
@@ -47,9 +50,14 @@ def test_speculative_accept_edge_cases():
     vocab = 4
     p = jax.nn.one_hot(jnp.array([[2, 3, 1]]), vocab)       # target is deterministic
     q_same = p[:, :2]
-    accepted, emitted = speculative_accept(jax.random.PRNGKey(0), jnp.array([[2, 3]]), q_same, p)
+    key, both = jax.random.PRNGKey(0), jnp.array([2])
+    accepted, emitted = speculative_accept(key, jnp.array([[2, 3]]), q_same, p, both)
     assert accepted.tolist() == [2] and emitted.tolist() == [[2, 3, 1]]  # all in + bonus
     q_wrong = jax.nn.one_hot(jnp.array([[0, 3]]), vocab)
-    accepted, emitted = speculative_accept(jax.random.PRNGKey(0), jnp.array([[0, 3]]), q_wrong, p)
+    accepted, emitted = speculative_accept(key, jnp.array([[0, 3]]), q_wrong, p, both)
     # p(0) = 0: the first draft is always rejected and replaced from max(0, p - q) = p.
     assert accepted.tolist() == [0] and emitted[0, 0] == 2
+    # Only the first draft counts: it is accepted and the next token comes from p_1 = 3, even
+    # though q_1 puts all its mass there (a residual p - q would be empty).
+    accepted, emitted = speculative_accept(key, jnp.array([[2, 3]]), q_same, p, jnp.array([1]))
+    assert accepted.tolist() == [1] and emitted[0, :2].tolist() == [2, 3]

@@ -24,8 +24,8 @@ class Autoregressive:
               key: jax.Array, sampling: SamplingParams | None) -> Draft:
         batch = pending.shape[0]
         probs = None if sampling is None else jnp.zeros((batch, 0, cfg.vocab_size), jnp.float32)
-        return Draft(tokens=jnp.zeros((batch, 0), jnp.int32), probs=probs, carry=None,
-                     cache=cache)
+        return Draft(tokens=jnp.zeros((batch, 0), jnp.int32), probs=probs,
+                     num_valid=jnp.zeros((batch,), jnp.int32), carry=None, cache=cache)
 
     def verify(self, params: Params, cfg: ModelConfig, pending: jax.Array,
                draft: Draft) -> tuple[jax.Array, Cache]:

@@ -19,12 +19,22 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
     return dataclass_from_mapping(DecodingConfig, section, "decoding")
 
 
-def make_strategy(name: str, exit_layer: int, num_draft: int) -> Strategy:
+def make_strategy(name: str, exit_layer: int, num_draft: int,
+                  draft_threshold: float = 0.0) -> Strategy:
     if name == "ar":
         return Autoregressive()
     if name == "selfspec":
-        return SelfSpeculative(exit_layer=exit_layer, num_draft=num_draft)
+        return SelfSpeculative(exit_layer=exit_layer, num_draft=num_draft,
+                               draft_threshold=draft_threshold)
     raise ValueError(f"unknown strategy {name!r}; choose from {list(STRATEGIES)}")
+
+
+def strategy_label(strategy: Strategy) -> str:
+    """A short name for reports: "ar", "selfspec E=1 K=6", "selfspec E=1 K=12 eta=0.4"."""
+    if not isinstance(strategy, SelfSpeculative):
+        return "ar"
+    label = f"selfspec E={strategy.exit_layer} K={strategy.num_draft}"
+    return label + (f" eta={strategy.draft_threshold:g}" if strategy.draft_threshold else "")
 
 
 def read_prompts_file(path: str) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 
 from specjax.convert.hf import export_checkpoint
+from specjax.decoding.layerskip import SelfSpeculative
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +31,11 @@ class PeerResult:
 
 
 def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                      exit_layer: int, num_draft: int, repeats: int = 3) -> list[PeerResult]:
-    """Times, batch 1, fp32, CPU: HF greedy decoding; HF early-exit self-speculation with its
-    defaults (up to 20 drafts per round, stopping at a draft confidence below 0.4); and the
-    same with exactly `num_draft` drafts per round, specjax's fixed-length policy."""
+                      strategy: SelfSpeculative, repeats: int = 3) -> list[PeerResult]:
+    """Times, batch 1, fp32, CPU: HF greedy decoding; HF early-exit self-speculation at the
+    strategy's exit layer with HF's defaults (a draft length adapted each round, at most 20,
+    stopping at a draft confidence below 0.4); and the same with the strategy's own policy
+    (at most `num_draft` drafts, the same confidence stop)."""
     import torch
     import transformers
 
@@ -43,12 +45,14 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
     model.eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
+    exit_layer, num_draft = strategy.exit_layer, strategy.num_draft
     variants = {
         "hf greedy": {},
         f"hf assistant_early_exit={exit_layer}": {"assistant_early_exit": exit_layer},
-        f"hf assistant_early_exit={exit_layer} K={num_draft}": {
+        f"hf assistant_early_exit={exit_layer} K={num_draft} eta={strategy.draft_threshold:g}": {
             "assistant_early_exit": exit_layer, "num_assistant_tokens": num_draft,
-            "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0},
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": strategy.draft_threshold},
     }
 
     def run(options, prompt):

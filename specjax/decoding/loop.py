@@ -87,10 +87,11 @@ def generate_tokens(params: Params, prompts: jax.Array, prompt_lengths: jax.Arra
         draft = strategy.draft(params, cfg, s.cache, s.pending, draft_key, sampling)
         target_logits, cache = strategy.verify(params, cfg, s.pending, draft)
         if sampling is None:
-            num_accepted, emitted = greedy_accept(draft.tokens, target_logits)
+            num_accepted, emitted = greedy_accept(draft.tokens, target_logits, draft.num_valid)
         else:
             num_accepted, emitted = speculative_accept(
-                accept_key, draft.tokens, draft.probs, probabilities(target_logits, sampling))
+                accept_key, draft.tokens, draft.probs, probabilities(target_logits, sampling),
+                draft.num_valid)
         active = ~s.done
         count, hit_eos = _emitted_count(emitted, num_accepted, eos_id,
                                         max_new_tokens - s.num_tokens)
@@ -106,7 +107,7 @@ def generate_tokens(params: Params, prompts: jax.Array, prompt_lengths: jax.Arra
             num_tokens=num_tokens,
             done=s.done | hit_eos | (num_tokens >= max_new_tokens),
             stats=DecodeStats(rounds=s.stats.rounds + active,
-                              drafted=s.stats.drafted + active * num_draft,
+                              drafted=s.stats.drafted + active * draft.num_valid,
                               accepted=s.stats.accepted + active * num_accepted),
             round=s.round + 1)
 

@@ -21,11 +21,13 @@ from specjax.model import Params
 
 @flax.struct.dataclass
 class Draft:
-    """A proposal: tokens [B, K], their draft distributions q [B, K, V] (None when greedy), any
+    """A proposal: tokens [B, K], their draft distributions q [B, K, V] (None when greedy), how
+    many leading drafts of each row count (`num_valid` [B]; the verifier ignores the rest), any
     strategy-specific state for `verify` (`carry`), and the cache after drafting."""
 
     tokens: jax.Array
     probs: jax.Array | None
+    num_valid: jax.Array
     carry: Any
     cache: Cache
 
@@ -38,10 +40,11 @@ class Strategy(Protocol):
 
     def draft(self, params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
               key: jax.Array, sampling: SamplingParams | None) -> Draft:
-        """Proposes tokens after `pending` [B] (the last emitted token, not yet in the cache).
-        `sampling` is None for greedy decoding."""
+        """Proposes up to `num_draft` tokens after `pending` [B] (the last emitted token, not
+        yet in the cache). `sampling` is None for greedy decoding."""
 
     def verify(self, params: Params, cfg: ModelConfig, pending: jax.Array,
                draft: Draft) -> tuple[jax.Array, Cache]:
         """Target logits [B, K+1, V] at the pending token and each draft, and the cache with
-        every layer's K/V written for those K+1 tokens at slots lengths .. lengths + K."""
+        every layer's K/V written for those tokens at slots lengths .. lengths + K; slots after
+        a row's `num_valid` drafts may hold anything."""

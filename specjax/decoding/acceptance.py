@@ -37,11 +37,12 @@ def speculative_accept(key: jax.Array, draft: jax.Array, draft_probs: jax.Array,
     """
     batch, num_draft = draft.shape
     accept_key, resample_key = jax.random.split(key)
-    draft_probs = jnp.where(_valid(draft, num_valid)[..., None], draft_probs, 0.0)
+    valid = _valid(draft, num_valid)
+    draft_probs = jnp.where(valid[..., None], draft_probs, 0.0)
     p_draft = jnp.take_along_axis(target_probs[:, :num_draft], draft[..., None], -1)[..., 0]
     q_draft = jnp.take_along_axis(draft_probs, draft[..., None], -1)[..., 0]
     uniform = jax.random.uniform(accept_key, (batch, num_draft))
-    num_accepted = _prefix_length((uniform * q_draft < p_draft) & _valid(draft, num_valid))
+    num_accepted = _prefix_length((uniform * q_draft < p_draft) & valid)
     # Residual at the stopping position; where q is zero (after the valid drafts) it is p.
     q_padded = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))
     index = num_accepted[:, None, None]

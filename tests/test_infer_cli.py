@@ -85,4 +85,6 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
         assert row["identical_to_ar"] and row["tokens"] == 2 * 48 and row["tokens_per_s"] > 0
     assert report["results"][0]["speedup"] == 1.0
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
+    assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
     assert "identical to ar" in result.stdout and "GB/s read bandwidth" in result.stdout
+    assert "matrix-vector products alone" in result.stdout

@@ -90,6 +90,53 @@ def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> tuple[floa
     return num_bytes / parallel, num_bytes / single
 
 
+def decode_matrices(params: Params, cfg: ModelConfig) -> list[tuple[jax.Array, bool]]:
+    """Every weight matrix a decode step multiplies, as (2-D view, contracted over its leading
+    axis?), contracted as the model contracts it: over a leading d_model axis (attention qkv,
+    MLP gate/up, untied head), else onto a trailing d_model axis (attention out, MLP down); the
+    tied embedding over its trailing d_model axis (as the head). Untied, the embedding is only
+    gathered from, so it is left out."""
+    products = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        top = getattr(path[0], "key", None)
+        if leaf.ndim < 2 or (top == "embed" and not cfg.tie_embeddings):
+            continue
+        if top == "embed":
+            products.append((leaf, False))
+        elif leaf.shape[0] == cfg.d_model:
+            products.append((leaf.reshape(cfg.d_model, -1), True))
+        else:
+            products.append((leaf.reshape(-1, cfg.d_model), True))
+    return products
+
+
+def matvec_bandwidth(params: Params, cfg: ModelConfig, steps: int = 10,
+                     repeats: int = 5) -> float:
+    """Bytes/s of a bare chain of one-row products with every `decode_matrices` matrix, jitted
+    as one loop, best of N: batch-1 decoding's ceiling under this runtime with nothing else
+    (attention, norms, sampling) in the step. Each product's input depends on the previous
+    output, so they run one after another, as in a decode step."""
+    products = decode_matrices(params, cfg)
+    matrices = [m for m, _ in products]
+    inputs = [jax.random.normal(jax.random.PRNGKey(i), (1, m.shape[0] if leading else m.shape[1]),
+                                cfg.compute_dtype) for i, (m, leading) in enumerate(products)]
+
+    @jax.jit
+    def chain(matrices, inputs):
+        def one_pass(_, scale):
+            for (_, leading), matrix, x in zip(products, matrices, inputs, strict=True):
+                matrix = matrix.astype(cfg.compute_dtype)
+                out = (x * scale) @ (matrix if leading else matrix.T)
+                scale = 1.0 + 1e-6 * jnp.sum(out)
+            return scale
+        return jax.lax.fori_loop(0, steps, one_pass, jnp.ones((), cfg.compute_dtype))
+
+    chain(matrices, inputs).block_until_ready()
+    seconds = min(_timed(lambda: chain(matrices, inputs).block_until_ready())
+                  for _ in range(repeats))
+    return steps * sum(m.size * m.dtype.itemsize for m in matrices) / seconds
+
+
 def distinct_ngram_fraction(rows: Sequence[Sequence[int]], n: int = 4) -> float:
     """Unique n-grams over all n-grams of each generated row, averaged: near 1 for varied text,
     near 0 when greedy decoding has fallen into a loop (which inflates draft acceptance)."""

@@ -1,0 +1,30 @@
+"""The bench's bandwidth references: what one decode step reads, and the matrix-product ceiling."""
+
+import dataclasses
+from collections import Counter
+
+import jax
+import pytest
+
+from specjax.decoding.bench import bytes_per_token, decode_matrices, matvec_bandwidth
+from specjax.model import init_params, unstack_layers
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
+    cfg = dataclasses.replace(tiny_cfg, tie_embeddings=tie)
+    params = unstack_layers(init_params(cfg, jax.random.PRNGKey(0)))
+    products = decode_matrices(params, cfg)
+    vector_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim == 1)
+    embed_row = 0 if tie else cfg.d_model * params["embed"].dtype.itemsize
+    assert (sum(m.nbytes for m, _ in products)
+            == bytes_per_token(params, cfg, context=0) - vector_bytes - embed_row)
+    # The input length of each product is what the model feeds it: d_model into qkv, gate/up
+    # and the head, the attention heads into out, the MLP hidden state into down.
+    inputs = Counter(m.shape[0] if leading else m.shape[1] for m, leading in products)
+    layers, heads = cfg.num_layers, cfg.num_heads * cfg.head_dim
+    expected = Counter({cfg.d_model: 2 * layers + 1}) + Counter({heads: layers})
+    assert inputs == expected + Counter({cfg.mlp_dim: layers})
+
+def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):
+    assert matvec_bandwidth(unstack_layers(tiny_params), tiny_cfg, steps=2, repeats=1) > 0

@@ -26,5 +26,6 @@ def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
     expected = Counter({cfg.d_model: 2 * layers + 1}) + Counter({heads: layers})
     assert inputs == expected + Counter({cfg.mlp_dim: layers})
 
+
 def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):
     assert matvec_bandwidth(unstack_layers(tiny_params), tiny_cfg, steps=2, repeats=1) > 0

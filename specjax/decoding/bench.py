@@ -117,16 +117,16 @@ def matvec_bandwidth(params: Params, cfg: ModelConfig, steps: int = 10,
     (attention, norms, sampling) in the step. Each product's input depends on the previous
     output, so they run one after another, as in a decode step."""
     products = decode_matrices(params, cfg)
-    matrices = [m for m, _ in products]
-    inputs = [jax.random.normal(jax.random.PRNGKey(i), (1, m.shape[0] if leading else m.shape[1]),
-                                cfg.compute_dtype) for i, (m, leading) in enumerate(products)]
+    matrices, leading = [m for m, _ in products], [lead for _, lead in products]
+    inputs = [jax.random.normal(jax.random.PRNGKey(i), (1, m.shape[0] if lead else m.shape[1]),
+                                cfg.compute_dtype) for i, (m, lead) in enumerate(products)]
 
     @jax.jit
     def chain(matrices, inputs):
         def one_pass(_, scale):
-            for (_, leading), matrix, x in zip(products, matrices, inputs, strict=True):
+            for matrix, lead, x in zip(matrices, leading, inputs, strict=True):
                 matrix = matrix.astype(cfg.compute_dtype)
-                out = (x * scale) @ (matrix if leading else matrix.T)
+                out = (x * scale) @ (matrix if lead else matrix.T)
                 scale = 1.0 + 1e-6 * jnp.sum(out)
             return scale
         return jax.lax.fori_loop(0, steps, one_pass, jnp.ones((), cfg.compute_dtype))

@@ -15,10 +15,12 @@ def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
     cfg = dataclasses.replace(tiny_cfg, tie_embeddings=tie)
     params = unstack_layers(init_params(cfg, jax.random.PRNGKey(0)))
     products = decode_matrices(params, cfg)
+    all_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     vector_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim == 1)
-    embed_row = 0 if tie else cfg.d_model * params["embed"].dtype.itemsize
-    assert (sum(m.nbytes for m, _ in products)
-            == bytes_per_token(params, cfg, context=0) - vector_bytes - embed_row)
+    gathered_only = 0 if tie else params["embed"].nbytes
+    assert sum(m.nbytes for m, _ in products) == all_bytes - vector_bytes - gathered_only
+    row = 0 if tie else cfg.d_model * params["embed"].dtype.itemsize
+    assert bytes_per_token(params, cfg, context=0) == all_bytes - gathered_only + row
     # The input length of each product is what the model feeds it: d_model into qkv, gate/up
     # and the head, the attention heads into out, the MLP hidden state into down.
     inputs = Counter(m.shape[0] if leading else m.shape[1] for m, leading in products)

@@ -152,15 +152,13 @@ def distinct_ngram_fraction(rows: Sequence[Sequence[int]], n: int = 4) -> float:
 
 
 def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
-    """Bytes one decode step reads: every weight (the embedding table once, as the tied head;
-    one row of it when untied) plus the live KV cache of `context` tokens."""
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    weights = 0
-    for path, leaf in leaves:
-        if not cfg.tie_embeddings and path and getattr(path[0], "key", None) == "embed":
-            weights += leaf.shape[-1] * leaf.dtype.itemsize
-        else:
-            weights += leaf.size * leaf.dtype.itemsize
+    """Bytes one decode step reads: every `decode_matrices` matrix and every weight vector, one
+    gathered embedding row when the embedding is untied, plus the live KV cache of `context`
+    tokens."""
+    weights = sum(matrix.nbytes for matrix, _ in decode_matrices(params, cfg))
+    weights += sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim < 2)
+    if not cfg.tie_embeddings:
+        weights += params["embed"][0].nbytes
     kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
                     * jnp.dtype(cfg.compute_dtype).itemsize)
     return weights + kv_per_token * context

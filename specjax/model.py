@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.nn import DecoderBlock
+from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
 
@@ -63,10 +64,9 @@ def exit_logits(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Arra
     """The shared exit head: final norm + unembedding of any layer's hidden state, float32."""
     normed = apply_rms_norm(hidden, params["final_norm"]["scale"], cfg)
     if cfg.tie_embeddings:  # contract with the [V, D] table as stored: no transposed copy
-        return jnp.einsum("...d,vd->...v", normed, params["embed"].astype(cfg.compute_dtype),
-                          preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", normed, params["unembed"].astype(cfg.compute_dtype),
-                      preferred_element_type=jnp.float32)
+        return matmul(normed, params["embed"].astype(cfg.compute_dtype), transpose_w=True,
+                      out_dtype=jnp.float32)
+    return matmul(normed, params["unembed"].astype(cfg.compute_dtype), out_dtype=jnp.float32)
 
 
 def causal_mask(steps: int) -> jax.Array:

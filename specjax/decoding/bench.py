@@ -26,6 +26,7 @@ from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.strategy import Strategy
 from specjax.model import Params
+from specjax.nn.linear import matmul
 from specjax.tokenizer import Tokenizer
 
 
@@ -129,7 +130,7 @@ def matvec_bandwidth(params: Params, cfg: ModelConfig, steps: int = 10,
         def one_pass(_, scale):
             for matrix, lead, x in zip(matrices, leading, inputs, strict=True):
                 matrix = matrix.astype(cfg.compute_dtype)
-                out = (x * scale) @ (matrix if lead else matrix.T)
+                out = matmul(x * scale, matrix, transpose_w=not lead)
                 scale = 1.0 + 1e-6 * jnp.sum(out)
             return scale
         return jax.lax.fori_loop(0, steps, one_pass, jnp.ones((), cfg.compute_dtype))

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
+from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
 from specjax.nn.rope import Rope, apply_rope
 
@@ -39,7 +40,7 @@ class Attention(nn.Module):
 
         # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
         # make XLA re-lay the weight out in memory on every decode step.
-        y = (x @ qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
+        y = matmul(x, qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
             batch, steps, kv_heads, group + 2, head_dim)
         if cfg.attention_bias:
             y = y + self.param("qkv_bias", nn.initializers.zeros,
@@ -65,7 +66,7 @@ class Attention(nn.Module):
         attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
         attended = attended.transpose(0, 3, 1, 2, 4)
         out = out.reshape(-1, cfg.d_model).astype(cfg.compute_dtype)
-        return attended.reshape(batch, steps, -1) @ out, kv
+        return matmul(attended.reshape(batch, steps, -1), out), kv
 
 
 def _write(kv: LayerKV, k: jax.Array, v: jax.Array, write_pos: jax.Array,

@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 
 from specjax.config import ModelConfig
+from specjax.nn.linear import matmul
 
 
 class MLP(nn.Module):
@@ -19,10 +20,10 @@ class MLP(nn.Module):
                              (cfg.d_model, 2, cfg.mlp_dim), cfg.weight_dtype)
         down = self.param("down", nn.initializers.normal(residual_init_std(cfg)),
                           (cfg.mlp_dim, cfg.d_model), cfg.weight_dtype)
-        y = x @ gate_up.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)
+        y = matmul(x, gate_up.reshape(cfg.d_model, -1).astype(cfg.compute_dtype))
         gate, up = y[..., :cfg.mlp_dim], y[..., cfg.mlp_dim:]
         hidden = jax.nn.silu(gate) * up
-        return hidden @ down.astype(cfg.compute_dtype)
+        return matmul(hidden, down.astype(cfg.compute_dtype))
 
 
 def residual_init_std(cfg: ModelConfig) -> float:

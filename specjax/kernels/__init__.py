@@ -1,0 +1,1 @@
+"""Native kernels, built on first use, each with an XLA fallback."""

@@ -1,0 +1,259 @@
+// Small-M float32 matmul for XLA:CPU: y[M,N] = x[M,K] @ W, with W stored [K,N] or, transposed,
+// [N,K]. XLA:CPU runs a one-row product on one thread; decoding is a chain of them, so it reads
+// the weights at one core's bandwidth. This kernel splits each product across a persistent
+// thread pool. Built and loaded by cpu_matmul.py; see there for when it is used.
+//
+// Determinism: every output element is summed in an order fixed by (K, N, part count) alone, so
+// a row's result does not depend on M (how many rows are multiplied together) or on timing. The
+// lossless decoding loop relies on that: verifying K+1 drafted tokens at once gives each token
+// the same logits as decoding it alone.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include <unistd.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float Vec __attribute__((vector_size(32), aligned(4)));  // 8 lanes, unaligned loads
+constexpr int64_t kLanes = 8;
+constexpr int64_t kRowsPerPass = 4;  // rows of W [K,N] multiply-added per pass over the outputs
+constexpr int64_t kBlock = 1024;     // output columns per cache-resident accumulator block
+constexpr int64_t kPad = 16;         // accumulator rows 4 KiB + 64 B apart: no L1 set aliasing
+constexpr int64_t kAhead = 8;        // software prefetch distance, in rows of W
+constexpr int kSpins = 1 << 16;      // idle polls before a worker sleeps
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline Vec Load(const float* p) { Vec v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+struct Problem {
+  const float* x;  // [m, k]
+  const float* w;  // [k, n], or [n, k] when transposed
+  int64_t m, k, n;
+  bool transposed;
+};
+
+// acc[r, j..j+8) += sum over i < Rows of x[r, k+i] * W[k+i, c+j..]: each slice of W is loaded once
+// and used for every row r.
+template <int Rows>
+inline void AddRows(const Problem& p, int64_t k, const float* w, float* acc, int64_t stride) {
+  Vec wv[Rows];
+  for (int i = 0; i < Rows; ++i) {
+    wv[i] = Load(w + i * p.n);
+    __builtin_prefetch(w + (i + kAhead) * p.n);
+  }
+  for (int64_t r = 0; r < p.m; ++r, acc += stride) {
+    const float* x = p.x + r * p.k + k;
+    Vec a = Load(acc);
+    for (int i = 0; i < Rows; ++i) a += x[i] * wv[i];
+    Store(acc, a);
+  }
+}
+
+// out[r, :] = sum over k in [k0, k1) of x[r, k] * W[k, :], W [K,N] streamed row by row.
+void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
+  thread_local std::vector<float> acc;
+  const int64_t stride = std::min(kBlock, p.n) + kPad;
+  acc.resize(p.m * stride);
+  for (int64_t c = 0; c < p.n; c += kBlock) {
+    const int64_t width = std::min(kBlock, p.n - c);
+    const int64_t vec_width = width / kLanes * kLanes;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t k = k0; k < k1; k += kRowsPerPass) {
+      const int64_t rows = std::min(kRowsPerPass, k1 - k);
+      const float* w = p.w + k * p.n + c;
+      for (int64_t j = 0; j < vec_width; j += kLanes) {
+        switch (rows) {
+          case 4: AddRows<4>(p, k, w + j, acc.data() + j, stride); break;
+          case 3: AddRows<3>(p, k, w + j, acc.data() + j, stride); break;
+          case 2: AddRows<2>(p, k, w + j, acc.data() + j, stride); break;
+          default: AddRows<1>(p, k, w + j, acc.data() + j, stride); break;
+        }
+      }
+      for (int64_t j = vec_width; j < width; ++j) {
+        for (int64_t r = 0; r < p.m; ++r) {
+          for (int64_t i = 0; i < rows; ++i) acc[r * stride + j] += p.x[r * p.k + k + i] * w[i * p.n + j];
+        }
+      }
+    }
+    for (int64_t r = 0; r < p.m; ++r) {
+      std::memcpy(out + r * p.n + c, acc.data() + r * stride, width * sizeof(float));
+    }
+  }
+}
+
+// out[r, n] = dot(x[r, :], W[n, :]) for n in [n0, n1), W [N,K]: eight lanes, then a fixed-order
+// reduction; each row of W is loaded once for all rows of x.
+template <int Rows>
+inline void DotRows(const Problem& p, int64_t r0, int64_t n, float* out) {
+  Vec acc[Rows] = {};
+  const float* w = p.w + n * p.k;
+  int64_t k = 0;
+  for (; k + kLanes <= p.k; k += kLanes) {
+    const Vec wv = Load(w + k);
+    for (int r = 0; r < Rows; ++r) acc[r] += Load(p.x + (r0 + r) * p.k + k) * wv;
+  }
+  for (int r = 0; r < Rows; ++r) {
+    float sum = 0.f;
+    for (int64_t lane = 0; lane < kLanes; ++lane) sum += acc[r][lane];
+    for (int64_t kk = k; kk < p.k; ++kk) sum += p.x[(r0 + r) * p.k + kk] * w[kk];
+    out[(r0 + r) * p.n + n] = sum;
+  }
+}
+
+void ColumnsNT(const Problem& p, int64_t n0, int64_t n1, float* out) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t r = 0;
+    for (; r + 4 <= p.m; r += 4) DotRows<4>(p, r, n, out);
+    switch (p.m - r) {
+      case 3: DotRows<3>(p, r, n, out); break;
+      case 2: DotRows<2>(p, r, n, out); break;
+      case 1: DotRows<1>(p, r, n, out); break;
+      default: break;
+    }
+  }
+}
+
+// Part `part` of `parts`. Transposed: a contiguous range of output columns, written to
+// outputs[0] (the result). Otherwise a contiguous range of W's rows, summed into outputs[part];
+// the caller adds outputs[1..] into outputs[0] in order.
+void RunPart(const Problem& p, int part, int parts, float* const* outputs) {
+  if (p.transposed) {
+    ColumnsNT(p, p.n * part / parts, p.n * (part + 1) / parts, outputs[0]);
+  } else {
+    PartialNN(p, p.k * part / parts, p.k * (part + 1) / parts, outputs[part]);
+  }
+}
+
+// Part 0 runs on the calling thread, the others on workers that poll for the next job for a
+// while (a decode step issues its products microseconds apart), then sleep until woken.
+class Pool {
+ public:
+  explicit Pool(int parts) : parts_(parts) {
+    for (int part = 1; part < parts; ++part) workers_.emplace_back([this, part] { Work(part); });
+    for (std::thread& worker : workers_) worker.detach();
+  }
+  int parts() const { return parts_; }
+  std::mutex& mutex() { return mutex_; }
+
+  void Run(const Problem& p, float* const* outputs) {  // the caller holds mutex()
+    problem_ = p;
+    outputs_ = outputs;
+    pending_.store(parts_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    RunPart(p, 0, parts_, outputs);
+    while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  }
+
+ private:
+  void Work(int part) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t generation;
+      int spins = 0;
+      while ((generation = generation_.load(std::memory_order_acquire)) == seen) {
+        if (++spins < kSpins) {
+          CpuRelax();
+        } else {
+          generation_.wait(seen, std::memory_order_acquire);
+        }
+      }
+      seen = generation;
+      RunPart(problem_, part, parts_, outputs_);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  const int parts_;
+  std::mutex mutex_;
+  Problem problem_{};
+  float* const* outputs_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::vector<std::thread> workers_;
+};
+
+int PoolSize() {
+  if (const char* env = std::getenv("SPECJAX_CPU_THREADS")) return std::max(1, std::atoi(env));
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::clamp(CPU_COUNT(&set), 1, 8);
+#endif
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+}
+
+Pool& GlobalPool() {
+  // Never destroyed (workers outlive exit handlers); rebuilt in a forked child, which inherits
+  // no threads.
+  static std::mutex mutex;
+  static Pool* pool = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pool == nullptr || owner != getpid()) {
+    pool = new Pool(PoolSize());
+    owner = getpid();
+  }
+  return *pool;
+}
+
+using Matrix = ffi::Buffer<ffi::F32, 2>;
+
+ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transposed) {
+  const auto x_dims = x.dimensions(), w_dims = w.dimensions();
+  const Problem p{x.typed_data(), w.typed_data(), x_dims[0], x_dims[1],
+                  transposed ? w_dims[0] : w_dims[1], transposed};
+  if ((transposed ? w_dims[1] : w_dims[0]) != p.k) {
+    return ffi::Error::InvalidArgument("specjax small matmul: contraction sizes differ");
+  }
+  Pool& pool = GlobalPool();
+  const int parts = pool.parts();
+  const int64_t size = p.m * p.n;
+  thread_local std::vector<float> partials;
+  thread_local std::vector<float*> outputs;
+  partials.resize(transposed ? 0 : (parts - 1) * size);
+  outputs.assign(parts, y->typed_data());
+  for (int part = 1; part < parts && !transposed; ++part) {
+    outputs[part] = partials.data() + (part - 1) * size;
+  }
+  std::unique_lock<std::mutex> lock(pool.mutex(), std::try_to_lock);
+  if (lock.owns_lock()) {
+    pool.Run(p, outputs.data());
+  } else {  // another product holds the pool: the same parts in turn, so the same result
+    for (int part = 0; part < parts; ++part) RunPart(p, part, parts, outputs.data());
+  }
+  if (!transposed) {
+    float* out = outputs[0];
+    for (int part = 1; part < parts; ++part) {
+      for (int64_t e = 0; e < size; ++e) out[e] += outputs[part][e];
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMatmulF32, SmallMatmul,
+                              ffi::Ffi::Bind()
+                                  .Arg<Matrix>()
+                                  .Arg<Matrix>()
+                                  .Ret<Matrix>()
+                                  .Attr<bool>("transposed"));

@@ -1,0 +1,50 @@
+"""The model's products with a weight matrix, routed to the fastest kernel for the shape.
+
+A few-row float32 product on CPU (decoding: one row per sequence, or K+1 drafted tokens)
+goes to the multi-threaded kernel of `specjax.kernels.cpu_matmul`; everything else (training,
+prefill, bf16, GPU, TPU) is XLA's dot. The choice is static (shapes, dtypes, platform), so it
+costs nothing at run time, and `lax.platform_dependent` keeps programs lowered or exported for
+GPU/TPU free of the CPU kernel. Gradients go through XLA's dot.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from specjax.kernels import cpu_matmul
+
+
+def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,
+           out_dtype: jnp.dtype | None = None) -> jax.Array:
+    """x [..., K] times w [K, N] (w [N, K], contracted on its last axis, when `transpose_w`):
+    [..., N], accumulated in and returned as `out_dtype` (default x's dtype)."""
+    rows = math.prod(x.shape[:-1])
+    if (rows > cpu_matmul.MAX_ROWS or x.dtype != jnp.float32 or w.dtype != jnp.float32
+            or out_dtype not in (None, jnp.float32) or not cpu_matmul.available()):
+        return _xla_matmul(x, w, transpose_w, out_dtype)
+    flat = _cpu_or_xla(x.reshape(rows, x.shape[-1]), w, transpose_w)
+    return flat.reshape(*x.shape[:-1], flat.shape[-1])
+
+
+def _xla_matmul(x: jax.Array, w: jax.Array, transpose_w: bool,
+                out_dtype: jnp.dtype | None = None) -> jax.Array:
+    return jnp.einsum("...k,nk->...n" if transpose_w else "...k,kn->...n", x, w,
+                      preferred_element_type=out_dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _cpu_or_xla(x: jax.Array, w: jax.Array, transpose_w: bool) -> jax.Array:
+    return jax.lax.platform_dependent(
+        x, w, cpu=lambda x, w: cpu_matmul.small_matmul(x, w, transpose_w),
+        default=lambda x, w: _xla_matmul(x, w, transpose_w))
+
+
+@_cpu_or_xla.defjvp
+def _cpu_or_xla_jvp(transpose_w, primals, tangents):
+    (x, w), (dx, dw) = primals, tangents
+    return (_cpu_or_xla(x, w, transpose_w),
+            _xla_matmul(dx, w, transpose_w) + _xla_matmul(x, dw, transpose_w))

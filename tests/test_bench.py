@@ -1,4 +1,5 @@
-"""The bench's bandwidth references: what one decode step reads, and the matrix-product ceiling."""
+"""The bench's bandwidth references (what one decode step reads, the matrix-product ceiling)
+and its interleaved timing."""
 
 import dataclasses
 from collections import Counter
@@ -7,6 +8,7 @@ import jax
 import pytest
 
 from specjax.decoding.bench import bytes_per_token, decode_matrices, matvec_bandwidth
+from specjax.decoding.timing import time_interleaved
 from specjax.model import init_params, unstack_layers
 
 
@@ -31,3 +33,14 @@ def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
 
 def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):
     assert matvec_bandwidth(unstack_layers(tiny_params), tiny_cfg, steps=2, repeats=1) > 0
+
+
+def test_time_interleaved_runs_calls_in_turn_per_item_and_repeat():
+    order = []
+    calls = {name: lambda item, name=name: order.append((name, item)) or f"{name}{item}"
+             for name in ("a", "b")}
+    seconds, outputs = time_interleaved(calls, items=2, repeats=3)
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1)] * 3
+    assert outputs == {"a": ["a0", "a1"], "b": ["b0", "b1"]}
+    assert all(len(per_item) == 3 and min(per_item) >= 0
+               for per_call in seconds.values() for per_item in per_call)

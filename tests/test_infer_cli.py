@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from specjax.kernels import cpu_matmul
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
 
@@ -86,5 +87,6 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     assert report["results"][0]["speedup"] == 1.0
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
     assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
+    assert report["cpu_matmul_kernel"] == cpu_matmul.available()
     assert "identical to ar" in result.stdout and "GB/s read bandwidth" in result.stdout
     assert "matrix-vector products alone" in result.stdout

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Sequence
 
 import jax
@@ -25,6 +24,7 @@ from specjax.data import DataConfig, load_documents, split_documents
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.strategy import Strategy
+from specjax.decoding.timing import time_interleaved, timed
 from specjax.model import Params
 from specjax.nn.linear import matmul
 from specjax.tokenizer import Tokenizer
@@ -88,9 +88,9 @@ def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> tuple[floa
     data = jnp.ones((num_bytes // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
     total(data).block_until_ready()
-    parallel = min(_timed(lambda: total(data).block_until_ready()) for _ in range(repeats))
+    parallel = min(timed(lambda: total(data).block_until_ready()) for _ in range(repeats))
     host = np.ones(num_bytes // 4, np.float32)
-    single = min(_timed(host.sum) for _ in range(repeats))
+    single = min(timed(host.sum) for _ in range(repeats))
     return num_bytes / parallel, num_bytes / single
 
 
@@ -136,7 +136,7 @@ def matvec_bandwidth(params: Params, cfg: ModelConfig, steps: int = 10,
         return jax.lax.fori_loop(0, steps, one_pass, jnp.ones((), cfg.compute_dtype))
 
     chain(matrices, inputs).block_until_ready()
-    seconds = min(_timed(lambda: chain(matrices, inputs).block_until_ready())
+    seconds = min(timed(lambda: chain(matrices, inputs).block_until_ready())
                   for _ in range(repeats))
     return steps * sum(m.size * m.dtype.itemsize for m in matrices) / seconds
 
@@ -179,27 +179,22 @@ def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
     compile_seconds = {}
     for name in strategies:
         run(name, batches[0], 1)
-        first = _timed(run, name, batches[0])
-        compile_seconds[name] = max(first - _timed(run, name, batches[0]), 0.0)
-    times = {name: [[] for _ in batches] for name in strategies}
-    prefill_times = {name: [[] for _ in batches] for name in strategies}
-    outputs = {name: [None] * len(batches) for name in strategies}
-    for _ in range(repeats):
-        for index, batch in enumerate(batches):
-            for name in strategies:
-                prefill_times[name][index].append(_timed(run, name, batch, 1))
-                start = time.perf_counter()
-                outputs[name][index] = run(name, batch)
-                times[name][index].append(time.perf_counter() - start)
+        first = timed(run, name, batches[0])
+        compile_seconds[name] = max(first - timed(run, name, batches[0]), 0.0)
+    calls = {}
+    for name in strategies:  # each strategy's one-token (prefill) call just before its full one
+        calls[name, "prefill"] = lambda index, name=name: run(name, batches[index], 1)
+        calls[name] = lambda index, name=name: run(name, batches[index])
+    times, outputs = time_interleaved(calls, len(batches), repeats)
     results = []
-    unpacked = {name: [generator.unpack(o) for o in outs] for name, outs in outputs.items()}
+    unpacked = {name: [generator.unpack(o) for o in outputs[name]] for name in strategies}
     for name in strategies:
         merged = _merge(unpacked[name])
         reference = _merge(unpacked.get(baseline, unpacked[name]))
         results.append(StrategyResult(
             name=name, tokens=sum(len(t) for t in merged.tokens), rows=len(merged.tokens),
             seconds=sum(statistics.median(ts) for ts in times[name]),
-            prefill_seconds=sum(min(ts) for ts in prefill_times[name]),
+            prefill_seconds=sum(min(ts) for ts in times[name, "prefill"]),
             compile_seconds=compile_seconds[name], stats=merged.total, generated=merged.tokens,
             distinct_4grams=distinct_ngram_fraction(merged.tokens),
             identical_to_baseline=None if sampling else merged.tokens == reference.tokens))
@@ -209,9 +204,3 @@ def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
 def _merge(generations: Sequence[Generation]) -> Generation:
     return Generation(tokens=[t for g in generations for t in g.tokens],
                       stats=[s for g in generations for s in g.stats])
-
-
-def _timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 
 from specjax.convert.hf import export_checkpoint
 from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.timing import time_interleaved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +63,8 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
 
     for options in variants.values():
         run(options, prompts[0])
-    times = {name: [[] for _ in prompts] for name in variants}
-    generated = {name: [None] * len(prompts) for name in variants}
-    for _ in range(repeats):
-        for index, prompt in enumerate(prompts):
-            for name, options in variants.items():
-                start = time.perf_counter()
-                generated[name][index] = run(options, prompt)
-                times[name][index].append(time.perf_counter() - start)
+    calls = {name: lambda index, options=options: run(options, prompts[index])
+             for name, options in variants.items()}
+    times, generated = time_interleaved(calls, len(prompts), repeats)
     return [PeerResult(name, sum(statistics.median(t) for t in times[name]), generated[name])
             for name in variants]

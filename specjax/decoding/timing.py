@@ -1,0 +1,31 @@
+"""Wall-clock timing shared by the specjax and peer benchmarks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+def timed(fn: Callable[..., Any], *args: Any) -> float:
+    """Seconds one call of fn(*args) takes (callers block on asynchronous results inside fn)."""
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def time_interleaved(calls: dict[Hashable, Callable[[int], Any]], items: int,
+                     repeats: int) -> tuple[dict[Hashable, list[list[float]]],
+                                            dict[Hashable, list[Any]]]:
+    """Runs every call on item 0..items-1, `repeats` times: per repeat and item, each call in
+    turn, so drift in machine speed hits all of them alike. Returns each call's seconds per item
+    (one entry per repeat) and its last output per item."""
+    seconds = {key: [[] for _ in range(items)] for key in calls}
+    outputs = {key: [None] * items for key in calls}
+    for _ in range(repeats):
+        for item in range(items):
+            for key, call in calls.items():
+                start = time.perf_counter()
+                outputs[key][item] = call(item)
+                seconds[key][item].append(time.perf_counter() - start)
+    return seconds, outputs

@@ -100,8 +100,16 @@ def test_matmul_values_and_gradients_match_xla(transpose_w):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_environment_switch_turns_the_kernel_off():
-    probe = "from specjax.kernels import cpu_matmul; print(cpu_matmul.available())"
+@pytest.mark.parametrize("env", [{"SPECJAX_CPU_MATMUL": "0"}, {"CXX": "false"}],
+                         ids=["switched-off", "failing-compiler"])
+def test_without_the_kernel_matmul_falls_back_to_xla(env, tmp_path):
+    """Switched off, or when the build fails (a 'compiler' that exits 1): no kernel, a warning
+    for the failure, and matmul still works through XLA's dot."""
+    probe = ("import jax.numpy as jnp; from specjax.kernels import cpu_matmul; "
+             "from specjax.nn.linear import matmul; "
+             "y = matmul(jnp.ones((1, 3)), jnp.ones((3, 2))); "
+             "print(cpu_matmul.available(), float(y[0, 0]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         env={**os.environ, "SPECJAX_CPU_MATMUL": "0"})
-    assert out.stdout.strip() == "False"
+                         env={**os.environ, "SPECJAX_KERNEL_CACHE": str(tmp_path), **env})
+    assert out.stdout.split() == ["False", "3.0"]
+    assert ("kernel unavailable" in out.stderr) == ("CXX" in env)

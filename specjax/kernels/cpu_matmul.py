@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import logging
 import os
 import pathlib
 import platform
@@ -24,6 +23,7 @@ import tempfile
 
 import jax
 import numpy as np
+from absl import logging
 
 MAX_ROWS = 16  # beyond this many rows XLA's multi-threaded matrix-matrix kernels win
 _SOURCE = pathlib.Path(__file__).with_name("cpu_matmul.cc")

@@ -3,10 +3,11 @@
 // the weights at one core's bandwidth. This kernel splits each product across a persistent
 // thread pool. Built and loaded by cpu_matmul.py; see there for when it is used.
 //
-// Determinism: every output element is summed in an order fixed by (K, N, part count) alone, so
-// a row's result does not depend on M (how many rows are multiplied together) or on timing. The
-// lossless decoding loop relies on that: verifying K+1 drafted tokens at once gives each token
-// the same logits as decoding it alone.
+// Determinism: every output element is summed in an order fixed by (K, N, part count) alone, and
+// the build passes -ffp-contract=off so that the compiler fuses no multiply-add in one code path
+// and not in another: a row's result does not depend on M (how many rows are multiplied
+// together) or on timing. The lossless decoding loop relies on that: verifying K+1 drafted tokens
+// at once gives each token the same logits as decoding it alone.
 #include <sched.h>
 
 #include <algorithm>
@@ -90,7 +91,9 @@ void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
       }
       for (int64_t j = vec_width; j < width; ++j) {
         for (int64_t r = 0; r < p.m; ++r) {
-          for (int64_t i = 0; i < rows; ++i) acc[r * stride + j] += p.x[r * p.k + k + i] * w[i * p.n + j];
+          for (int64_t i = 0; i < rows; ++i) {
+            acc[r * stride + j] += p.x[r * p.k + k + i] * w[i * p.n + j];
+          }
         }
       }
     }
@@ -148,8 +151,7 @@ void RunPart(const Problem& p, int part, int parts, float* const* outputs) {
 class Pool {
  public:
   explicit Pool(int parts) : parts_(parts) {
-    for (int part = 1; part < parts; ++part) workers_.emplace_back([this, part] { Work(part); });
-    for (std::thread& worker : workers_) worker.detach();
+    for (int part = 1; part < parts; ++part) std::thread([this, part] { Work(part); }).detach();
   }
   int parts() const { return parts_; }
   std::mutex& mutex() { return mutex_; }
@@ -189,7 +191,6 @@ class Pool {
   float* const* outputs_ = nullptr;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
-  std::vector<std::thread> workers_;
 };
 
 int PoolSize() {

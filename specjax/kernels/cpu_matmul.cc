@@ -8,6 +8,7 @@
 // and not in another: a row's result does not depend on M (how many rows are multiplied
 // together) or on timing. The lossless decoding loop relies on that: verifying K+1 drafted tokens
 // at once gives each token the same logits as decoding it alone.
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -202,16 +203,22 @@ int PoolSize() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
 }
 
+std::atomic<Pool*> global_pool{nullptr};
+std::mutex global_pool_mutex;
+
+// Built on first use and never destroyed (workers outlive exit handlers); after the first call a
+// product pays one atomic load here. A forked child inherits no threads, so a fork handler drops
+// the parent's pool and the child builds its own.
 Pool& GlobalPool() {
-  // Never destroyed (workers outlive exit handlers); rebuilt in a forked child, which inherits
-  // no threads.
-  static std::mutex mutex;
-  static Pool* pool = nullptr;
-  static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (pool == nullptr || owner != getpid()) {
+  if (Pool* pool = global_pool.load(std::memory_order_acquire)) return *pool;
+  std::lock_guard<std::mutex> lock(global_pool_mutex);
+  Pool* pool = global_pool.load(std::memory_order_relaxed);
+  if (pool == nullptr) {
+    static const bool fork_handler = pthread_atfork(
+        nullptr, nullptr, [] { global_pool.store(nullptr, std::memory_order_relaxed); }) == 0;
+    (void)fork_handler;
     pool = new Pool(PoolSize());
-    owner = getpid();
+    global_pool.store(pool, std::memory_order_release);
   }
   return *pool;
 }

@@ -1,12 +1,12 @@
 """Benchmarks decoding strategies on a trained workdir: speed, speed-up over autoregressive
-decoding, acceptance, compile time, and memory bandwidth. Greedy, same weights and prompts, one
-process, after a warm-up.
+decoding, tokens per round, acceptance, compile time, and memory bandwidth. Same weights and
+prompts, one process, after a warm-up; greedy unless --temperature.
 
     python infer/bench.py --workdir runs/tiny
     python infer/bench.py --workdir runs/tiny --exit_layer=1,2 --num_draft=3,4,6
+    python infer/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
 """
 
-import itertools
 import json
 import os
 import platform
@@ -23,9 +23,16 @@ from specjax.decoding.bench import (
     read_bandwidth,
     run_benchmark,
 )
-from specjax.decoding.cli import decoding_defaults, make_strategy, read_prompts_file, strategy_label
+from specjax.decoding.cli import (
+    DECODING_FLAGS,
+    decoding_defaults,
+    define_decoding_flags,
+    read_prompts_file,
+    resolve_auto_tree,
+    sweep_options,
+)
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.entrypoint import run_cli
 from specjax.kernels import cpu_matmul
@@ -33,11 +40,9 @@ from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
-flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the baseline).")
-flags.DEFINE_list("exit_layer", None, "Draft exit layer(s) E for selfspec (default: checkpoint).")
-flags.DEFINE_list("num_draft", None, "Draft length(s) K for selfspec (default: checkpoint).")
-flags.DEFINE_list("draft_threshold", None, "Draft confidence stop(s) for selfspec (default: "
-                  "checkpoint; 0: always K drafts).")
+flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the "
+                  f"baseline); available: {', '.join(sorted(STRATEGIES))}.")
+define_decoding_flags(sweep=True)
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
 flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
@@ -71,20 +76,20 @@ def benchmark() -> dict:
     else:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
-    defaults = decoding_defaults(meta)
-    strategies = {}
-    for name in FLAGS.strategies:
-        if name != "selfspec":
-            strategies[name] = make_strategy(name, defaults.exit_layer, defaults.num_draft)
-            continue
-        for exit_layer, num_draft, threshold in itertools.product(
-                FLAGS.exit_layer or [defaults.exit_layer], FLAGS.num_draft or [defaults.num_draft],
-                FLAGS.draft_threshold or [defaults.draft_threshold]):
-            strategy = make_strategy(name, int(exit_layer), int(num_draft), float(threshold))
-            strategies[strategy_label(strategy)] = strategy
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
         FLAGS.temperature, top_p=FLAGS.top_p)
     generator = Generator(params, cfg)
+    sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
+    option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
+                                     workdir=FLAGS.workdir, step=meta["step"])
+                   for options in sweep_options(decoding_defaults(meta), cfg, sweeps)]
+    strategies, plans = {}, {}
+    for name in FLAGS.strategies:
+        for options, plan in option_sets:
+            strategy = make_strategy(name, options)
+            strategies[strategy.label()] = strategy
+            if plan is not None and strategy.shape == plan.tree:
+                plans[strategy.label()] = plan
     results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
                             batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
                             baseline="ar" if "ar" in strategies else next(iter(strategies)),
@@ -97,7 +102,10 @@ def benchmark() -> dict:
     base = results[0].tokens_per_second
     rows = [{"strategy": r.name, "tokens_per_s": r.tokens_per_second,
              "speedup": r.tokens_per_second / base, "tau": r.stats.tau,
-             "acceptance_rate": r.stats.acceptance_rate, "compile_s": r.compile_seconds,
+             "expected_tau": plans[r.name].expected_tau if r.name in plans else None,
+             "acceptance_rate": r.stats.acceptance_rate,
+             "nodes_verified_per_round": strategies[r.name].shape.num_nodes + 1,
+             "compile_s": r.compile_seconds,
              "decode_tokens_per_s": r.decode_tokens_per_second, "tokens": r.tokens,
              "seconds": r.seconds, "prefill_seconds": r.prefill_seconds,
              "distinct_4grams": r.distinct_4grams,
@@ -127,14 +135,17 @@ def benchmark() -> dict:
 
 def compare_with_hf(results, strategies, prompts) -> list[dict]:
     """HF greedy and HF early-exit decoding of the same prompts, each compared for speed and
-    exact output with the specjax strategy of the same kind (ar; the first selfspec)."""
+    exact output with the specjax strategy of the same kind (ar; the first strategy that has
+    an HF equivalent, a selfspec chain)."""
     if FLAGS.temperature != 0 or FLAGS.batch_size != 1:
         raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
                          "(transformers' assisted generation is batch 1 only)")
     by_name = {r.name: r for r in results}
-    drafters = [name for name, s in strategies.items() if isinstance(s, SelfSpeculative)]
+    drafters = [name for name, s in strategies.items()
+                if getattr(s, "hf_options", lambda: None)() is not None]
     if "ar" not in by_name or not drafters:
-        raise ValueError("--compare_hf compares with ar and selfspec: keep both in --strategies")
+        raise ValueError("--compare_hf compares with ar and a selfspec chain: keep both in "
+                         "--strategies")
     from specjax.decoding.hf_peer import hf_peer_benchmark
 
     peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
@@ -153,13 +164,17 @@ def format_report(report: dict) -> str:
     lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch "
              f"{report['batch_size']}, {mode}, median of {report['repeats']} "
              f"(step {report['step']} of {report['workdir']})",
-             f"{'strategy':<22}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'accept':>8}"
+             f"{'strategy':<34}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'accept':>8}{'nodes':>7}"
              f"{'decode tok/s':>14}{'compile s':>11}{'distinct 4g':>13}  identical to ar"]
     for r in report["results"]:
         same = {True: "yes", False: "NO", None: "n/a (sampled)"}[r["identical_to_ar"]]
-        lines.append(f"{r['strategy']:<22}{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x"
-                     f"{r['tau']:7.2f}{r['acceptance_rate']:8.2f}{_rate(r['decode_tokens_per_s']):>14}"
+        accept = "n/a" if r["strategy"] == "ar" else f"{r['acceptance_rate']:.2f}"
+        lines.append(f"{r['strategy']:<34}{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x"
+                     f"{r['tau']:7.2f}{accept:>8}{r['nodes_verified_per_round']:7d}"
+                     f"{_rate(r['decode_tokens_per_s']):>14}"
                      f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
+        if r["expected_tau"] is not None:
+            lines.append(f"{'':<34}(--tree auto: expected tau {r['expected_tau']:.2f})")
     for peer in report["hf_peers"]:
         lines.append(f"{peer['strategy']}: {peer['tokens_per_s']:.1f} tok/s; "
                      f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "

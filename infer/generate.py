@@ -1,6 +1,7 @@
 """Generates completions from a trained workdir with any decoding strategy.
 
     python infer/generate.py --workdir runs/tiny --strategy selfspec --prompt "def main("
+    python infer/generate.py --workdir runs/tiny --tree 2,2,1,1 --prompt "def main("
     python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
 """
 
@@ -9,18 +10,25 @@ import json
 from absl import app, flags
 
 from specjax.checkpoint import load_params
-from specjax.decoding.cli import STRATEGIES, decoding_defaults, make_strategy, read_prompts_file
+from specjax.data import DataConfig
+from specjax.decoding.bench import heldout_prompts
+from specjax.decoding.cli import (
+    DECODING_FLAGS,
+    decoding_defaults,
+    decoding_options,
+    define_decoding_flags,
+    read_prompts_file,
+    resolve_auto_tree,
+)
 from specjax.decoding.engine import Generator
+from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.entrypoint import run_cli
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_enum("strategy", "selfspec", STRATEGIES, "Decoding strategy.")
-flags.DEFINE_integer("exit_layer", None, "Draft exit layer E (default: from the checkpoint).")
-flags.DEFINE_integer("num_draft", None, "Drafted tokens per round K (default: checkpoint).")
-flags.DEFINE_float("draft_threshold", None, "Stop a row's draft after a token whose draft "
-                   "probability is below this (0: always K drafts; default: checkpoint).")
+flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
+define_decoding_flags()
 flags.DEFINE_string("prompt", None, "A single prompt.")
 flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
@@ -57,25 +65,43 @@ def run() -> list[dict]:
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    defaults = decoding_defaults(meta)
-    strategy = make_strategy(
-        FLAGS.strategy, FLAGS.exit_layer or defaults.exit_layer,
-        FLAGS.num_draft or defaults.num_draft,
-        defaults.draft_threshold if FLAGS.draft_threshold is None else FLAGS.draft_threshold)
+    options = decoding_options(decoding_defaults(meta), cfg,
+                               {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
     sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
         FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     generator = Generator(params, cfg)
+    encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
+    options, plan = resolve_auto_tree(
+        options, generator, lambda: _tuning_prompts(meta, tokenizer, encoded), sampling,
+        workdir=FLAGS.workdir, step=meta["step"])
+    strategy = make_strategy(FLAGS.strategy, options)
     records = []
     for start in range(0, len(prompts), FLAGS.batch_size):
-        batch = prompts[start:start + FLAGS.batch_size]
-        encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in batch]
-        out = generator.generate(encoded, max_new_tokens=FLAGS.max_new_tokens,
+        batch = slice(start, start + FLAGS.batch_size)
+        out = generator.generate(encoded[batch], max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
                                  eos_id=tokenizer.eos_id)
-        for prompt, tokens, stats in zip(batch, out.tokens, out.stats, strict=True):
+        for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
             records.append({"prompt": prompt, "completion": tokenizer.decode(tokens),
                             **stats.to_dict()})
+    if plan is not None:
+        rounds = sum(r["rounds"] for r in records)
+        committed = sum(r["accepted"] + r["rounds"] for r in records)
+        print(f"--tree auto: measured tau {committed / max(rounds, 1):.2f} (expected "
+              f"{plan.expected_tau:.2f})")
     return records
+
+
+def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[list[int]]:
+    """Prompts to shape `--tree auto` on: held-out training data when the workdir names its
+    corpus, else the prompts being decoded."""
+    data = meta.get("config", {}).get("data")
+    if not data:
+        return encoded
+    try:
+        return heldout_prompts(DataConfig.from_dict(data), tokenizer, 8, 128)
+    except ValueError:
+        return encoded
 
 
 if __name__ == "__main__":

@@ -135,13 +135,22 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
-    """Self-speculation defaults stored with a trained model for the inference entry points:
-    draft with layers [0, exit_layer), up to `num_draft` tokens per round, stopping a row's
-    draft early at a token whose draft probability is below `draft_threshold` (0: never)."""
+    """Decoding defaults stored with a trained model for the inference entry points (whose flags
+    of the same names override them): draft with layers [0, exit_layer); a chain of up to
+    `num_draft` tokens per round, a row stopping early at a draft whose probability is below
+    `draft_threshold` (0: never); or, when `tree` is set, a token tree: children per depth
+    ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2: `tree_nodes` nodes, `tree_top_k`
+    children per expanded node, `tree_depth` levels) or "auto" (shaped from measurements).
+    `tree_children`: how a static tree's sampled children are drawn."""
 
     exit_layer: int = 1
     num_draft: int = 4
     draft_threshold: float = 0.0
+    tree: str = ""
+    tree_nodes: int = 16
+    tree_top_k: int = 4
+    tree_depth: int = 4
+    tree_children: str = "without_replacement"
 
     def check(self, model: ModelConfig) -> None:
         _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
@@ -151,6 +160,11 @@ class DecodingConfig:
                  self.num_draft, "must be an int >= 1")
         _require(isinstance(self.draft_threshold, (int, float)) and 0 <= self.draft_threshold < 1,
                  "decoding.draft_threshold", self.draft_threshold, "must lie in [0, 1)")
+        _require(isinstance(self.tree, str), "decoding.tree", self.tree, "must be a string")
+        for name in ("tree_nodes", "tree_top_k", "tree_depth"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"decoding.{name}", value,
+                     "must be an int >= 1")
 
 
 def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -> Any:

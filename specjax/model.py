@@ -120,23 +120,27 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
                       mask: jax.Array | None = None) -> tuple[jax.Array, Cache]:
     """Runs a layer range on new tokens against the KV cache (decoding and prefill).
 
-    The new tokens' K/V are written at slots `write_pos[b] + t` of each layer in the range;
-    `cache.lengths` is not changed (see `Cache.commit`).
+    The new tokens' K/V are written at slots `write_pos[b] + t` (or `write_pos[b, t]`) of each
+    layer in the range; `cache.lengths` is not changed (see `Cache.commit`).
 
     Args:
       params: parameters with per-layer `layers` (see `unstack_layers`); stacked also works but
         copies each layer's weights inside a compiled loop.
       hidden: [B, T, D] input to layer `start`.
-      write_pos: [B] cache slot of the first new token of each row.
+      write_pos: [B] cache slot of the first new token of each row (the rest follow it), or
+        [B, T] the slot of every new token (a token tree, see `decoding.tree`).
       layers: static (start, stop); default all layers.
-      positions: [B, T] RoPE positions; default write_pos + t (a chain).
-      mask: [B, T, max_len] visibility of cache slots; default a chain: slot <= write_pos + t.
+      positions: [B, T] RoPE positions; default write_pos + t (a chain; required for [B, T]).
+      mask: [B, T, max_len] visibility of cache slots; default a chain: slot <= write_pos + t
+        (required for [B, T]).
     Returns:
       The hidden state after layer stop-1, [B, T, D], and the updated cache.
     """
     start, stop = layers or (0, cfg.num_layers)
     _check_range(cfg, start, stop)
     steps = hidden.shape[1]
+    if write_pos.ndim == 2 and (positions is None or mask is None):
+        raise ValueError("per-token write slots need explicit positions and mask")
     if positions is None:
         positions = write_pos[:, None] + jnp.arange(steps)[None, :]
     if mask is None:

@@ -1,10 +1,13 @@
-"""Greedy self-speculative decoding is token-for-token identical to autoregressive decoding."""
+"""Greedy decoding: `ar` is a per-step argmax of the model, and self-speculative chains are
+token-for-token identical to it."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from specjax import model as M
 from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
 from specjax.decoding.engine import Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens
@@ -17,6 +20,10 @@ NEW = 23  # not a multiple of K + 1 for any K below
 
 
 GENERATORS = {}
+
+
+def chain(exit_layer: int, num_draft: int, threshold: float = 0.0) -> SelfSpeculative:
+    return SelfSpeculative(exit_layer, Chain(num_draft, threshold))
 
 
 def _generator(deep_scale: float) -> Generator:
@@ -47,19 +54,42 @@ def reference(generators):
 def test_greedy_selfspec_equals_autoregressive(generators, reference, exit_layer, num_draft):
     for batch in (1, 3):
         out = generators.generate(PROMPTS[:batch], max_new_tokens=NEW,
-                                 strategy=SelfSpeculative(exit_layer, num_draft))
+                                 strategy=chain(exit_layer, num_draft))
         assert out.tokens == reference[batch].tokens
         assert all(len(t) == NEW for t in out.tokens)
         for stats in out.stats:
             assert stats.drafted == num_draft * stats.rounds
             assert 0 <= stats.accepted <= stats.drafted
-            assert stats.accepted + stats.rounds >= NEW - 1  # every round commits >= 1 token
+            assert stats.accepted + stats.rounds == NEW - 1  # stats count committed tokens
+
+
+def test_greedy_autoregressive_is_a_per_step_argmax_of_the_model(generator):
+    """The reference itself, against the model without the loop: catches a prefill or cache
+    bug that `ar` and every speculative strategy share (they are compared with each other)."""
+    forward = jax.jit(M.forward, static_argnames="cfg")
+    out = generator.generate(PROMPTS, max_new_tokens=NEW)
+    params = {**generator.params, "layers": jax.tree.map(lambda *w: jnp.stack(w),
+                                                        *generator.params["layers"])}
+    for prompt, generated in zip(PROMPTS, out.tokens, strict=True):
+        sequence = list(prompt)
+        for _ in range(NEW):
+            logits = forward(params, CFG, jnp.asarray([sequence]))
+            sequence.append(int(jnp.argmax(logits[0, -1])))
+        assert generated == sequence[len(prompt):]
+
+
+def test_stats_count_only_committed_tokens(generator):
+    """A budget smaller than one round's drafts: accepted drafts past the budget are not
+    committed, so they must not count (τ would exceed the tokens generated)."""
+    out = generator.generate(PROMPTS[:1], max_new_tokens=3, strategy=chain(1, 8))
+    stats = out.stats[0]
+    assert len(out.tokens[0]) == 3 and stats.accepted + stats.rounds == 2
 
 
 @pytest.mark.parametrize("exit_layer,num_draft,threshold", [(1, 8, 0.3), (2, 4, 0.95)])
 def test_confidence_stopped_drafts_equal_autoregressive(generators, reference, exit_layer,
                                                         num_draft, threshold):
-    strategy = SelfSpeculative(exit_layer, num_draft, draft_threshold=threshold)
+    strategy = chain(exit_layer, num_draft, threshold)
     for batch in (1, 3):
         out = generators.generate(PROMPTS[:batch], max_new_tokens=NEW, strategy=strategy)
         assert out.tokens == reference[batch].tokens
@@ -71,7 +101,7 @@ def test_confidence_stopped_drafts_equal_autoregressive(generators, reference, e
 
 
 def test_speculation_actually_accepts_and_rejects(generators):
-    out = generators.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(2, 4))
+    out = generators.generate(PROMPTS, max_new_tokens=NEW, strategy=chain(2, 4))
     assert 0 < out.total.acceptance_rate < 1
     assert out.total.rounds < 3 * (NEW - 1)  # fewer rounds than autoregressive steps
 
@@ -92,7 +122,7 @@ def test_eos_inside_a_draft_ends_the_row_exactly_like_autoregressive(generators,
     expected = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos).tokens
     assert expected[0][-1] == eos and len(expected[0]) < NEW
     out = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos,
-                             strategy=SelfSpeculative(1, num_draft, threshold))
+                             strategy=chain(1, num_draft, threshold))
     assert out.tokens == expected
     for tokens in expected:
         assert eos not in tokens[:-1]
@@ -104,20 +134,20 @@ def test_rows_are_independent_of_each_others_content(generator):
     sampling = SamplingParams.create(temperature=1.0)
     for sp in (None, sampling):
         a = generator.generate([PROMPTS[0], PROMPTS[1]], max_new_tokens=12, sampling=sp,
-                               strategy=SelfSpeculative(1, 3), seed=5)
+                               strategy=chain(1, 3), seed=5)
         b = generator.generate([PROMPTS[0], [200, 201, 202]], max_new_tokens=12, sampling=sp,
-                               strategy=SelfSpeculative(1, 3), seed=5)
+                               strategy=chain(1, 3), seed=5)
         assert a.tokens[0] == b.tokens[0]
         assert a.tokens[1] != b.tokens[1]
-    alone = generator.generate(PROMPTS[2:], max_new_tokens=NEW, strategy=SelfSpeculative(3, 2))
-    batched = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(3, 2))
+    alone = generator.generate(PROMPTS[2:], max_new_tokens=NEW, strategy=chain(3, 2))
+    batched = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=chain(3, 2))
     assert batched.tokens[2] == alone.tokens[0]
 
 
 def test_same_key_same_output_and_keys_matter(generator):
     sampling = SamplingParams.create(temperature=1.0, top_k=50)
     runs = [generator.generate(PROMPTS, max_new_tokens=15, sampling=sampling, seed=seed,
-                               strategy=SelfSpeculative(2, 4)).tokens for seed in (3, 3, 4)]
+                               strategy=chain(2, 4)).tokens for seed in (3, 3, 4)]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -131,7 +161,7 @@ def test_bad_requests_are_clear_errors(generator):
     with pytest.raises(ValueError, match=r"outside \[0, 259\)"):
         generator.generate([[1, 300]], max_new_tokens=4)
     with pytest.raises(ValueError, match=r"exit_layer=4 must lie in \[1, num_layers - 1 = 3\]"):
-        generator.generate([[1]], max_new_tokens=4, strategy=SelfSpeculative(4, 2))
+        generator.generate([[1]], max_new_tokens=4, strategy=chain(4, 2))
     with pytest.raises(ValueError, match="temperature=0.0 must be > 0"):
         SamplingParams.create(temperature=0.0)
 
@@ -142,9 +172,8 @@ def test_generate_loop_exports_for_tpu_and_cuda(generator, sampled):
     sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                              SamplingParams.create()) if sampled else None)
     fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
-        p, prompts, lengths, key, sp, eos, cfg=CFG,
-        strategy=SelfSpeculative(2, 4, draft_threshold=0.5 if sampled else 0.0),
-        max_new_tokens=32, cache_len=64))
+        p, {}, prompts, lengths, key, sp, eos, cfg=CFG,
+        drafter=chain(2, 4, 0.5 if sampled else 0.0), max_new_tokens=32, cache_len=64))
     exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
         params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
         jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))

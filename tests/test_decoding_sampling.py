@@ -1,6 +1,6 @@
 """Speculative sampling is lossless: the joint distribution of the first generated tokens under
-self-speculation equals plain sampling's, computed exactly from the model. The same test rejects
-a subtly wrong acceptance rule, so it has teeth."""
+self-speculation (chains and every tree rule) equals plain sampling's, computed exactly from the
+model. The same test rejects a subtly wrong acceptance rule, so it has teeth."""
 
 import itertools
 import math
@@ -12,12 +12,15 @@ import pytest
 
 from specjax import model as M
 from specjax.config import ModelConfig
-from specjax.decoding import loop
+from specjax.decoding import acceptance, loop
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.chain import Chain
+from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
+from specjax.decoding.static_tree import StaticTree
 
 VOCAB, NEW, ROWS, SEEDS = 8, 3, 2000, 6
 CFG = ModelConfig(vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
@@ -70,19 +73,31 @@ def chi_square_p_below(observed, expected_probs, alpha=1e-4):
     return stat > critical, stat, critical
 
 
+STRATEGIES = {
+    "ar": Autoregressive(),
+    "chain": SelfSpeculative(1, Chain(2)),
+    "chain-threshold": SelfSpeculative(1, Chain(3, stop_below=0.3)),
+    # Trees whose nodes have several children, one per way of drawing them.
+    **{f"tree-{rule}": SelfSpeculative(1, StaticTree.from_branching((2, 1), children=rule))
+       for rule in ("without_replacement", "iid", "top_k")},
+    "dynamic-tree": SelfSpeculative(1, DynamicTree(4, 2, 2)),
+}
+
+
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("strategy", [Autoregressive(), SelfSpeculative(1, 2),
-                                      SelfSpeculative(1, 3, draft_threshold=0.3)],
-                         ids=["ar", "selfspec", "selfspec-threshold"])
-def test_sampled_tokens_follow_the_plain_distribution(params, setting, strategy):
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
+    """Catches any rule or residual that is not exactly lossless, end to end: drafting, tree
+    verification, acceptance and commit across three tokens."""
+    strategy = STRATEGIES[name]
     sampling = SamplingParams.create(**SETTINGS[setting])
     rejected, stat, critical = chi_square_p_below(
         empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
-    if getattr(strategy, "draft_threshold", 0):  # the confidence stop really cut drafts short
+    if getattr(strategy.shape, "stop_below", 0):  # the confidence stop really cut drafts short
         total = Generator(params, CFG).generate([PROMPT] * 100, max_new_tokens=NEW,
                                                 strategy=strategy, sampling=sampling).total
-        assert total.rounds <= total.drafted < strategy.num_draft * total.rounds
+        assert total.rounds <= total.drafted < strategy.shape.num_draft * total.rounds
 
 
 def _resample_from_target(key, draft, draft_probs, target_probs, num_valid):
@@ -101,10 +116,10 @@ def _resample_from_target(key, draft, draft_probs, target_probs, num_valid):
 
 def test_the_distribution_test_catches_a_wrong_acceptance_rule(params, monkeypatch):
     sampling = SamplingParams.create(**SETTINGS["t1"])
-    monkeypatch.setattr(loop, "speculative_accept", _resample_from_target)
+    monkeypatch.setattr(acceptance, "speculative_accept", _resample_from_target)
     loop.generate_tokens.clear_cache()
     try:
-        counts = empirical_counts(params, SelfSpeculative(1, 2), sampling)
+        counts = empirical_counts(params, SelfSpeculative(1, Chain(2)), sampling)
     finally:
         loop.generate_tokens.clear_cache()
     rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))

@@ -48,6 +48,26 @@ def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_pa
     assert record["drafted"] == 3 * record["rounds"]  # K=3 came from the checkpoint's config
 
 
+@pytest.mark.parametrize("tree", ["2,2,1", "dynamic", "auto"])
+def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
+    """Trees from the CLI: the greedy output is ar's; `auto` measures a tree, saves the plan in
+    the workdir and reports expected and measured tau."""
+    outputs = {}
+    for name, extra in (("ar", ["--strategy", "ar"]),
+                        ("tree", ["--tree", tree, "--tree_nodes", "7", "--tree_top_k", "2",
+                                  "--tree_depth", "3"])):
+        out = tmp_path / f"{name}.jsonl"
+        result = _run("generate.py", "--workdir", workdir, "--prompt", "def f(x):",
+                      "--max_new_tokens", "24", "--output", str(out), *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs[name] = json.loads(out.read_text())
+        if name == "tree" and tree == "auto":
+            assert "--tree auto:" in result.stdout and "measured tau" in result.stdout
+            assert os.path.exists(os.path.join(workdir, "tree_plans.json"))
+    assert outputs["tree"]["completion"] == outputs["ar"]["completion"]
+    assert outputs["tree"]["accepted"] + outputs["tree"]["rounds"] == 23
+
+
 def test_generate_sampling_with_a_single_prompt(workdir):
     result = _run("generate.py", "--workdir", workdir, "--prompt", "class A:",
                   "--temperature", "0.8", "--top_k", "20", "--top_p", "0.9", "--seed", "3",
@@ -59,6 +79,9 @@ def test_generate_sampling_with_a_single_prompt(workdir):
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "x", "--prompts_file", "p.jsonl"], "exactly one of --prompt and --prompts_file"),
     (["--prompt", "x", "--exit_layer", "4"], "exit_layer=4 must lie in"),
+    (["--prompt", "x", "--exit_layer", "0"], "exit_layer=0 must lie in"),
+    (["--prompt", "x", "--tree", "2,x"], "expected children per depth"),
+    (["--prompt", "x", "--tree", "dynamic", "--tree_nodes", "2"], "tree_nodes=2 must lie in"),
     (["--prompt", "x", "--temperature", "-1"], "temperature=-1.0 must be > 0"),
 ])
 def test_generate_errors_are_clear(workdir, args, message):
@@ -77,11 +100,14 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     report_path = tmp_path / "bench.json"
     result = _run("bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len", "16",
                   "--max_new_tokens", "48", "--repeats", "2", "--exit_layer=1,2",
-                  "--bandwidth_mb", "64", "--output_json", str(report_path))
+                  "--tree", "chain", "--tree", "2,1", "--bandwidth_mb", "64",
+                  "--output_json", str(report_path))
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(report_path.read_text())
     names = [r["strategy"] for r in report["results"]]
-    assert names == ["ar", "selfspec E=1 K=3", "selfspec E=2 K=3"]
+    assert names == ["ar", "selfspec E=1 K=3", "selfspec E=1 tree 2,1", "selfspec E=2 K=3",
+                     "selfspec E=2 tree 2,1"]
+    assert [r["nodes_verified_per_round"] for r in report["results"]] == [1, 4, 5, 4, 5]
     for row in report["results"]:
         assert row["identical_to_ar"] and row["tokens"] == 2 * 48 and row["tokens_per_s"] > 0
     assert report["results"][0]["speedup"] == 1.0

@@ -1,34 +1,36 @@
-"""Plain autoregressive decoding: the degenerate strategy with nothing drafted."""
+"""Plain autoregressive decoding: the degenerate drafter that proposes nothing."""
+
+from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.strategy import Draft
-from specjax.model import Params, embed, exit_logits, run_layers_cached
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftContext, Stateless
+from specjax.decoding.proposal import Proposal
 
 
 @dataclasses.dataclass(frozen=True)
-class Autoregressive:
-    num_draft: int = 0
+class Autoregressive(Stateless):
+    name: ClassVar[str] = "ar"
+    shape: ClassVar[Chain] = Chain(num_draft=0)
 
     def validate(self, cfg: ModelConfig) -> None:
-        if self.num_draft != 0:
-            raise ValueError("Autoregressive drafts nothing: num_draft must be 0")
+        pass
 
-    def draft(self, params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
-              key: jax.Array, sampling: SamplingParams | None) -> Draft:
+    def label(self) -> str:
+        return self.name
+
+    def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, Any]:
         batch = pending.shape[0]
-        probs = None if sampling is None else jnp.zeros((batch, 0, cfg.vocab_size), jnp.float32)
-        return Draft(tokens=jnp.zeros((batch, 0), jnp.int32), probs=probs,
-                     num_valid=jnp.zeros((batch,), jnp.int32), carry=None, cache=cache)
-
-    def verify(self, params: Params, cfg: ModelConfig, pending: jax.Array,
-               draft: Draft) -> tuple[jax.Array, Cache]:
-        hidden, cache = run_layers_cached(params, cfg, embed(params, cfg, pending[:, None]),
-                                          draft.cache, draft.cache.lengths)
-        return exit_logits(params, cfg, hidden), cache
+        empty = jnp.zeros((batch, 0), jnp.int32)
+        q = (None if ctx.sampling is None
+             else jnp.zeros((batch, 0, ctx.cfg.vocab_size), jnp.float32))
+        return Proposal(tokens=empty, parents=empty, valid=empty.astype(bool), q=q, reuse=None,
+                        stats={}, shape=self.shape), cache, state

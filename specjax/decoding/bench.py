@@ -21,9 +21,9 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.data import DataConfig, load_documents, split_documents
+from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.strategy import Strategy
 from specjax.decoding.timing import time_interleaved, timed
 from specjax.model import Params
 from specjax.nn.linear import matmul
@@ -165,7 +165,7 @@ def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
     return weights + kv_per_token * context
 
 
-def run_benchmark(generator: Generator, strategies: dict[str, Strategy],
+def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
                   prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 1,
                   repeats: int = 3, baseline: str = "ar",
                   sampling: SamplingParams | None = None) -> list[StrategyResult]:

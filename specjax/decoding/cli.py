@@ -1,16 +1,55 @@
-"""Shared pieces of the inference entry points: strategies from flags, prompt files, defaults."""
+"""Shared pieces of the inference entry points: decoding flags, options, prompt files."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from specjax.config import DecodingConfig, dataclass_from_mapping
-from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.strategy import Strategy
+import jax
+from absl import flags, logging
 
-STRATEGIES = ("ar", "selfspec")
+from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
+from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.tree_search import TreePlan, plan_tree
+
+DECODING_FLAGS = {
+    "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
+    "num_draft": "Drafts per round K of a chain.",
+    "draft_threshold": "A chain row stops drafting after a draft whose draft probability is "
+                       "below this (0: always K drafts).",
+    "tree": "A token tree instead of a chain: children per depth (2,2,1,1), a parents list "
+            "([-1,0,0]) or JSON file of one, 'dynamic' (EAGLE-2) or 'auto' (a Sequoia tree "
+            "shaped from measurements); 'chain' for a chain.",
+    "tree_nodes": "Node budget T of a dynamic tree.",
+    "tree_top_k": "Children per expanded node, and expanded nodes per depth, of a dynamic tree.",
+    "tree_depth": "Depth of a dynamic tree.",
+    "tree_children": "How a static tree's sampled children are drawn: without_replacement, iid "
+                     "or top_k (deterministic).",
+}
+
+
+def define_decoding_flags(sweep: bool = False) -> None:
+    """One flag per `DecodingConfig` field, defaulting to the checkpoint's value. With `sweep`,
+    each takes a comma-separated list (`--tree` is repeated instead: its values hold commas)."""
+    defaults = DecodingConfig()
+    for name, text in DECODING_FLAGS.items():
+        text += " Default: the checkpoint's."
+        kind = type(getattr(defaults, name))
+        if sweep and name == "tree":
+            flags.DEFINE_multi_string(name, None, text + " Repeat the flag to sweep.")
+        elif sweep:
+            flags.DEFINE_list(name, None, text + " Comma-separated values are swept.")
+        elif kind is int:
+            flags.DEFINE_integer(name, None, text)
+        elif kind is float:
+            flags.DEFINE_float(name, None, text)
+        else:
+            flags.DEFINE_string(name, None, text)
 
 
 def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
@@ -19,22 +58,29 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
     return dataclass_from_mapping(DecodingConfig, section, "decoding")
 
 
-def make_strategy(name: str, exit_layer: int, num_draft: int,
-                  draft_threshold: float = 0.0) -> Strategy:
-    if name == "ar":
-        return Autoregressive()
-    if name == "selfspec":
-        return SelfSpeculative(exit_layer=exit_layer, num_draft=num_draft,
-                               draft_threshold=draft_threshold)
-    raise ValueError(f"unknown strategy {name!r}; choose from {list(STRATEGIES)}")
+def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
+                     overrides: Mapping[str, Any]) -> DecodingConfig:
+    """`defaults` with every override that is not None, converted to the field's type and
+    checked against the model."""
+    values = {}
+    for name, value in overrides.items():
+        if value is not None:
+            kind = type(getattr(defaults, name))
+            try:
+                values[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"--{name}={value!r}: expected a {kind.__name__}") from None
+    options = dataclasses.replace(defaults, **values)
+    options.check(cfg)
+    return options
 
 
-def strategy_label(strategy: Strategy) -> str:
-    """A short name for reports: "ar", "selfspec E=1 K=6", "selfspec E=1 K=12 eta=0.4"."""
-    if not isinstance(strategy, SelfSpeculative):
-        return "ar"
-    label = f"selfspec E={strategy.exit_layer} K={strategy.num_draft}"
-    return label + (f" eta={strategy.draft_threshold:g}" if strategy.draft_threshold else "")
+def sweep_options(defaults: DecodingConfig, cfg: ModelConfig,
+                  sweeps: Mapping[str, list | None]) -> list[DecodingConfig]:
+    """Every combination of the swept values (a field without values keeps its default)."""
+    names = [name for name, values in sweeps.items() if values]
+    return [decoding_options(defaults, cfg, dict(zip(names, combo, strict=True)))
+            for combo in itertools.product(*(sweeps[name] for name in names))]
 
 
 def read_prompts_file(path: str) -> list[str]:
@@ -54,3 +100,40 @@ def read_prompts_file(path: str) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def resolve_auto_tree(options: DecodingConfig, generator: Generator,
+                      prompts: Callable[[], Sequence[Sequence[int]]],
+                      sampling: SamplingParams | None, *, workdir: str,
+                      step: int) -> tuple[DecodingConfig, TreePlan | None]:
+    """Replaces `tree="auto"` by the Sequoia tree measured for this model, exit and sampling
+    mode (`tree_search.plan_tree` on `prompts()`), cached in the workdir's `tree_plans.json`;
+    returns the options (tree = its parents list) and the plan (None when tree is not auto)."""
+    if options.tree.strip() != "auto":
+        return options, None
+    mode = ("greedy" if sampling is None else
+            f"sampled T={float(sampling.temperature):g} top_k={int(sampling.top_k)} "
+            f"top_p={float(sampling.top_p):g}")
+    key = (f"step={step} exit_layer={options.exit_layer} children={options.tree_children} "
+           f"{mode} platform={jax.default_backend()}")
+    path = os.path.join(workdir, "tree_plans.json")
+    plans = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            plans = json.load(f)
+    if key in plans:
+        plan = TreePlan.from_dict(plans[key])
+    else:
+        print(f"--tree auto: measuring acceptance and verify costs ({key}) ...", flush=True)
+        plan = plan_tree(generator, options.exit_layer, prompts(), sampling=sampling,
+                         children=options.tree_children)
+        plans[key] = plan.to_dict()
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(plans, f, indent=1)
+        except OSError as error:
+            logging.warning("could not save the tree plan to %s: %s", path, error)
+    print(f"--tree auto: {plan.tree.label()} ({plan.tree.num_nodes} nodes, depth "
+          f"{plan.tree.depth}), expected tau {plan.expected_tau:.2f}, expected speed-up "
+          f"{plan.expected_speedup:.2f}x; parents {list(plan.tree.parents)}", flush=True)
+    return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,9 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.drafter import Drafter
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.strategy import Strategy
 from specjax.model import Params, unstack_layers
 
 PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
@@ -22,11 +23,13 @@ AUTOREGRESSIVE = Autoregressive()
 
 @dataclasses.dataclass(frozen=True)
 class RowStats:
-    """One row's decoding statistics. tau = mean tokens committed per round."""
+    """One row's decoding statistics: rounds, nodes drafted, drafts committed, the drafter's own
+    counters. tau = mean tokens committed per round."""
 
     rounds: int
     drafted: int
     accepted: int
+    extra: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -38,7 +41,15 @@ class RowStats:
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "tau": self.tau, "acceptance_rate": self.acceptance_rate}
+                "tau": self.tau, "acceptance_rate": self.acceptance_rate, **self.extra}
+
+    @classmethod
+    def total(cls, rows: Sequence[RowStats]) -> RowStats:
+        """The sums over rows."""
+        return cls(sum(r.rounds for r in rows), sum(r.drafted for r in rows),
+                   sum(r.accepted for r in rows),
+                   {name: sum(r.extra[name] for r in rows) for name in
+                    (rows[0].extra if rows else {})})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +61,15 @@ class Generation:
 
     @property
     def total(self) -> RowStats:
-        return RowStats(*(sum(getattr(s, f) for s in self.stats)
-                          for f in ("rounds", "drafted", "accepted")))
+        return RowStats.total(self.stats)
 
 
 class Generator:
-    """Holds a model's decoding parameters and generates with any strategy.
+    """Holds a model's decoding parameters and generates with any strategy (a `Drafter`).
 
     Compiled programs are cached per (strategy, padded prompt length, max_new_tokens, batch
-    size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile.
+    size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile. A
+    drafter with weights of its own takes them as `draft_params`.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192):
@@ -68,25 +79,27 @@ class Generator:
         self.params = params if isinstance(layers, (tuple, list)) else unstack_layers(params)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                 strategy: Strategy = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
-                 seed: int = 0, eos_id: int | None = None) -> Generation:
+                 strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
+                 seed: int = 0, eos_id: int | None = None,
+                 draft_params: Any = None) -> Generation:
         """Decodes every prompt; greedy when `sampling` is None."""
         return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
-                                    sampling=sampling, seed=seed, eos_id=eos_id))
+                                    sampling=sampling, seed=seed, eos_id=eos_id,
+                                    draft_params=draft_params))
 
     def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-            strategy: Strategy = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
-            seed: int = 0, eos_id: int | None = None) -> DecodeOutput:
+            strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
+            seed: int = 0, eos_id: int | None = None, draft_params: Any = None) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy.validate(self.cfg)
         padded, lengths = self.pad(prompts)
-        cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.num_draft)
+        cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
         return generate_tokens(
-            self.params, padded, lengths, jax.random.PRNGKey(seed), sampling,
-            jnp.int32(-1 if eos_id is None else eos_id), cfg=self.cfg, strategy=strategy,
-            max_new_tokens=max_new_tokens, cache_len=cache_len)
+            self.params, {} if draft_params is None else draft_params, padded, lengths,
+            jax.random.PRNGKey(seed), sampling, jnp.int32(-1 if eos_id is None else eos_id),
+            cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens, cache_len=cache_len)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""
@@ -104,13 +117,13 @@ class Generator:
             padded[i, :len(row)] = row
         return jnp.asarray(padded), jnp.asarray([len(r) for r in rows], jnp.int32)
 
-    def cache_len(self, prompt_width: int, max_new_tokens: int, num_draft: int) -> int:
-        """Cache slots needed: the prompt, every new token and one round's drafts."""
-        needed = prompt_width + max_new_tokens + num_draft
+    def cache_len(self, prompt_width: int, max_new_tokens: int, num_nodes: int) -> int:
+        """Cache slots needed: the prompt, every new token and one round's drafted nodes."""
+        needed = prompt_width + max_new_tokens + num_nodes
         if needed > self.max_cache_len:
             raise ValueError(
                 f"prompt length {prompt_width} (padded) + max_new_tokens {max_new_tokens} + "
-                f"num_draft {num_draft} = {needed} exceeds the cache limit max_cache_len="
+                f"drafted nodes {num_nodes} = {needed} exceeds the cache limit max_cache_len="
                 f"{self.max_cache_len}; shorten the prompt or generate fewer tokens")
         return _round_up(needed, PAD_MULTIPLE)
 
@@ -119,8 +132,9 @@ class Generator:
         tokens, counts, stats = jax.device_get((output.tokens, output.num_tokens, output.stats))
         return Generation(
             tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
-            stats=[RowStats(int(r), int(d), int(a))
-                   for r, d, a in zip(stats.rounds, stats.drafted, stats.accepted, strict=True)])
+            stats=[RowStats(int(stats.rounds[i]), int(stats.drafted[i]), int(stats.accepted[i]),
+                            {name: int(values[i]) for name, values in stats.extra.items()})
+                   for i in range(len(counts))])
 
 
 def _round_up(value: int, multiple: int) -> int:

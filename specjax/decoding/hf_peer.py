@@ -35,7 +35,7 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
     """Times, batch 1, fp32, CPU: HF greedy decoding; HF early-exit self-speculation at the
     strategy's exit layer with HF's defaults (a draft length adapted each round, at most 20,
     stopping at a draft confidence below 0.4); and the same with the strategy's own policy
-    (at most `num_draft` drafts, the same confidence stop)."""
+    (`SelfSpeculative.hf_options`: at most K drafts, the same confidence stop)."""
     import torch
     import transformers
 
@@ -45,14 +45,12 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
     model.eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    exit_layer, num_draft = strategy.exit_layer, strategy.num_draft
+    exit_layer, same_policy = strategy.exit_layer, strategy.hf_options()
     variants = {
         "hf greedy": {},
         f"hf assistant_early_exit={exit_layer}": {"assistant_early_exit": exit_layer},
-        f"hf assistant_early_exit={exit_layer} K={num_draft} eta={strategy.draft_threshold:g}": {
-            "assistant_early_exit": exit_layer, "num_assistant_tokens": num_draft,
-            "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": strategy.draft_threshold},
+        f"hf assistant_early_exit={exit_layer} K={same_policy['num_assistant_tokens']} "
+        f"eta={same_policy['assistant_confidence_threshold']:g}": same_policy,
     }
 
     def run(options, prompt):

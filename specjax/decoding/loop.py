@@ -1,14 +1,17 @@
-"""The generate loop: prefill, then one `lax.while_loop` of draft -> verify -> accept -> commit.
+"""The generate loop: a prefill stage, then one `lax.while_loop` of rounds.
 
-One compiled program per (model config, strategy, static shapes, greedy or sampling). Rows are
-independent: each keeps its own committed length, output count, done flag and statistics, and a
-finished row simply stops committing while the others continue. The host sees nothing until the
-loop ends.
+A round is propose (the drafter) -> verify (one target pass, `verify.verify`) -> accept (the
+rule the proposal's shape implies, `acceptance.accept`) -> commit (the target cache, the
+drafter's state, the output). One compiled program per (model config, drafter, static shapes,
+greedy or sampling). Rows are independent: each keeps its own committed length, output count,
+done flag and statistics, and a finished row simply stops committing while the others go on.
+The host sees nothing until the loop ends.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -16,24 +19,27 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.acceptance import greedy_accept, speculative_accept
+from specjax.decoding.acceptance import accept
+from specjax.decoding.drafter import DraftContext, Drafter, Prefilled
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.decoding.strategy import Strategy
+from specjax.decoding.verify import verify
 from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 
 @flax.struct.dataclass
 class DecodeStats:
-    """Per-row counters: rounds run, tokens drafted, drafts accepted."""
+    """Per-row counters [B]: rounds run, nodes drafted (valid ones), drafts committed, and the
+    drafter's own counters (`Proposal.stats`, summed over rounds)."""
 
     rounds: jax.Array
     drafted: jax.Array
     accepted: jax.Array
+    extra: dict[str, jax.Array]
 
 
 @flax.struct.dataclass
 class DecodeOutput:
-    """tokens [B, max_new_tokens + K + 1] (row b valid up to num_tokens[b]) and statistics."""
+    """tokens [B, max_new_tokens + D + 1] (row b valid up to num_tokens[b]) and statistics."""
 
     tokens: jax.Array
     num_tokens: jax.Array
@@ -41,78 +47,109 @@ class DecodeOutput:
 
 
 @flax.struct.dataclass
-class _LoopState:
-    cache: Cache
-    pending: jax.Array      # [B] last emitted token, not yet in the cache
-    tokens: jax.Array       # [B, max_new_tokens + K + 1]
-    num_tokens: jax.Array   # [B] tokens emitted so far
-    done: jax.Array         # [B]
+class LoopState:
+    """The loop's carry. B rows, N = max_new_tokens + D + 1 output slots (D: the deepest
+    proposal node, so a round's emitted tokens always fit)."""
+
+    cache: Cache        # the target's; lengths [B] = tokens committed (prompt + emitted - 1)
+    drafter: Any        # the drafter's state pytree
+    pending: jax.Array  # [B] the last emitted token, not yet in the cache
+    tokens: jax.Array   # [B, N] emitted tokens
+    num_tokens: jax.Array  # [B]
+    done: jax.Array     # [B]
     stats: DecodeStats
-    round: jax.Array        # scalar, for PRNG keys
+    round: jax.Array    # scalar, folds into the PRNG key
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "strategy", "max_new_tokens", "cache_len"))
-def generate_tokens(params: Params, prompts: jax.Array, prompt_lengths: jax.Array,
-                    key: jax.Array, sampling: SamplingParams | None, eos_id: jax.Array, *,
-                    cfg: ModelConfig, strategy: Strategy, max_new_tokens: int,
-                    cache_len: int) -> DecodeOutput:
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "max_new_tokens", "cache_len"))
+def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
+                    prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
+                    eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter,
+                    max_new_tokens: int, cache_len: int) -> DecodeOutput:
     """Generates up to `max_new_tokens` per row after right-padded prompts [B, P].
 
     Args:
       params: model parameters, layers unstacked (`model.unstack_layers`).
+      draft_params: the drafter's own parameters (an empty dict for LayerSkip).
       prompt_lengths: [B] true prompt lengths (>= 1); padding after them is ignored.
       sampling: None for greedy decoding, else the sampling distribution's parameters.
       eos_id: scalar token id that ends a row (-1 for none); it is included in the output.
-      cache_len: static cache size; must be >= P + max_new_tokens + num_draft.
+      cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
     """
-    batch = prompts.shape[0]
-    num_draft = strategy.num_draft
-    cache = Cache.allocate(cfg, batch, cache_len)
-    hidden, cache = run_layers_cached(params, cfg, embed(params, cfg, prompts), cache,
-                                      jnp.zeros((batch,), jnp.int32))
-    last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    ctx = DraftContext(params=params, draft_params=draft_params, sampling=sampling, cfg=cfg)
     prefill_key, loop_key = jax.random.split(key)
-    first = _pick(prefill_key, exit_logits(params, cfg, last), sampling)
-    tokens = jnp.zeros((batch, max_new_tokens + num_draft + 1), jnp.int32).at[:, 0].set(first)
+    state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
+                    max_new_tokens=max_new_tokens, cache_len=cache_len)
+    final = jax.lax.while_loop(
+        lambda s: ~jnp.all(s.done),
+        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, max_new_tokens=max_new_tokens),
+        state)
+    return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats)
+
+
+def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,
+            key: jax.Array, eos_id: jax.Array, *, max_new_tokens: int,
+            cache_len: int) -> LoopState:
+    """The target's prefill over the prompts, the first token, then the drafter's prefill."""
+    params, cfg = ctx.params, ctx.cfg
+    batch = prompts.shape[0]
+    cache = Cache.allocate(cfg, batch, cache_len)
+    hidden, exit_hidden, start = embed(params, cfg, prompts), {}, 0
+    for stop in sorted({*drafter.prefill_exits, cfg.num_layers}):
+        hidden, cache = run_layers_cached(params, cfg, hidden, cache,
+                                          jnp.zeros((batch,), jnp.int32), layers=(start, stop))
+        exit_hidden[stop], start = hidden, stop
+    last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    first = _pick(key, exit_logits(params, cfg, last), ctx.sampling)
+    cache = cache.commit(prompt_lengths)
+    draft_state = drafter.prefill(ctx, Prefilled(
+        prompts=prompts, lengths=prompt_lengths, cache_len=cache_len,
+        exit_hidden={e: exit_hidden[e] for e in drafter.prefill_exits}))
+    proposal_like = jax.eval_shape(drafter.propose, ctx, draft_state, cache, first, key)[0]
     zeros = jnp.zeros((batch,), jnp.int32)
-    state = _LoopState(
-        cache=cache.commit(prompt_lengths), pending=first, tokens=tokens,
+    width = max_new_tokens + drafter.shape.depth + 1
+    return LoopState(
+        cache=cache, drafter=draft_state, pending=first,
+        tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
         done=(first == eos_id) | (max_new_tokens <= 1),
-        stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros),
+        stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros,
+                          extra={name: jnp.zeros(like.shape, like.dtype)
+                                 for name, like in proposal_like.stats.items()}),
         round=jnp.zeros((), jnp.int32))
 
-    def one_round(s: _LoopState) -> _LoopState:
-        draft_key, accept_key = jax.random.split(jax.random.fold_in(loop_key, s.round))
-        draft = strategy.draft(params, cfg, s.cache, s.pending, draft_key, sampling)
-        target_logits, cache = strategy.verify(params, cfg, s.pending, draft)
-        if sampling is None:
-            num_accepted, emitted = greedy_accept(draft.tokens, target_logits, draft.num_valid)
-        else:
-            num_accepted, emitted = speculative_accept(
-                accept_key, draft.tokens, draft.probs, probabilities(target_logits, sampling),
-                draft.num_valid)
-        active = ~s.done
-        count, hit_eos = _emitted_count(emitted, num_accepted, eos_id,
-                                        max_new_tokens - s.num_tokens)
-        written = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))(
-            s.tokens, emitted, s.num_tokens)
-        num_tokens = s.num_tokens + jnp.where(active, count, 0)
-        return _LoopState(
-            cache=cache.commit(jnp.where(active, s.cache.lengths + num_accepted + 1,
-                                         s.cache.lengths)),
-            pending=jnp.where(active, jnp.take_along_axis(emitted, num_accepted[:, None], 1)[:, 0],
-                              s.pending),
-            tokens=jnp.where(active[:, None], written, s.tokens),
-            num_tokens=num_tokens,
-            done=s.done | hit_eos | (num_tokens >= max_new_tokens),
-            stats=DecodeStats(rounds=s.stats.rounds + active,
-                              drafted=s.stats.drafted + active * draft.num_valid,
-                              accepted=s.stats.accepted + active * num_accepted),
-            round=s.round + 1)
 
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), one_round, state)
-    return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats)
+def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: jax.Array,
+                 s: LoopState, *, max_new_tokens: int) -> LoopState:
+    """One draft -> verify -> accept -> commit round for every row that is not done."""
+    draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
+    proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
+                                                   draft_key)
+    target_logits, cache = verify(ctx.params, ctx.cfg, cache, s.pending, proposal)
+    accepted = accept(accept_key, proposal, target_logits, ctx.sampling)
+    active = ~s.done
+    count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
+                                    max_new_tokens - s.num_tokens)
+    count = jnp.where(active, count, 0)
+    written = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))(
+        s.tokens, accepted.emitted, s.num_tokens)
+    num_tokens = s.num_tokens + count
+    lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
+    return LoopState(
+        cache=cache.commit(lengths, accepted.path),
+        drafter=drafter.commit(ctx, draft_state, accepted, s.cache.lengths, lengths),
+        pending=jnp.where(active, jnp.take_along_axis(
+            accepted.emitted, accepted.num_accepted[:, None], 1)[:, 0], s.pending),
+        tokens=jnp.where(active[:, None], written, s.tokens),
+        num_tokens=num_tokens,
+        done=s.done | hit_eos | (num_tokens >= max_new_tokens),
+        stats=DecodeStats(
+            rounds=s.stats.rounds + active,
+            drafted=s.stats.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
+            accepted=s.stats.accepted + jnp.maximum(count - 1, 0),
+            extra={name: total + active * proposal.stats[name]
+                   for name, total in s.stats.extra.items()}),
+        round=s.round + 1)
 
 
 def _pick(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None) -> jax.Array:

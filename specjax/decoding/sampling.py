@@ -61,3 +61,28 @@ def _filter(logits: jax.Array, params: SamplingParams) -> jax.Array:
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """One token id per row of `probs` [..., V]."""
     return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def draw_children(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None,
+                  count: int, how: str) -> tuple[jax.Array, jax.Array | None]:
+    """`count` child tokens [..., count] for each row of draft logits [..., V], and the draft
+    distribution q [..., V] they came from (None when greedy).
+
+    Greedy decoding and `how="top_k"` take the `count` most likely tokens, in order;
+    "without_replacement" draws `count` distinct tokens from q in sequence (Gumbel top-k);
+    "iid" draws them independently from q.
+    """
+    if sampling is None:
+        return jax.lax.top_k(logits, count)[1].astype(jnp.int32), None
+    probs = probabilities(logits, sampling)
+    if how == "top_k":
+        scores = probs
+    elif how == "without_replacement":
+        scores = jnp.log(probs) + jax.random.gumbel(key, probs.shape)
+    elif how == "iid":
+        draws = jax.random.categorical(key, jnp.log(probs), axis=-1,
+                                       shape=(count, *probs.shape[:-1]))
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int32), probs
+    else:
+        raise ValueError(f"unknown way to draw children {how!r}")
+    return jax.lax.top_k(scores, count)[1].astype(jnp.int32), probs

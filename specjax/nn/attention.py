@@ -22,7 +22,8 @@ class Attention(nn.Module):
     """Self-attention over the new tokens plus, when `kv` is given, the cached ones.
 
     Without a cache, `mask` is [1 or B, T, T] over the new tokens. With a cache, the new keys and
-    values are written at slots `write_pos[b] + t` and `mask` is [B, T, max_len] over cache slots.
+    values are written at slots `write_pos[b] + t` (or at `write_pos[b, t]` when it is [B, T])
+    and `mask` is [B, T, max_len] over cache slots.
     """
 
     cfg: ModelConfig
@@ -71,12 +72,15 @@ class Attention(nn.Module):
 
 def _write(kv: LayerKV, k: jax.Array, v: jax.Array, write_pos: jax.Array,
            kv_heads: int) -> LayerKV:
-    """Scatters new keys/values [B*K, T, Dh] into the cache at slots write_pos[b] + t, in place.
+    """Scatters new keys/values [B*K, T, Dh] into the cache at slots write_pos[b] + t (write_pos
+    [B]) or write_pos[b, t] (write_pos [B, T]), in place.
 
     Writes past the end of the buffer are dropped; callers size the cache so that rows still
     generating never reach it.
     """
     rows = jnp.arange(k.shape[0])[:, None]
-    slots = jnp.repeat(write_pos, kv_heads)[:, None] + jnp.arange(k.shape[1])[None, :]
+    if write_pos.ndim == 1:
+        write_pos = write_pos[:, None] + jnp.arange(k.shape[1])[None, :]
+    slots = jnp.repeat(write_pos, kv_heads, axis=0)
     return LayerKV(kv.k.at[rows, slots].set(k, mode="drop"),
                    kv.v.at[rows, slots].set(v, mode="drop"))

@@ -1,0 +1,49 @@
+"""The one registry of decoding strategies and proposal shapes.
+
+A strategy is a `Drafter` built from the decoding options (`DecodingConfig`: the checkpoint's
+defaults, overridden by flags). Adding one means adding it to `STRATEGIES`; the generate and
+bench entry points, labels and the peer benchmark all read from here and from the drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specjax.config import DecodingConfig
+from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import Drafter
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.proposal import Shape
+from specjax.decoding.static_tree import StaticTree
+
+STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
+    "ar": lambda options: Autoregressive(),
+    "selfspec": lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
+}
+
+CHAIN_SPECS = ("", "chain")
+
+
+def make_strategy(name: str, options: DecodingConfig) -> Drafter:
+    """The named strategy with these options (one-line ValueError for unknown names)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
+    return STRATEGIES[name](options)
+
+
+def shape_for(options: DecodingConfig) -> Shape:
+    """The proposal shape the options describe: a chain unless `tree` is set."""
+    tree = options.tree.strip()
+    if tree in CHAIN_SPECS:
+        return Chain(options.num_draft, options.draft_threshold)
+    if options.draft_threshold:
+        raise ValueError("draft_threshold (a chain's confidence stop) does not apply to trees; "
+                         "set it to 0")
+    if tree == "auto":
+        raise ValueError("tree 'auto' must be resolved from measurements first "
+                         "(infer/generate.py and infer/bench.py do)")
+    if tree == "dynamic":
+        return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)
+    return StaticTree.parse(tree, options.tree_children)

@@ -1,0 +1,208 @@
+"""Token trees: tree attention against plain chains, greedy trees against `ar`, the cache after
+a tree's commit against one-token-at-a-time decoding, and the chain's program without
+compaction."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.cache import Cache, LayerKV
+from specjax.config import ModelConfig
+from specjax.decoding import loop
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftContext
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.proposal import Proposal
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.tree import ancestor_matrix, inherit_validity
+from specjax.decoding.verify import verify
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59)), [9, 9, 8]]  # ragged, a 1-token prompt
+NEW = 23
+TREES = {
+    "static 2,2,1,1": StaticTree.from_branching((2, 2, 1, 1)),
+    "static 3,1": StaticTree.from_branching((3, 1)),
+    "static irregular": StaticTree.from_parents([-1, 0, -1, 1, 2, 2, 0, 3, -1]),
+    "dynamic T=8 k=2 D=3": DynamicTree(8, 2, 3),
+    "dynamic T=16 k=4 D=4": DynamicTree(16, 4, 4),
+}
+
+
+@functools.cache
+def _generator() -> Generator:
+    return Generator(damped_params(CFG, jax.random.PRNGKey(0), 0.5), CFG)
+
+
+@functools.cache
+def _stacked():
+    params = _generator().params
+    return {**params, "layers": jax.tree.map(lambda *w: jnp.stack(w), *params["layers"])}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return {batch: _generator().generate(PROMPTS[:batch], max_new_tokens=NEW)
+            for batch in (1, 4)}
+
+
+def _random_tree(rng, size):
+    """Parents before children, some nodes invalid (with their descendants)."""
+    return [int(rng.integers(-1, i)) for i in range(size)]
+
+
+def test_tree_verification_equals_each_path_run_as_a_plain_chain():
+    """Every node's verification logits equal the model's output on its root-to-node path as an
+    ordinary sequence (no cache, no loop). Catches a mask that lets a node see its siblings or
+    other branches, RoPE at the node index instead of its depth, or K/V written to the wrong
+    slot; random per-row trees with invalid nodes, batch 3, ragged prompts."""
+    rng = np.random.default_rng(0)
+    generator, size = _generator(), 10
+    prompts = PROMPTS[:3]
+    padded, lengths = generator.pad(prompts)
+    batch = len(prompts)
+    cache = Cache.allocate(CFG, batch, 64)
+    run = jax.jit(M.run_layers_cached, static_argnames=("cfg", "layers"))
+    _, cache = run(generator.params, CFG, M.embed(generator.params, CFG, padded), cache,
+                   jnp.zeros((batch,), jnp.int32))
+    cache = cache.commit(lengths)
+    parents = np.array([_random_tree(rng, size) for _ in range(batch)], np.int32)
+    tokens = rng.integers(0, CFG.vocab_size, (batch, size))
+    pending = rng.integers(0, CFG.vocab_size, (batch,))
+    valid = inherit_validity(jnp.asarray(rng.random((batch, size)) > 0.2),
+                             ancestor_matrix(jnp.asarray(parents)))
+    proposal = Proposal(tokens=jnp.asarray(tokens, jnp.int32), parents=jnp.asarray(parents),
+                        valid=valid, q=None, reuse=None, stats={},
+                        shape=StaticTree.from_branching((size,)))
+    logits, _ = jax.jit(verify, static_argnames="cfg")(generator.params, CFG, cache,
+                                                       jnp.asarray(pending, jnp.int32), proposal)
+    sequences = []
+    for b in range(batch):
+        for position in range(size + 1):
+            path, node = [], position - 1
+            while node >= 0:
+                path.append(int(tokens[b, node]))
+                node = int(parents[b, node])
+            sequences.append(list(prompts[b]) + [int(pending[b])] + path[::-1])
+    width = max(len(s) for s in sequences)  # causal: padding after a sequence changes nothing
+    padded_paths = jnp.asarray([s + [0] * (width - len(s)) for s in sequences])
+    expected = jax.jit(M.forward, static_argnames="cfg")(_stacked(), CFG, padded_paths)
+    ends = jnp.asarray([len(s) - 1 for s in sequences])
+    expected = expected[jnp.arange(len(sequences)), ends].reshape(batch, size + 1, -1)
+    np.testing.assert_allclose(logits, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("exit_layer", [1, 3])
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_greedy_trees_equal_autoregressive(reference, name, exit_layer):
+    """Catches any acceptance, commit or reuse bug that changes the output: a wrong path
+    compaction, a stale shallow K/V, a wrong bonus token, a row's tree leaking into another."""
+    strategy = SelfSpeculative(exit_layer, TREES[name])
+    for batch in (1, 4):
+        out = _generator().generate(PROMPTS[:batch], max_new_tokens=NEW, strategy=strategy)
+        assert out.tokens == reference[batch].tokens
+        for stats in out.stats:
+            assert stats.accepted + stats.rounds == NEW - 1
+            assert stats.drafted <= TREES[name].num_nodes * stats.rounds
+        if batch == 4:  # trees did accept several tokens a round
+            assert out.total.accepted > 0 and out.total.rounds < 4 * (NEW - 1)
+
+
+@pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=8 k=2 D=3"])
+def test_eos_inside_a_tree_and_budgets_that_end_mid_path(reference, name):
+    """A row must stop at an EOS that sits in the middle of an accepted path, and at a budget
+    that ends mid-path, exactly where `ar` stops."""
+    generator, strategy = _generator(), SelfSpeculative(1, TREES[name])
+    full = reference[4].tokens
+    eos = next(t for i, t in enumerate(full[0]) if i >= 4 and t not in full[0][:i])
+    expected = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos).tokens
+    assert expected[0][-1] == eos and len(expected[0]) < NEW
+    assert generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos,
+                              strategy=strategy).tokens == expected
+    for budget in (2, 3, 7):
+        short = generator.generate(PROMPTS, max_new_tokens=budget, strategy=strategy)
+        assert short.tokens == [t[:budget] for t in full]
+
+
+@pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=16 k=4 D=4"])
+def test_the_cache_after_tree_commits_equals_one_token_at_a_time(name):
+    """After several tree rounds every layer's committed K/V (shallow, written while drafting,
+    and deep, written by verification) equals the K/V of feeding the committed tokens one at a
+    time. Catches a compaction that moves the wrong slots or forgets a layer."""
+    generator = _generator()
+    drafter = SelfSpeculative(2, TREES[name])
+    padded, lengths = generator.pad(PROMPTS)
+
+    @jax.jit
+    def rounds(params):
+        ctx = DraftContext(params=params, draft_params={}, sampling=None, cfg=CFG)
+        key = jax.random.PRNGKey(0)
+        state = loop.prefill(ctx, drafter, padded, lengths, key, jnp.int32(-1),
+                             max_new_tokens=NEW, cache_len=80)
+        for _ in range(4):
+            state = loop.decode_round(ctx, drafter, key, jnp.int32(-1), state,
+                                      max_new_tokens=NEW)
+        return state
+
+    state = rounds(generator.params)
+    assert int(jnp.max(state.stats.accepted)) > 0
+    step = jax.jit(M.run_layers_cached, static_argnames=("cfg", "layers"))
+    for b, prompt in enumerate(PROMPTS):
+        committed = int(state.cache.lengths[b])
+        emitted = state.tokens[b, :int(state.num_tokens[b])].tolist()
+        sequence = (list(prompt) + emitted)[:committed]
+        cache = Cache.allocate(CFG, 1, 80)
+        for t, token in enumerate(sequence):
+            _, cache = step(generator.params, CFG,
+                            M.embed(generator.params, CFG, jnp.asarray([[token]])), cache,
+                            jnp.asarray([t]))
+        kv_heads = CFG.num_kv_heads
+        for mine, theirs in zip(state.cache.layers, cache.layers, strict=True):
+            for a, c in zip(mine, theirs, strict=True):
+                np.testing.assert_allclose(a[b * kv_heads:(b + 1) * kv_heads, :committed],
+                                           c[:, :committed], atol=2e-5)
+
+
+def test_a_chain_compiles_without_compaction(monkeypatch):
+    """Chains keep their accepted drafts in place: lowering the chain's loop must never reach
+    the attention cache's compaction. The positive control (a tree) shows the probe fires."""
+    def forbidden(self, lengths, path):
+        raise AssertionError("compaction traced")
+
+    monkeypatch.setattr(LayerKV, "commit", forbidden)
+    generator = _generator()
+    padded, lengths = generator.pad(PROMPTS)
+
+    def lower(drafter):
+        return loop.generate_tokens.lower(
+            generator.params, {}, padded, lengths, jax.random.PRNGKey(0), None, jnp.int32(-1),
+            cfg=CFG, drafter=drafter, max_new_tokens=8, cache_len=64)
+
+    lower(SelfSpeculative(1, Chain(4)))
+    with pytest.raises(AssertionError, match="compaction traced"):
+        lower(SelfSpeculative(1, StaticTree.from_branching((1, 1, 1, 1))))
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=8 k=2 D=3"])
+def test_tree_loops_export_for_tpu_and_cuda(name, sampled):
+    generator = _generator()
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
+    sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             SamplingParams.create()) if sampled else None)
+    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: loop.generate_tokens(
+        p, {}, prompts, lengths, key, sp, eos, cfg=CFG,
+        drafter=SelfSpeculative(2, TREES[name]), max_new_tokens=32, cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")
+    assert "stablehlo.while" in exported.mlir_module()

@@ -1,0 +1,90 @@
+"""The drafter contract with a drafter that owns weights and state: a bigram table (traced
+params, not a static config) and a state the loop carries across rounds, kept in step by the
+commit hook; its proposals are chains or trees like LayerSkip's."""
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import Generator
+from specjax.decoding.proposal import Shape
+from specjax.decoding.static_tree import StaticTree
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+
+
+@dataclasses.dataclass(frozen=True)
+class BigramDrafter:
+    """Drafts from a [V, V] table of next-token logits (its params). State: the target's
+    committed lengths as the drafter last saw them (from prefill, then commit), the prompt's
+    mean hidden state at exit 1 (from the prefill hook) and the rounds it has seen."""
+
+    shape: Shape
+    name: ClassVar[str] = "bigram"
+    prefill_exits: ClassVar[tuple[int, ...]] = (1,)
+
+    def validate(self, cfg):
+        self.shape.validate()
+
+    def label(self):
+        return f"bigram {self.shape.label()}"
+
+    def prefill(self, ctx, prefilled):
+        return {"lengths": prefilled.lengths, "rounds": jnp.zeros_like(prefilled.lengths),
+                "exit_mean": jnp.mean(prefilled.exit_hidden[1], axis=(1, 2))}
+
+    def propose(self, ctx, state, cache, pending, key):
+        def step(carry, tokens, layout):
+            return ctx.draft_params["table"][tokens], jnp.zeros(tokens.shape + (1,)), carry
+
+        proposal, _, _, _ = self.shape.draft(step, (), cache.lengths, pending, key,
+                                             ctx.sampling, cache.max_len)
+        stale = (state["lengths"] != cache.lengths).astype(jnp.int32)
+        return proposal.replace(stats={"stale_state": stale,
+                                       "rounds_seen": state["rounds"]}), cache, state
+
+    def commit(self, ctx, state, acceptance, lengths_before, lengths_after):
+        return {**state, "lengths": lengths_after,
+                "rounds": state["rounds"] + (lengths_after > lengths_before)}
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(damped_params(CFG, jax.random.PRNGKey(0), 0.5), CFG)
+
+
+def _table(generator, noise):
+    """Bigram logits from the model's own one-token predictions, plus noise: drafts that are
+    often but not always right."""
+    vocab = jnp.arange(CFG.vocab_size)[:, None]
+    out = generator.generate([[int(t)] for t in vocab[:, 0]], max_new_tokens=1)
+    best = jnp.asarray([t[0] for t in out.tokens])
+    return {"table": jax.nn.one_hot(best, CFG.vocab_size) * 3.0 + noise * jax.random.normal(
+        jax.random.PRNGKey(1), (CFG.vocab_size, CFG.vocab_size))}
+
+
+@pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 1)),
+                                   DynamicTree(6, 2, 3)], ids=["chain", "static", "dynamic"])
+def test_a_drafter_with_weights_and_state_is_lossless_and_kept_in_step(generator, shape):
+    """Catches a loop that drops the drafter's params, forgets its state between rounds or
+    calls commit with the wrong lengths (stale_state would count), or loses drafter stats."""
+    reference = generator.generate(PROMPTS, max_new_tokens=20)
+    drafter = BigramDrafter(shape)
+    for noise in (0.5, 3.0):
+        out = generator.generate(PROMPTS, max_new_tokens=20, strategy=drafter,
+                                 draft_params=_table(generator, noise))
+        assert out.tokens == reference.tokens
+        for stats in out.stats:
+            assert stats.extra["stale_state"] == 0
+            # rounds_seen adds 0 + 1 + ... + (rounds - 1): the state advanced every round.
+            assert stats.extra["rounds_seen"] == stats.rounds * (stats.rounds - 1) // 2
+        if noise == 0.5:
+            assert out.total.accepted > 0  # the table's weights reached the drafts

@@ -80,6 +80,7 @@ def benchmark() -> dict:
         FLAGS.temperature, top_p=FLAGS.top_p)
     generator = Generator(params, cfg)
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
+    # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
                                      workdir=FLAGS.workdir, step=meta["step"])
                    for options in sweep_options(decoding_defaults(meta), cfg, sweeps)]
@@ -103,6 +104,7 @@ def benchmark() -> dict:
     rows = [{"strategy": r.name, "tokens_per_s": r.tokens_per_second,
              "speedup": r.tokens_per_second / base, "tau": r.stats.tau,
              "expected_tau": plans[r.name].expected_tau if r.name in plans else None,
+             "tree_parents": list(getattr(strategies[r.name].shape, "parents", [])) or None,
              "acceptance_rate": r.stats.acceptance_rate,
              "nodes_verified_per_round": strategies[r.name].shape.num_nodes + 1,
              "compile_s": r.compile_seconds,
@@ -174,7 +176,8 @@ def format_report(report: dict) -> str:
                      f"{_rate(r['decode_tokens_per_s']):>14}"
                      f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
         if r["expected_tau"] is not None:
-            lines.append(f"{'':<34}(--tree auto: expected tau {r['expected_tau']:.2f})")
+            lines.append(f"{'':<34}(--tree auto: expected tau {r['expected_tau']:.2f}, "
+                         f"parents {r['tree_parents']})")
     for peer in report["hf_peers"]:
         lines.append(f"{peer['strategy']}: {peer['tokens_per_s']:.1f} tok/s; "
                      f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "

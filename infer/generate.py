@@ -17,6 +17,7 @@ from specjax.decoding.cli import (
     decoding_defaults,
     decoding_options,
     define_decoding_flags,
+    describe_plan,
     read_prompts_file,
     resolve_auto_tree,
 )
@@ -71,9 +72,12 @@ def run() -> list[dict]:
         FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     generator = Generator(params, cfg)
     encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
+    spec = options.tree
     options, plan = resolve_auto_tree(
         options, generator, lambda: _tuning_prompts(meta, tokenizer, encoded), sampling,
         workdir=FLAGS.workdir, step=meta["step"])
+    if plan is not None:
+        print(describe_plan(spec, plan), flush=True)
     strategy = make_strategy(FLAGS.strategy, options)
     records = []
     for start in range(0, len(prompts), FLAGS.batch_size):
@@ -87,7 +91,7 @@ def run() -> list[dict]:
     if plan is not None:
         rounds = sum(r["rounds"] for r in records)
         committed = sum(r["accepted"] + r["rounds"] for r in records)
-        print(f"--tree auto: measured tau {committed / max(rounds, 1):.2f} (expected "
+        print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
               f"{plan.expected_tau:.2f})")
     return records
 

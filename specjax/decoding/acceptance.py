@@ -53,11 +53,13 @@ def accept(key: jax.Array, proposal: Proposal, target_logits: jax.Array,
         # An accepted node's token is the target's argmax at its parent: emit argmaxes along
         # the path, ending with the one at the last accepted node (the bonus token).
         return Acceptance(count, _along_path(target, path), path)
+    accept_key, final_key = jax.random.split(key)
     children = children_table(proposal.parents, shape.max_children)
-    accepted_child, fallback = _sampled_decisions(key, proposal, target_probs, children)
+    accepted_child, leftover = _sampled_decisions(accept_key, proposal, target_probs, children)
     path, count, last = walk(accepted_child, shape.depth)
     drafted = jnp.take_along_axis(proposal.tokens, path, axis=1)
-    final = jnp.take_along_axis(fallback, last[:, None], axis=1)
+    # The last accepted node rejected all its children (or has none): draw from what is left.
+    final = sample(final_key, jnp.take_along_axis(leftover, last[:, None, None], axis=1))
     steps = jnp.arange(shape.depth + 1)[None, :]
     emitted = jnp.where(steps < count[:, None], jnp.pad(drafted, ((0, 0), (0, 1))), final)
     return Acceptance(count, emitted, path)
@@ -146,7 +148,7 @@ def _sampled_decisions(key: jax.Array, proposal: Proposal, target_probs: jax.Arr
     """Multi-draft speculative sampling at every position: its children are tried in order
     against a running target distribution, the first accepted one wins, and if none is the
     token is drawn from what the rejections left. Returns the accepted child per position
-    [B, 1+T] (-1: none) and that fallback token [B, 1+T].
+    [B, 1+T] (-1: none) and that leftover distribution [B, 1+T, V].
 
     Child i, drawn from q_i, is accepted with probability min(1, p_i(x_i) / q_i(x_i)); a
     rejection leaves p_{i+1} = norm(max(0, p_i - q_i)). q_i follows how the children were drawn
@@ -155,8 +157,7 @@ def _sampled_decisions(key: jax.Array, proposal: Proposal, target_probs: jax.Arr
     mass on x_i, so x_i is accepted with p_i(x_i) and removed from p on rejection.
     """
     rule = proposal.shape.children
-    accept_key, fallback_key = jax.random.split(key)
-    uniform = jax.random.uniform(accept_key, children.shape)
+    uniform = jax.random.uniform(key, children.shape)
     running = target_probs
     accepted = jnp.full(children.shape[:2], -1, jnp.int32)
     drawn_from = None
@@ -176,7 +177,7 @@ def _sampled_decisions(key: jax.Array, proposal: Proposal, target_probs: jax.Arr
         if rule == "without_replacement":
             removed = jnp.where(jax.nn.one_hot(token, q_i.shape[-1], dtype=bool), 0.0, q_i)
             drawn_from = jnp.where(valid[..., None], _normalise(removed), drawn_from)
-    return accepted, sample(fallback_key, running)
+    return accepted, running
 
 
 def _node_values(proposal: Proposal, node: jax.Array) -> tuple[jax.Array, jax.Array]:

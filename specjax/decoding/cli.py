@@ -106,16 +106,26 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
                       prompts: Callable[[], Sequence[Sequence[int]]],
                       sampling: SamplingParams | None, *, workdir: str,
                       step: int) -> tuple[DecodingConfig, TreePlan | None]:
-    """Replaces `tree="auto"` by the Sequoia tree measured for this model, exit and sampling
-    mode (`tree_search.plan_tree` on `prompts()`), cached in the workdir's `tree_plans.json`;
-    returns the options (tree = its parents list) and the plan (None when tree is not auto)."""
-    if options.tree.strip() != "auto":
+    """Replaces `tree="auto"` (or "auto:N", exactly N nodes) by the Sequoia tree measured for
+    this model, exit and sampling mode (`tree_search.plan_tree` on `prompts()`), cached in the
+    workdir's `tree_plans.json`; returns the options (tree = its parents list) and the plan
+    (None when the tree is not auto)."""
+    spec = options.tree.strip()
+    if spec != "auto" and not spec.startswith("auto:"):
         return options, None
+    nodes = None
+    if spec != "auto":
+        try:
+            nodes = int(spec.removeprefix("auto:"))
+        except ValueError:
+            raise ValueError(f"tree {spec!r}: expected 'auto' or 'auto:N' (N nodes)") from None
+        if nodes < 1:
+            raise ValueError(f"tree {spec!r}: N must be >= 1")
     mode = ("greedy" if sampling is None else
             f"sampled T={float(sampling.temperature):g} top_k={int(sampling.top_k)} "
             f"top_p={float(sampling.top_p):g}")
-    key = (f"step={step} exit_layer={options.exit_layer} children={options.tree_children} "
-           f"{mode} platform={jax.default_backend()}")
+    key = (f"{spec} step={step} exit_layer={options.exit_layer} "
+           f"children={options.tree_children} {mode} platform={jax.default_backend()}")
     path = os.path.join(workdir, "tree_plans.json")
     plans = {}
     if os.path.exists(path):
@@ -124,16 +134,20 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     if key in plans:
         plan = TreePlan.from_dict(plans[key])
     else:
-        print(f"--tree auto: measuring acceptance and verify costs ({key}) ...", flush=True)
+        print(f"--tree {spec}: measuring acceptance and verify costs ({key}) ...", flush=True)
         plan = plan_tree(generator, options.exit_layer, prompts(), sampling=sampling,
-                         children=options.tree_children)
+                         children=options.tree_children, nodes=nodes)
         plans[key] = plan.to_dict()
         try:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(plans, f, indent=1)
         except OSError as error:
             logging.warning("could not save the tree plan to %s: %s", path, error)
-    print(f"--tree auto: {plan.tree.label()} ({plan.tree.num_nodes} nodes, depth "
-          f"{plan.tree.depth}), expected tau {plan.expected_tau:.2f}, expected speed-up "
-          f"{plan.expected_speedup:.2f}x; parents {list(plan.tree.parents)}", flush=True)
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
+
+
+def describe_plan(spec: str, plan: TreePlan) -> str:
+    """One line on a `--tree auto` choice, with the parents list that reproduces it."""
+    return (f"--tree {spec}: {plan.tree.label()} ({plan.tree.num_nodes} nodes, depth "
+            f"{plan.tree.depth}), expected tau {plan.expected_tau:.2f}, expected speed-up "
+            f"{plan.expected_speedup:.2f}x; as --tree: {json.dumps(list(plan.tree.parents))}")

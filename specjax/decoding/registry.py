@@ -41,8 +41,8 @@ def shape_for(options: DecodingConfig) -> Shape:
     if options.draft_threshold:
         raise ValueError("draft_threshold (a chain's confidence stop) does not apply to trees; "
                          "set it to 0")
-    if tree == "auto":
-        raise ValueError("tree 'auto' must be resolved from measurements first "
+    if tree == "auto" or tree.startswith("auto:"):
+        raise ValueError(f"tree {tree!r} must be resolved from measurements first "
                          "(infer/generate.py and infer/bench.py do)")
     if tree == "dynamic":
         return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)

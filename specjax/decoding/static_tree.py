@@ -153,8 +153,10 @@ class StaticTree:
         depth_of = [0] + self._node_depths
         branching = [len(self._child_lists[depth_of.index(d)]) for d in range(self.depth)]
         if StaticTree.from_branching(branching, self.children) == self:
-            return "tree " + ",".join(map(str, branching))
-        return f"tree T={self.num_nodes} D={self.depth}"
+            label = "tree " + ",".join(map(str, branching))
+        else:
+            label = f"tree T={self.num_nodes} D={self.depth}"
+        return label + ("" if self.children == "without_replacement" else f" {self.children}")
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
               key: jax.Array, sampling: SamplingParams | None,

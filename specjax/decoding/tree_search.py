@@ -61,20 +61,22 @@ class TreePlan:
 
 def plan_tree(generator: Generator, exit_layer: int, prompts: Sequence[Sequence[int]], *,
               sampling: SamplingParams | None, children: str = "without_replacement",
-              max_nodes: int = 32, max_depth: int = 12, new_tokens: int = 128,
-              seed: int = 0) -> TreePlan:
+              nodes: int | None = None, max_nodes: int = 32, max_depth: int = 12,
+              new_tokens: int = 128, seed: int = 0) -> TreePlan:
     """Measures acceptance and costs for LayerSkip drafting from `exit_layer` and returns the
-    fastest Sequoia tree of at most `max_nodes` nodes and `max_depth` depth."""
+    fastest Sequoia tree of exactly `nodes` nodes, or (None) of at most `max_nodes`, at most
+    `max_depth` deep."""
     if children not in CHILD_RULES:
         raise ValueError(f"tree children={children!r} must be one of {CHILD_RULES}")
     acceptance = child_acceptance(generator, exit_layer, prompts, sampling=sampling,
                                   children=children, new_tokens=new_tokens, seed=seed)
+    max_nodes = nodes or max_nodes
     context = int(np.mean([len(p) for p in prompts])) + new_tokens // 2
     costs = round_costs(generator, exit_layer, context, max_nodes + 1)
     programme = Sequoia(acceptance, max_nodes + 1, max_depth)
     best = None
     for depth in range(1, max_depth + 1):
-        for size in range(2, max_nodes + 2):
+        for size in ([nodes + 1] if nodes else range(2, max_nodes + 2)):
             found = programme.tree(size, depth)
             if found is None:
                 continue

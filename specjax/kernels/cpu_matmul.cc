@@ -1,18 +1,20 @@
 // Small-M float32 matmul for XLA:CPU: y[M,N] = x[M,K] @ W, with W stored [K,N] or, transposed,
 // [N,K]. XLA:CPU runs a one-row product on one thread; decoding is a chain of them, so it reads
-// the weights at one core's bandwidth. This kernel splits each product across a persistent
-// thread pool. Built and loaded by cpu_matmul.py; see there for when it is used.
+// the weights at one core's bandwidth. This kernel splits each product into chunks that a
+// persistent thread pool and the calling thread claim as they become free. Built and loaded by
+// cpu_matmul.py; see there for when it is used.
 //
-// Determinism: every output element is summed in an order fixed by (K, N, part count) alone, and
-// the build passes -ffp-contract=off so that the compiler fuses no multiply-add in one code path
-// and not in another: a row's result does not depend on M (how many rows are multiplied
-// together) or on timing. The lossless decoding loop relies on that: verifying K+1 drafted tokens
+// Determinism: every output element is summed in an order fixed by (K, N) alone (the chunking
+// depends on the shape, not on the threads), and the build passes -ffp-contract=off so that the
+// compiler fuses no multiply-add in one code path and not in another: a row's result does not
+// depend on M (how many rows are multiplied together), on the thread count or on timing. The lossless decoding loop relies on that: verifying K+1 drafted tokens
 // at once gives each token the same logits as decoding it alone.
 #include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +35,9 @@ constexpr int64_t kRowsPerPass = 4;  // rows of W [K,N] multiply-added per pass 
 constexpr int64_t kBlock = 1024;     // output columns per cache-resident accumulator block
 constexpr int64_t kPad = 16;         // accumulator rows 4 KiB + 64 B apart: no L1 set aliasing
 constexpr int64_t kAhead = 8;        // software prefetch distance, in rows of W
-constexpr int kSpins = 1 << 16;      // idle polls before a worker sleeps
+constexpr int kMaxChunks = 8;        // a product is split into at most this many chunks
+constexpr int64_t kChunkMin = 32;    // and each chunk spans at least this many rows of K (or N)
+constexpr int64_t kSpinNanos = 50000;  // a worker polls this long for the next product
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -136,62 +140,96 @@ void ColumnsNT(const Problem& p, int64_t n0, int64_t n1, float* out) {
   }
 }
 
-// Part `part` of `parts`. Transposed: a contiguous range of output columns, written to
-// outputs[0] (the result). Otherwise a contiguous range of W's rows, summed into outputs[part];
-// the caller adds outputs[1..] into outputs[0] in order.
-void RunPart(const Problem& p, int part, int parts, float* const* outputs) {
+// How many chunks a product is split into: a function of its shape alone, so the order in which
+// partial sums are added, and so every bit of the result, is the same whatever the thread count.
+int Chunks(const Problem& p) {
+  return static_cast<int>(std::clamp<int64_t>((p.transposed ? p.n : p.k) / kChunkMin, 1,
+                                              kMaxChunks));
+}
+
+// Chunk `chunk` of `chunks`. Transposed: a contiguous range of output columns, written to
+// outputs[0] (the result). Otherwise a contiguous range of W's rows, summed into
+// outputs[chunk]; the caller adds outputs[1..] into outputs[0] in order.
+void RunChunk(const Problem& p, int chunk, int chunks, float* const* outputs) {
   if (p.transposed) {
-    ColumnsNT(p, p.n * part / parts, p.n * (part + 1) / parts, outputs[0]);
+    ColumnsNT(p, p.n * chunk / chunks, p.n * (chunk + 1) / chunks, outputs[0]);
   } else {
-    PartialNN(p, p.k * part / parts, p.k * (part + 1) / parts, outputs[part]);
+    PartialNN(p, p.k * chunk / chunks, p.k * (chunk + 1) / chunks, outputs[chunk]);
   }
 }
 
-// Part 0 runs on the calling thread, the others on workers that poll for the next job for a
-// while (a decode step issues its products microseconds apart), then sleep until woken.
+// Chunks are claimed one at a time by whichever thread is free: the calling thread claims too,
+// so it never waits for a worker that has not started (a worker descheduled by other load, or
+// asleep), only for chunks a worker is already computing. Workers poll for the next product
+// for kSpinNanos (a decode step issues its products microseconds apart), then sleep: they
+// leave the cores to XLA's own threads and to other processes between bursts of products.
 class Pool {
  public:
-  explicit Pool(int parts) : parts_(parts) {
-    for (int part = 1; part < parts; ++part) std::thread([this, part] { Work(part); }).detach();
+  explicit Pool(int threads) {
+    for (int i = 1; i < threads; ++i) std::thread([this] { Work(); }).detach();
   }
-  int parts() const { return parts_; }
   std::mutex& mutex() { return mutex_; }
 
-  void Run(const Problem& p, float* const* outputs) {  // the caller holds mutex()
+  void Run(const Problem& p, int chunks, float* const* outputs) {  // the caller holds mutex()
     problem_ = p;
     outputs_ = outputs;
-    pending_.store(parts_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    generation_.notify_all();
-    RunPart(p, 0, parts_, outputs);
-    while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+    done_.store(0, std::memory_order_relaxed);
+    const uint32_t generation = generation_.load(std::memory_order_relaxed) + 1;
+    state_.store(Pack(generation, chunks, 0), std::memory_order_release);
+    generation_.store(generation, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+    Drain();
+    while (done_.load(std::memory_order_acquire) < chunks) CpuRelax();
   }
 
  private:
-  void Work(int part) {
-    uint64_t seen = 0;
+  // state_ packs (generation, chunk count, next chunk) so that a claim and the job it belongs
+  // to are read in one atomic step: a claim of a finished job can never succeed.
+  static uint64_t Pack(uint32_t generation, int chunks, int next) {
+    return (uint64_t{generation} << 32) | (uint64_t(chunks) << 16) | uint64_t(next);
+  }
+
+  void Drain() {
+    uint64_t state = state_.load(std::memory_order_acquire);
     for (;;) {
-      uint64_t generation;
-      int spins = 0;
-      while ((generation = generation_.load(std::memory_order_acquire)) == seen) {
-        if (++spins < kSpins) {
-          CpuRelax();
-        } else {
-          generation_.wait(seen, std::memory_order_acquire);
-        }
+      const int chunks = static_cast<int>((state >> 16) & 0xffff);
+      const int next = static_cast<int>(state & 0xffff);
+      if (next >= chunks) return;
+      if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        RunChunk(problem_, next, chunks, outputs_);
+        done_.fetch_add(1, std::memory_order_release);
+        state = state_.load(std::memory_order_acquire);
       }
-      seen = generation;
-      RunPart(problem_, part, parts_, outputs_);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
 
-  const int parts_;
+  void Work() {
+    uint32_t seen = generation_.load(std::memory_order_acquire);
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int polls = 0; generation_.load(std::memory_order_acquire) == seen; ++polls) {
+        if (polls % 64 != 63 || std::chrono::steady_clock::now() - start <
+                                    std::chrono::nanoseconds(kSpinNanos)) {
+          CpuRelax();
+          continue;
+        }
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        generation_.wait(seen, std::memory_order_seq_cst);
+        sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      Drain();
+    }
+  }
+
   std::mutex mutex_;
   Problem problem_{};
   float* const* outputs_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> state_{0};
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<int> done_{0};
+  std::atomic<int> sleepers_{0};
 };
 
 int PoolSize() {
@@ -233,25 +271,25 @@ ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transpose
     return ffi::Error::InvalidArgument("specjax small matmul: contraction sizes differ");
   }
   Pool& pool = GlobalPool();
-  const int parts = pool.parts();
+  const int chunks = Chunks(p);
   const int64_t size = p.m * p.n;
   thread_local std::vector<float> partials;
   thread_local std::vector<float*> outputs;
-  partials.resize(transposed ? 0 : (parts - 1) * size);
-  outputs.assign(parts, y->typed_data());
-  for (int part = 1; part < parts && !transposed; ++part) {
-    outputs[part] = partials.data() + (part - 1) * size;
+  partials.resize(transposed ? 0 : (chunks - 1) * size);
+  outputs.assign(chunks, y->typed_data());
+  for (int chunk = 1; chunk < chunks && !transposed; ++chunk) {
+    outputs[chunk] = partials.data() + (chunk - 1) * size;
   }
   std::unique_lock<std::mutex> lock(pool.mutex(), std::try_to_lock);
-  if (lock.owns_lock()) {
-    pool.Run(p, outputs.data());
-  } else {  // another product holds the pool: the same parts in turn, so the same result
-    for (int part = 0; part < parts; ++part) RunPart(p, part, parts, outputs.data());
+  if (lock.owns_lock() && chunks > 1) {
+    pool.Run(p, chunks, outputs.data());
+  } else {  // another product holds the pool: the same chunks in turn, so the same result
+    for (int chunk = 0; chunk < chunks; ++chunk) RunChunk(p, chunk, chunks, outputs.data());
   }
   if (!transposed) {
     float* out = outputs[0];
-    for (int part = 1; part < parts; ++part) {
-      for (int64_t e = 0; e < size; ++e) out[e] += outputs[part][e];
+    for (int chunk = 1; chunk < chunks; ++chunk) {
+      for (int64_t e = 0; e < size; ++e) out[e] += outputs[chunk][e];
     }
   }
   return ffi::Error::Success();

@@ -209,9 +209,9 @@ class Pool {
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
       for (int polls = 0; generation_.load(std::memory_order_acquire) == seen; ++polls) {
-        if (polls % 64 != 63 || std::chrono::steady_clock::now() - start <
-                                    std::chrono::nanoseconds(kSpinNanos)) {
-          CpuRelax();
+        if (polls % 8 != 7 || std::chrono::steady_clock::now() - start <
+                                   std::chrono::nanoseconds(kSpinNanos)) {
+          sched_yield();  // not a pause: a busy machine gets the core back at once
           continue;
         }
         sleepers_.fetch_add(1, std::memory_order_seq_cst);

@@ -34,6 +34,7 @@ from specjax.decoding.cli import (
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.tree_search import pass_seconds
 from specjax.entrypoint import run_cli
 from specjax.kernels import cpu_matmul
 from specjax.tokenizer import get_tokenizer
@@ -112,6 +113,7 @@ def benchmark() -> dict:
              "seconds": r.seconds, "prefill_seconds": r.prefill_seconds,
              "distinct_4grams": r.distinct_4grams,
              "identical_to_ar": r.identical_to_baseline} for r in results]
+    verify_costs = _verify_costs(generator, strategies, prompts)
     ar = next((r for r in results if r.name == "ar"), None)
     ar_rate = ar.decode_tokens_per_second if ar else None
     measured = ar_rate is not None
@@ -130,9 +132,22 @@ def benchmark() -> dict:
         "ar_achieved_gb_s": per_token * ar_rate / 1e9 if measured else None,
         "ar_bandwidth_fraction": per_token * ar_rate / bandwidth if measured else None,
         "ar_matvec_fraction": per_token * ar_rate / matvec if measured else None,
-        "hf_peers": peers,
+        "hf_peers": peers, "verify_seconds": verify_costs,
         "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
         "jax": jax.__version__, "python": platform.python_version()}
+
+
+def _verify_costs(generator, strategies, prompts) -> dict | None:
+    """When trees are benchmarked: seconds of the verifying layers [E, L) + head on n tokens
+    (n = 1, 8, 16, 32) at the prompts' context, for the first tree's exit E."""
+    trees = [s for s in strategies.values() if not s.shape.is_chain]
+    if not trees:
+        return None
+    exit_layer = getattr(trees[0], "exit_layer", 0)  # 0: a drafter whose target runs it all
+    context = int(sum(len(p) for p in prompts) / len(prompts) + FLAGS.max_new_tokens / 2)
+    sizes = [1, 8, 16, 32]
+    seconds = pass_seconds(generator, (exit_layer, generator.cfg.num_layers), sizes, context)
+    return {"exit_layer": exit_layer, "tokens": sizes, "seconds": seconds}
 
 
 def compare_with_hf(results, strategies, prompts) -> list[dict]:
@@ -178,6 +193,11 @@ def format_report(report: dict) -> str:
         if r["expected_tau"] is not None:
             lines.append(f"{'':<34}(--tree auto: expected tau {r['expected_tau']:.2f}, "
                          f"parents {r['tree_parents']})")
+    if report["verify_seconds"]:
+        costs = report["verify_seconds"]
+        lines.append(f"verify pass (layers {costs['exit_layer']}..L + head): " + ", ".join(
+            f"{n} tokens {1e3 * t:.2f} ms ({1e3 * t / n:.3f} ms/token)"
+            for n, t in zip(costs["tokens"], costs["seconds"], strict=True)))
     for peer in report["hf_peers"]:
         lines.append(f"{peer['strategy']}: {peer['tokens_per_s']:.1f} tok/s; "
                      f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "

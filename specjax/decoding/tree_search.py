@@ -227,31 +227,14 @@ def _teacher_forced(generator: Generator, exit_layer: int, texts: list[list[int]
             head(generator.params, cfg, final[index_b, index_t]))
 
 
-def round_costs(generator: Generator, exit_layer: int, context: int, max_tokens: int,
-                repeats: int = 15) -> Costs:
+def round_costs(generator: Generator, exit_layer: int, context: int, max_tokens: int) -> Costs:
     """`Costs` for 1 <= n <= max_tokens tokens after `context` cached tokens; the overhead is an
     `ar` round minus one full-model pass."""
-    cfg, params = generator.cfg, generator.params
-    cache = Cache.allocate(cfg, 1, context + max_tokens).commit(jnp.asarray([context]))
-
-    @functools.partial(jax.jit, static_argnames="layers")
-    def segment(hidden, layers):
-        layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
-        out, _ = run_layers_cached(params, cfg, hidden, cache, layout.slots, layers=layers,
-                                   positions=layout.positions, mask=layout.mask)
-        return exit_logits(params, cfg, out)
-
-    def seconds(tokens, layers):
-        hidden = jnp.zeros((1, tokens, cfg.d_model), cfg.compute_dtype)
-        segment(hidden, layers).block_until_ready()
-        return statistics.median(timed(lambda: segment(hidden, layers).block_until_ready())
-                                 for _ in range(repeats))
-
     sizes = _measured_sizes(max_tokens)
-    shallow = _interpolate(sizes, [seconds(n, (0, exit_layer)) for n in sizes], max_tokens)
-    deep = _interpolate(sizes, [seconds(n, (exit_layer, cfg.num_layers)) for n in sizes],
-                        max_tokens)
-    full = seconds(1, (0, cfg.num_layers))
+    layers = generator.cfg.num_layers
+    shallow = pass_seconds(generator, (0, exit_layer), sizes, context)
+    deep = pass_seconds(generator, (exit_layer, layers), sizes, context)
+    full = pass_seconds(generator, (0, layers), [1], context)[0]
     prompt = [[1] * context]
     for new in (1, 33):  # compile both before timing
         generator.run(prompt, max_new_tokens=new).tokens.block_until_ready()
@@ -259,7 +242,31 @@ def round_costs(generator: Generator, exit_layer: int, context: int, max_tokens:
         timed(lambda: generator.run(prompt, max_new_tokens=33).tokens.block_until_ready())
         - timed(lambda: generator.run(prompt, max_new_tokens=1).tokens.block_until_ready())
         for _ in range(3)) / 32
-    return Costs(shallow, deep, max(per_round - full, 0.0), per_round)
+    return Costs(_interpolate(sizes, shallow, max_tokens), _interpolate(sizes, deep, max_tokens),
+                 max(per_round - full, 0.0), per_round)
+
+
+def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[int],
+                 context: int, repeats: int = 15) -> list[float]:
+    """Median seconds of layers [start, stop) plus the head on n new tokens after `context`
+    cached ones, for each n in `sizes` (warm: compile time excluded)."""
+    cfg, params = generator.cfg, generator.params
+    cache = Cache.allocate(cfg, 1, context + max(sizes)).commit(jnp.asarray([context]))
+
+    @jax.jit
+    def segment(hidden):
+        layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
+        out, _ = run_layers_cached(params, cfg, hidden, cache, layout.slots, layers=layers,
+                                   positions=layout.positions, mask=layout.mask)
+        return exit_logits(params, cfg, out)
+
+    def seconds(tokens):
+        hidden = jnp.zeros((1, tokens, cfg.d_model), cfg.compute_dtype)
+        segment(hidden).block_until_ready()
+        return statistics.median(timed(lambda: segment(hidden).block_until_ready())
+                                 for _ in range(repeats))
+
+    return [seconds(n) for n in sizes]
 
 
 def _measured_sizes(max_tokens: int) -> list[int]:

@@ -15,7 +15,7 @@ from absl import flags, logging
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.tree_search import TreePlan, plan_tree
+from specjax.decoding.tree_search import Measurements, TreePlan, measure
 
 DECODING_FLAGS = {
     "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
@@ -107,7 +107,7 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
                       sampling: SamplingParams | None, *, workdir: str,
                       step: int) -> tuple[DecodingConfig, TreePlan | None]:
     """Replaces `tree="auto"` (or "auto:N", exactly N nodes) by the Sequoia tree measured for
-    this model, exit and sampling mode (`tree_search.plan_tree` on `prompts()`), cached in the
+    this model, exit and sampling mode (`tree_search.measure` on `prompts()`), cached in the
     workdir's `tree_plans.json`; returns the options (tree = its parents list) and the plan
     (None when the tree is not auto)."""
     spec = options.tree.strip()
@@ -134,9 +134,9 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     if key in plans:
         plan = TreePlan.from_dict(plans[key])
     else:
-        print(f"--tree {spec}: measuring acceptance and verify costs ({key}) ...", flush=True)
-        plan = plan_tree(generator, options.exit_layer, prompts(), sampling=sampling,
-                         children=options.tree_children, nodes=nodes)
+        measured = _measured(generator, options.exit_layer, mode, options.tree_children,
+                             prompts, sampling)
+        plan = measured.best_tree(nodes=nodes)
         plans[key] = plan.to_dict()
         try:
             with open(path, "w", encoding="utf-8") as f:
@@ -144,6 +144,23 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
         except OSError as error:
             logging.warning("could not save the tree plan to %s: %s", path, error)
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
+
+
+_MEASURED: dict[tuple, Measurements] = {}
+
+
+def _measured(generator: Generator, exit_layer: int, mode: str, children: str,
+              prompts: Callable[[], Sequence[Sequence[int]]],
+              sampling: SamplingParams | None) -> Measurements:
+    """`tree_search.measure`, once per process for a model, exit, sampling mode (`mode` names
+    `sampling`) and way of drawing children, whatever node counts are asked of it."""
+    key = (generator, exit_layer, mode, children)
+    if key not in _MEASURED:
+        print(f"--tree auto: measuring acceptance and verify costs (exit_layer={exit_layer}, "
+              f"{mode}, children={children}) ...", flush=True)
+        _MEASURED[key] = measure(generator, exit_layer, prompts(), sampling=sampling,
+                                 children=children)
+    return _MEASURED[key]
 
 
 def describe_plan(spec: str, plan: TreePlan) -> str:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.decoding.proposal import DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities
@@ -72,48 +72,88 @@ class DynamicTree:
               max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
         del key  # children are deterministic
         batch, k, size = pending.shape[0], self.top_k, self.num_nodes + 1
-        tokens = jnp.zeros((batch, size), jnp.int32).at[:, 0].set(pending)
-        parents = jnp.full((batch, size - 1), -1, jnp.int32)
-        score = jnp.zeros((batch, size), jnp.float32)  # cumulative draft log-probability
-        kept, pool = None, []
-        frontier = np.zeros((1,), np.int32)
-        for level in range(self.depth):
-            layout = tree_layout(lengths, ancestor_matrix(parents), max_len).take(frontier)
-            logits, kept_here, carry = step(carry, tokens[:, frontier], layout)
-            if kept is None:
-                kept = jnp.zeros((batch, size, *kept_here.shape[2:]), kept_here.dtype)
-            kept = kept.at[:, frontier].set(kept_here)
+        rows = jnp.arange(batch)[:, None]
+        # Positions: 0 the pending token, then k expanded nodes per depth 1 .. D-1, then leaves.
+        # pool: every candidate of depths 2 .. D, k^2 per depth (expanded ones scored -inf).
+        tree = _Drafting(
+            tokens=jnp.zeros((batch, size), jnp.int32).at[:, 0].set(pending),
+            parents=jnp.full((batch, size - 1), -1, jnp.int32),
+            score=jnp.zeros((batch, size), jnp.float32),  # cumulative draft log-probability
+            pool_tokens=jnp.zeros((batch, (self.depth - 1) * k * k), jnp.int32),
+            pool_parents=jnp.zeros((batch, (self.depth - 1) * k * k), jnp.int32),
+            pool_score=jnp.full((batch, (self.depth - 1) * k * k), -jnp.inf, jnp.float32),
+            kept=None, carry=carry)
+
+        def expand(tree: _Drafting, frontier: jax.Array):
+            """Runs the drafter on the `frontier` positions; their top-k children, scored."""
+            layout = tree_layout(lengths, ancestor_matrix(tree.parents), max_len).take(frontier)
+            logits, kept_here, carry = step(tree.carry, tree.tokens[:, frontier], layout)
+            kept = (jnp.zeros((batch, size, *kept_here.shape[2:]), kept_here.dtype)
+                    if tree.kept is None else tree.kept).at[:, frontier].set(kept_here)
             log_q = (jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1) if sampling is None
                      else jnp.log(probabilities(logits, sampling)))
             child_log_q, child_tokens = jax.lax.top_k(log_q, k)              # [B, n, k]
-            candidates = {
-                "tokens": child_tokens.reshape(batch, -1).astype(jnp.int32),
-                "parents": jnp.broadcast_to(frontier[None, :, None] - 1,
-                                            child_tokens.shape).reshape(batch, -1),
-                "score": (score[:, frontier, None] + child_log_q).reshape(batch, -1)}
-            if level < self.depth - 1:
-                chosen = (jnp.broadcast_to(jnp.arange(k), (batch, k)) if level == 0 else
-                          jax.lax.top_k(candidates["score"], k)[1])
-                frontier = 1 + level * k + np.arange(k, dtype=np.int32)
-                picked = {name: jnp.take_along_axis(values, chosen, axis=1)
-                          for name, values in candidates.items()}
-                tokens = tokens.at[:, frontier].set(picked["tokens"])
-                parents = parents.at[:, frontier - 1].set(picked["parents"])
-                score = score.at[:, frontier].set(picked["score"])
-                rows = jnp.arange(batch)[:, None]
-                candidates["score"] = candidates["score"].at[rows, chosen].set(-jnp.inf)
-            if level > 0:
-                pool.append(candidates)
-        pool = {name: jnp.concatenate([c[name] for c in pool], axis=1) for name in pool[0]}
-        leaf_score, best = jax.lax.top_k(pool["score"], self.num_nodes - self.num_expanded)
+            candidates = (child_tokens.reshape(batch, -1).astype(jnp.int32),
+                          jnp.broadcast_to(frontier[None, :, None] - 1,
+                                           child_tokens.shape).reshape(batch, -1),
+                          (tree.score[:, frontier, None] + child_log_q).reshape(batch, -1))
+            return tree.replace(kept=kept, carry=carry), candidates
+
+        def place(tree: _Drafting, depth, chosen, candidates) -> _Drafting:
+            """Makes the `chosen` candidates [B, k] the expanded nodes of `depth`."""
+            at = 1 + (depth - 1) * k + jnp.arange(k)
+            token, parent, score = (jnp.take_along_axis(c, chosen, axis=1) for c in candidates)
+            return tree.replace(tokens=tree.tokens.at[:, at].set(token),
+                                parents=tree.parents.at[:, at - 1].set(parent),
+                                score=tree.score.at[:, at].set(score))
+
+        def pool(tree: _Drafting, depth, candidates) -> _Drafting:
+            """Adds depth's candidates (already placed ones scored -inf) to the pool."""
+            offset = (depth - 2) * k * k
+            token, parent, score = candidates
+            update = lambda buffer, values: jax.lax.dynamic_update_slice(buffer, values,
+                                                                         (0, offset))
+            return tree.replace(pool_tokens=update(tree.pool_tokens, token),
+                                pool_parents=update(tree.pool_parents, parent),
+                                pool_score=update(tree.pool_score, score))
+
+        tree, candidates = expand(tree, jnp.zeros((1,), jnp.int32))
+        tree = place(tree, 1, jnp.broadcast_to(jnp.arange(k), (batch, k)), candidates)
+
+        def middle(depth, tree):  # expand depth - 1's nodes; the best k become depth's
+            tree, candidates = expand(tree, 1 + (depth - 2) * k + jnp.arange(k))
+            chosen = jax.lax.top_k(candidates[2], k)[1]
+            tree = place(tree, depth, chosen, candidates)
+            return pool(tree, depth, (*candidates[:2],
+                                      candidates[2].at[rows, chosen].set(-jnp.inf)))
+
+        tree = jax.lax.fori_loop(2, self.depth, middle, tree)
+        tree, candidates = expand(tree, 1 + (self.depth - 2) * k + jnp.arange(k))
+        tree = pool(tree, self.depth, candidates)
+        leaf_score, best = jax.lax.top_k(tree.pool_score, self.num_nodes - self.num_expanded)
         leaves = slice(self.num_expanded + 1, size)
-        tokens = tokens.at[:, leaves].set(jnp.take_along_axis(pool["tokens"], best, axis=1))
-        parents = parents.at[:, leaves.start - 1:].set(
-            jnp.take_along_axis(pool["parents"], best, axis=1))
-        score = score.at[:, leaves].set(leaf_score)
+        tokens = tree.tokens.at[:, leaves].set(
+            jnp.take_along_axis(tree.pool_tokens, best, axis=1))
+        parents = tree.parents.at[:, leaves.start - 1:].set(
+            jnp.take_along_axis(tree.pool_parents, best, axis=1))
+        score = tree.score.at[:, leaves].set(leaf_score)
         proposal = Proposal(
             tokens=tokens[:, 1:], parents=parents,
             valid=inherit_validity(score[:, 1:] > -jnp.inf, ancestor_matrix(parents)), q=None,
             reuse=None, stats={}, shape=self)
         missing = jnp.broadcast_to(jnp.arange(leaves.start, size), (batch, size - leaves.start))
-        return proposal, kept, missing, carry
+        return proposal, tree.kept, missing, tree.carry
+
+
+@flax.struct.dataclass
+class _Drafting:
+    """The tree as it grows (see `DynamicTree.draft`)."""
+
+    tokens: jax.Array
+    parents: jax.Array
+    score: jax.Array
+    pool_tokens: jax.Array
+    pool_parents: jax.Array
+    pool_score: jax.Array
+    kept: Any
+    carry: Any

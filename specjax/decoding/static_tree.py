@@ -158,6 +158,23 @@ class StaticTree:
             label = f"tree T={self.num_nodes} D={self.depth}"
         return label + ("" if self.children == "without_replacement" else f" {self.children}")
 
+    @functools.cached_property
+    def segments(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """`expansions` grouped into runs of consecutive depths of the same shape (the long
+        single-child tails of Sequoia trees, a chain's every depth): (first depth, positions
+        [levels, n], child positions [levels, n, width] with -1 for no child). A run is drafted
+        by one `fori_loop`, so the program does not grow with the depth."""
+        runs: list[tuple[int, list, list]] = []
+        for level, (positions, children) in enumerate(self.expansions):
+            if runs and runs[-1][1][0].shape == positions.shape and (
+                    runs[-1][2][0].shape == children.shape):
+                runs[-1][1].append(positions)
+                runs[-1][2].append(children)
+            else:
+                runs.append((level, [positions], [children]))
+        return [(first, np.stack(positions), np.stack(children))
+                for first, positions, children in runs]
+
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
               key: jax.Array, sampling: SamplingParams | None,
               max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
@@ -165,25 +182,39 @@ class StaticTree:
         parents = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, size - 1))
         ancestors = ancestor_matrix(parents)
         layout = tree_layout(lengths, ancestors, max_len)
-        tokens = jnp.zeros((batch, size), jnp.int32).at[:, 0].set(pending)
-        kept = q = None
-        for level, (positions, child_table) in enumerate(self.expansions):
+        sampled_q = sampling is not None and self.children != "top_k"
+        # One spare position past the tree absorbs the writes of absent children.
+        tokens = jnp.zeros((batch, size + 1), jnp.int32).at[:, 0].set(pending)
+        logits_like, kept_like, _ = jax.eval_shape(step, carry, tokens[:, :1],
+                                                   layout.take(np.zeros(1, np.int32)))
+        state = (tokens, jnp.zeros((batch, size + 1, *kept_like.shape[2:]), kept_like.dtype),
+                 jnp.zeros((batch, size + 1, logits_like.shape[-1]), jnp.float32)
+                 if sampled_q else None, carry)
+
+        def level(state, depth, positions, children):
+            tokens, kept, q, carry = state
             logits, kept_here, carry = step(carry, tokens[:, positions], layout.take(positions))
-            if kept is None:
-                kept = jnp.zeros((batch, size, *kept_here.shape[2:]), kept_here.dtype)
-            kept = kept.at[:, positions].set(kept_here)
-            drawn, probs = draw_children(jax.random.fold_in(key, level), logits, sampling,
-                                         child_table.shape[1], self.children)
-            parent_row, rank = np.nonzero(child_table >= 0)
-            targets = child_table[parent_row, rank]
-            tokens = tokens.at[:, targets].set(drawn[:, parent_row, rank])
-            if probs is not None and self.children != "top_k":
-                if q is None:
-                    q = jnp.zeros((batch, size, probs.shape[-1]), jnp.float32)
-                q = q.at[:, targets].set(probs[:, parent_row])
-        tokens, valid = tokens[:, 1:], jnp.ones((batch, size - 1), bool)
+            drawn, probs = draw_children(jax.random.fold_in(key, depth), logits, sampling,
+                                         children.shape[1], self.children)
+            targets = jnp.where(children >= 0, children, size)
+            tokens = tokens.at[:, targets].set(drawn)
+            if q is not None:
+                q = q.at[:, targets].set(jnp.broadcast_to(probs[:, :, None], (
+                    *drawn.shape, probs.shape[-1])))
+            return tokens, kept.at[:, positions].set(kept_here), q, carry
+
+        for first, positions, children in self.segments:
+            if len(positions) == 1:
+                state = level(state, first, positions[0], children[0])
+            else:
+                state = jax.lax.fori_loop(
+                    0, len(positions), lambda i, state, first=first, positions=positions,
+                    children=children: level(state, first + i, jnp.asarray(positions)[i],
+                                             jnp.asarray(children)[i]), state)
+        tokens, kept, q, carry = state
+        tokens, kept, valid = tokens[:, 1:size], kept[:, :size], jnp.ones((batch, size - 1), bool)
         if q is not None:  # a distinct draw beyond q's support has probability 0: drop it
-            q = q[:, 1:]
+            q = q[:, 1:size]
             valid = jnp.take_along_axis(q, tokens[..., None], axis=-1)[..., 0] > 0
         proposal = Proposal(tokens=tokens, parents=parents,
                             valid=inherit_validity(valid, ancestors), q=q, reuse=None, stats={},

@@ -1,4 +1,5 @@
-"""Tree shapes from measurements (Sequoia): `--tree auto`.
+"""Tree shapes from measurements (Sequoia): `--tree auto` (`measure`, then
+`Measurements.best_tree`).
 
 1. Positional acceptance: on the model's own continuations of held-out prompts (greedy or
    sampled, as the decoding will be), the probability that the r-th child of a node is the one
@@ -59,33 +60,48 @@ class TreePlan:
                    tuple(values["acceptance"]))
 
 
-def plan_tree(generator: Generator, exit_layer: int, prompts: Sequence[Sequence[int]], *,
-              sampling: SamplingParams | None, children: str = "without_replacement",
-              nodes: int | None = None, max_nodes: int = 32, max_depth: int = 12,
-              new_tokens: int = 128, seed: int = 0) -> TreePlan:
-    """Measures acceptance and costs for LayerSkip drafting from `exit_layer` and returns the
-    fastest Sequoia tree of exactly `nodes` nodes, or (None) of at most `max_nodes`, at most
-    `max_depth` deep."""
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Positional acceptance (`acceptance[r]`: how often a node's r-th child is accepted) and
+    costs, for one model, exit, sampling mode and way of drawing children."""
+
+    acceptance: np.ndarray
+    costs: Costs
+    children: str
+
+    def best_tree(self, *, nodes: int | None = None, max_nodes: int = 32,
+                  max_depth: int = 12) -> TreePlan:
+        """The Sequoia tree with the highest expected speed-up: exactly `nodes` nodes, or (None)
+        any count up to `max_nodes`; at most `max_depth` deep."""
+        max_nodes = nodes or max_nodes
+        programme = Sequoia(self.acceptance, max_nodes + 1, max_depth)
+        best = None
+        for depth in range(1, max_depth + 1):
+            for size in ([nodes + 1] if nodes else range(2, max_nodes + 2)):
+                found = programme.tree(size, depth)
+                if found is None:
+                    continue
+                tau, parents = found
+                tree = StaticTree.from_parents(parents, self.children)
+                speedup = tau * self.costs.ar_step / self.costs.tree_round(tree)
+                if best is None or speedup > best.expected_speedup:
+                    best = TreePlan(tree, tau, speedup,
+                                    tuple(float(a) for a in self.acceptance))
+        return best
+
+
+def measure(generator: Generator, exit_layer: int, prompts: Sequence[Sequence[int]], *,
+            sampling: SamplingParams | None, children: str = "without_replacement",
+            max_nodes: int = 32, new_tokens: int = 128, seed: int = 0) -> Measurements:
+    """Positional acceptance on the model's own continuations of `prompts` and the costs of
+    passes of up to `max_nodes` + 1 tokens at their context length."""
     if children not in CHILD_RULES:
         raise ValueError(f"tree children={children!r} must be one of {CHILD_RULES}")
     acceptance = child_acceptance(generator, exit_layer, prompts, sampling=sampling,
                                   children=children, new_tokens=new_tokens, seed=seed)
-    max_nodes = nodes or max_nodes
     context = int(np.mean([len(p) for p in prompts])) + new_tokens // 2
-    costs = round_costs(generator, exit_layer, context, max_nodes + 1)
-    programme = Sequoia(acceptance, max_nodes + 1, max_depth)
-    best = None
-    for depth in range(1, max_depth + 1):
-        for size in ([nodes + 1] if nodes else range(2, max_nodes + 2)):
-            found = programme.tree(size, depth)
-            if found is None:
-                continue
-            tau, parents = found
-            tree = StaticTree.from_parents(parents, children)
-            speedup = tau * costs.ar_step / costs.tree_round(tree)
-            if best is None or speedup > best.expected_speedup:
-                best = TreePlan(tree, tau, speedup, tuple(float(a) for a in acceptance))
-    return best
+    return Measurements(acceptance, round_costs(generator, exit_layer, context, max_nodes + 1),
+                        children)
 
 
 @dataclasses.dataclass(frozen=True)

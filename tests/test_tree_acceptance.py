@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specjax.decoding import acceptance
-from specjax.decoding.acceptance import accept, greedy_accept, speculative_accept
+from specjax.decoding.acceptance import accept, speculative_accept
 from specjax.decoding.chain import Chain
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
@@ -182,18 +182,13 @@ class _Bounds:
         self.num_nodes, self.depth, self.max_children = tree.num_nodes, depth, max_children
 
 
-def test_greedy_chain_accept_takes_the_longest_matching_prefix_plus_one():
-    target = jnp.array([[5, 6, 7, 8], [5, 6, 7, 8], [1, 2, 3, 4]])
-    logits = jax.nn.one_hot(target, 10) * 10
-    draft = jnp.array([[5, 6, 7], [5, 9, 7], [9, 2, 3]])
-    accepted, emitted = greedy_accept(draft, logits, jnp.array([3, 3, 3]))
-    assert accepted.tolist() == [3, 1, 0]
-    assert emitted.tolist() == target.tolist()
-    accepted, emitted = greedy_accept(draft, logits, jnp.array([2, 1, 3]))  # shorter drafts
-    assert accepted.tolist() == [2, 1, 0]
-    proposal = Proposal(tokens=draft, parents=jnp.broadcast_to(jnp.arange(3) - 1, (3, 3)),
-                        valid=jnp.ones((3, 3), bool), q=None, reuse=None, stats={},
+def test_a_chain_proposal_takes_the_chain_rule_and_moves_nothing():
+    """`accept` dispatches on the shape: a chain gives no path (nothing to compact)."""
+    target = jnp.array([[5, 6, 7, 8], [1, 2, 3, 4]])
+    draft = jnp.array([[5, 6, 9], [9, 2, 3]])
+    proposal = Proposal(tokens=draft, parents=jnp.broadcast_to(jnp.arange(3) - 1, (2, 3)),
+                        valid=jnp.ones((2, 3), bool), q=None, reuse=None, stats={},
                         shape=Chain(3))
-    result = accept(jax.random.PRNGKey(0), proposal, logits, None)
-    assert result.path is None and result.num_accepted.tolist() == [3, 1, 0]
-
+    result = accept(jax.random.PRNGKey(0), proposal, jax.nn.one_hot(target, 10) * 10, None)
+    assert result.path is None and result.num_accepted.tolist() == [2, 0]
+    assert result.emitted.tolist() == target.tolist()

@@ -70,7 +70,7 @@ class Measurements:
     children: str
 
     def best_tree(self, *, nodes: int | None = None, max_nodes: int = 32,
-                  max_depth: int = 12) -> TreePlan:
+                  max_depth: int = 32) -> TreePlan:
         """The Sequoia tree with the highest expected speed-up: exactly `nodes` nodes, or (None)
         any count up to `max_nodes`; at most `max_depth` deep."""
         max_nodes = nodes or max_nodes

@@ -171,6 +171,36 @@ def test_the_cache_after_tree_commits_equals_one_token_at_a_time(name):
                                            c[:, :committed], atol=2e-5)
 
 
+@pytest.mark.parametrize("shape", [DynamicTree(16, 4, 4), DynamicTree(10, 2, 4),
+                                   StaticTree.from_branching((3, 2, 1))],
+                         ids=["dynamic T=16", "dynamic T=10 k=2", "static 3,2,1"])
+def test_greedy_trees_never_propose_the_same_child_twice(shape):
+    """Each node's children are distinct tokens. Catches a dynamic tree that picks an expanded
+    node again as a leaf (a wasted node: losslessness alone cannot see it)."""
+    generator, drafter = _generator(), SelfSpeculative(1, shape)
+    padded, lengths = generator.pad(PROMPTS)
+    ctx = DraftContext(params=generator.params, draft_params={}, sampling=None, cfg=CFG)
+    key = jax.random.PRNGKey(0)
+
+    @jax.jit
+    def proposals(params):
+        ctx_ = ctx.replace(params=params)
+        state = loop.prefill(ctx_, drafter, padded, lengths, key, jnp.int32(-1),
+                             max_new_tokens=NEW, cache_len=80)
+        out = []
+        for _ in range(3):
+            out.append(drafter.propose(ctx_, state.drafter, state.cache, state.pending, key)[0])
+            state = loop.decode_round(ctx_, drafter, key, jnp.int32(-1), state,
+                                      max_new_tokens=NEW)
+        return out
+
+    for proposal in proposals(generator.params):
+        for b in range(len(PROMPTS)):
+            pairs = [(int(p), int(t)) for p, t, v in zip(
+                proposal.parents[b], proposal.tokens[b], proposal.valid[b], strict=True) if v]
+            assert len(pairs) == len(set(pairs)) == shape.num_nodes
+
+
 def test_a_chain_compiles_without_compaction(monkeypatch):
     """Chains keep their accepted drafts in place: lowering the chain's loop must never reach
     the attention cache's compaction. The positive control (a tree) shows the probe fires."""

@@ -23,8 +23,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         # (300 steps): exit-1/exit-2 agreement with the final layer .830/.887 versus .785/.836
         # when all 8 exits share the loss, for a final loss of 1.371 versus 1.337 nats/byte.
         exit_layers=(1, 2, 8)))
+    # source: "stdlib" (embedded), "files" (files: comma-separated .jsonl or text paths) or "hub"
+    # (hub_name, hub_config, hub_split; needs the network); text_field names the JSONL/hub column.
     config.data = ml_collections.ConfigDict(dict(
-        source="stdlib", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
+        source="stdlib", files="", hub_name="", hub_config="", hub_split="train",
+        text_field="text", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
     config.train = ml_collections.ConfigDict(dict(
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=40, min_lr_ratio=0.1,
         weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,

@@ -10,6 +10,7 @@ prompts, one process, after a warm-up; greedy unless --temperature.
 import json
 import os
 import platform
+import sys
 
 import jax
 from absl import app, flags
@@ -27,6 +28,7 @@ from specjax.decoding.cli import (
     DECODING_FLAGS,
     decoding_defaults,
     define_decoding_flags,
+    open_output,
     read_prompts_file,
     resolve_auto_tree,
     sweep_options,
@@ -35,7 +37,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import pass_seconds
-from specjax.entrypoint import run_cli
+from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import cpu_matmul
 from specjax.tokenizer import get_tokenizer
 
@@ -49,8 +51,8 @@ flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
 flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
 flags.DEFINE_integer("batch_size", 1, "Prompts decoded together.")
 flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
-flags.DEFINE_float("temperature", 0.0, "0: greedy (outputs checked identical to ar); else "
-                   "sampled decoding at this temperature (lossless in distribution).")
+flags.DEFINE_float("temperature", 0.0, "0: greedy decoding (outputs checked identical to ar); "
+                   "else sampled decoding at this temperature (lossless in distribution).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
 flags.DEFINE_integer("bandwidth_mb", 512, "Array size for the read-bandwidth measurement.")
 flags.DEFINE_bool("compare_hf", False, "Also time Hugging Face transformers' greedy generate() "
@@ -62,14 +64,22 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    output = run_cli(lambda: open_output(FLAGS.output_json))  # a bad path fails before the run
     report = run_cli(benchmark)
     print(format_report(report))
-    if FLAGS.output_json:
-        with open(FLAGS.output_json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+    if output:
+        with output:
+            json.dump(report, output, indent=2)
+
+
+def _progress(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 
 def benchmark() -> dict:
+    for name in ("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats"):
+        if getattr(FLAGS, name) < 1:
+            raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 1")
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
@@ -95,7 +105,7 @@ def benchmark() -> dict:
     results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
                             batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
                             baseline="ar" if "ar" in strategies else next(iter(strategies)),
-                            sampling=sampling)
+                            sampling=sampling, progress=_progress)
     bandwidth, single_thread_bandwidth = read_bandwidth(FLAGS.bandwidth_mb * 2**20)
     bandwidth = max(bandwidth, single_thread_bandwidth)
     matvec = matvec_bandwidth(generator.params, cfg)
@@ -224,4 +234,4 @@ def _rate(tokens_per_s: float | None) -> str:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -8,7 +8,7 @@ from absl import app, flags
 
 from specjax.config import DTYPES
 from specjax.convert.hf import export_checkpoint, import_checkpoint
-from specjax.entrypoint import run_cli
+from specjax.entrypoint import parse_flags, run_cli
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")
@@ -17,6 +17,10 @@ flags.DEFINE_bool("to_hf", False, "Export the workdir's latest weights to --hf_d
 flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Import: parameter and compute dtype "
                   "(default: the checkpoint's).")
 flags.DEFINE_float("max_shard_gb", 4.0, "Export: largest safetensors shard.")
+flags.DEFINE_bool("overwrite", False, "Export: replace a non-empty --hf_dir (never mixed: the new "
+                  "checkpoint is written beside it and swapped in).")
+flags.DEFINE_enum("tokenizer", None, ["bytes"], "Import: record specjax's byte tokenizer (for a "
+                  "checkpoint without tokenizer.json).")
 flags.mark_flags_as_required(["hf_dir", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -25,12 +29,14 @@ def main(argv):
     del argv
     if FLAGS.to_hf:
         files = run_cli(lambda: export_checkpoint(
-            FLAGS.workdir, FLAGS.hf_dir, max_shard_bytes=int(FLAGS.max_shard_gb * 2**30)))
+            FLAGS.workdir, FLAGS.hf_dir, max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
+            overwrite=FLAGS.overwrite))
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
     else:
-        cfg = run_cli(lambda: import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype))
+        cfg = run_cli(lambda: import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
+                                                tokenizer=FLAGS.tokenizer))
         print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

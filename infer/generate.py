@@ -18,13 +18,14 @@ from specjax.decoding.cli import (
     decoding_options,
     define_decoding_flags,
     describe_plan,
+    open_output,
     read_prompts_file,
     resolve_auto_tree,
 )
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams
-from specjax.entrypoint import run_cli
+from specjax.entrypoint import parse_flags, run_cli
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -46,24 +47,19 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    records = run_cli(run)
-    if FLAGS.output:
-        with open(FLAGS.output, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record) + "\n")
-        print(f"wrote {len(records)} completions to {FLAGS.output}")
-    else:
-        for record in records:
-            print(record["prompt"] + record["completion"])
-            print(f"--- tau={record['tau']:.2f} acceptance={record['acceptance_rate']:.2f}")
+    run_cli(run)
 
 
-def run() -> list[dict]:
+def run() -> None:
     if (FLAGS.prompt is None) == (FLAGS.prompts_file is None):
         raise ValueError("give exactly one of --prompt and --prompts_file")
     if FLAGS.batch_size < 1:
         raise ValueError(f"--batch_size={FLAGS.batch_size} must be >= 1")
+    if FLAGS.temperature == 0 and (FLAGS.top_k or FLAGS.top_p != 1.0):
+        raise ValueError("--top_k and --top_p filter a sampling distribution: set --temperature "
+                         "> 0 (temperature 0 is greedy decoding)")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
+    output = open_output(FLAGS.output)  # before any work: a bad path fails at once
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,
@@ -79,21 +75,30 @@ def run() -> list[dict]:
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
     strategy = make_strategy(FLAGS.strategy, options)
-    records = []
+    rounds = committed = 0
     for start in range(0, len(prompts), FLAGS.batch_size):
         batch = slice(start, start + FLAGS.batch_size)
         out = generator.generate(encoded[batch], max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
                                  eos_id=tokenizer.eos_id)
         for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
-            records.append({"prompt": prompt, "completion": tokenizer.decode(tokens),
-                            **stats.to_dict()})
+            record = {"prompt": prompt, "completion": tokenizer.decode(tokens),
+                      **stats.to_dict()}
+            if output:
+                output.write(json.dumps(record) + "\n")
+                output.flush()
+            else:
+                acceptance = (f"{record['acceptance_rate']:.2f}" if record["drafted"] else "n/a")
+                print(record["prompt"] + record["completion"])
+                print(f"--- tau={record['tau']:.2f} acceptance={acceptance}")
+            rounds += stats.rounds
+            committed += stats.accepted + stats.rounds
+    if output:
+        output.close()
+        print(f"wrote {len(prompts)} completions to {FLAGS.output}")
     if plan is not None:
-        rounds = sum(r["rounds"] for r in records)
-        committed = sum(r["accepted"] + r["rounds"] for r in records)
         print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
               f"{plan.expected_tau:.2f})")
-    return records
 
 
 def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[list[int]]:
@@ -109,4 +114,4 @@ def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[lis
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -9,6 +9,7 @@ Inference restores `params` alone.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import jax
@@ -21,6 +22,10 @@ from specjax.model import init_params
 
 class CheckpointError(SpecjaxError):
     """A checkpoint is missing, unreadable or does not belong to this model."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint's files could not be read."""
 
 
 class Checkpointer:
@@ -38,6 +43,9 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
 
     def save(self, step: int, params: Any, opt_state: Any | None, meta: dict[str, Any]) -> None:
         """Saves a step; `opt_state` None (an imported model) records that there is none."""
@@ -82,11 +90,14 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as error:  # orbax raises many types for unreadable files
-            raise CheckpointError(
-                f"checkpoint of step {step} in {self.directory} could not be restored "
-                f"({type(error).__name__}: {str(error)[:300]}). It may be corrupt or written "
-                f"by a different model; remove that step's folder to fall back to an earlier "
-                f"one.") from error
+            earlier = [s for s in self.all_steps() if s < step]
+            fallback = (f"remove {os.path.join(self.directory, str(step))} to resume from step "
+                        f"{earlier[-1]}, the previous checkpoint" if earlier else
+                        "there is no earlier checkpoint to fall back to")
+            raise UnreadableCheckpointError(
+                f"checkpoint of step {step} in {self.directory} could not be restored (it may be "
+                f"corrupt or written by a different model: {type(error).__name__}); "
+                f"{fallback}") from error
 
     def close(self) -> None:
         self._manager.close()
@@ -112,8 +123,23 @@ def abstract_tree(tree: Any) -> Any:
 
 def load_params(workdir: str, step: int | None = None) -> tuple[Any, ModelConfig, dict[str, Any]]:
     """(params, model config, metadata) of a workdir's latest (or given) checkpoint, for
-    inference: the optimizer state is not read."""
+    inference: the optimizer state is not read. An unreadable latest checkpoint falls back to
+    the newest readable one, with a warning."""
     checkpoints = Checkpointer(workdir, create=False)
+    candidates = [step] if step is not None else checkpoints.all_steps()[::-1]
+    if not candidates:
+        raise CheckpointError(f"no checkpoint found in {checkpoints.directory}")
+    for candidate, earlier in zip(candidates[:-1], candidates[1:], strict=True):
+        try:
+            return _load_step(checkpoints, candidate)
+        except UnreadableCheckpointError as error:
+            print(f"warning: checkpoint of step {candidate} in {checkpoints.directory} is "
+                  f"unreadable ({type(error.__cause__).__name__}); trying step {earlier}",
+                  file=sys.stderr)
+    return _load_step(checkpoints, candidates[-1])
+
+
+def _load_step(checkpoints: Checkpointer, step: int) -> tuple[Any, ModelConfig, dict[str, Any]]:
     meta = checkpoints.read_meta(step)
     if "model" not in meta:
         raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")

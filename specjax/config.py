@@ -8,6 +8,7 @@ construction and names the offending field in a `ValueError`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,7 +174,11 @@ def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"{section}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        hints = [f"{name!r} -> did you mean {close[0]!r}?" for name in unknown
+                 if (close := difflib.get_close_matches(name, known, n=1))]
+        raise ValueError(f"{section}: unknown field(s) {unknown}" + (f" ({'; '.join(hints)})"
+                                                                     if hints else "")
+                         + f"; known fields: {sorted(known)}")
     return cls(**values)
 
 

@@ -64,10 +64,13 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
+        """`files` may be a list or one string of comma-separated paths (the command line's
+        `--config.data.files=a.jsonl,b.txt`)."""
         values = dict(values)
         if "files" in values:
             files = values["files"]
-            values["files"] = (files,) if isinstance(files, str) else tuple(files)
+            files = files.split(",") if isinstance(files, str) else files
+            values["files"] = tuple(f.strip() for f in files if f.strip())
         return dataclass_from_mapping(cls, values, "data")
 
 

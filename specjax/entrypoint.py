@@ -1,10 +1,12 @@
 """What every command-line entry point shares: user errors end as one line, not a traceback."""
 
+import os
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from absl import logging
+from absl import flags, logging
+from ml_collections.config_flags.config_flags import is_config_flag
 
 T = TypeVar("T")
 
@@ -17,10 +19,43 @@ USER_ERRORS = (SpecjaxError, ValueError, FileNotFoundError)
 
 
 def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
-    """Runs an entry point's body; a user error is printed as `error: ...` and exits with 1."""
+    """Runs an entry point's body; a user error is printed as `error: ...` and exits with 1.
+
+    Ctrl-C outside a training loop (which saves first, see `training.interrupt`) ends the
+    process at once with status 130 and one line: nothing is written half-way there, and a
+    normal interpreter exit while JAX's threads are still starting can crash."""
     logging.set_verbosity(verbosity)
     try:
         return body()
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """`app.run`'s flags parser: a bad flag or config file (a missing file, a mistyped
+    `--config.x` field, an error inside the file) is one `error: ...` line, exit status 1."""
+    try:
+        args = flags.FLAGS(argv)
+        for name in list(flags.FLAGS):
+            flag = flags.FLAGS[name]
+            if is_config_flag(flag) and flag.value is not None:
+                flag.value.keys()  # config_flags defers a file's load error to first use
+        return args
+    except Exception as error:  # config_flags raises whatever loading the file raised
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _one_line(error: Exception) -> str:
+    """A possibly multi-line message (with an embedded traceback) as its first and last line."""
+    text = str(error).replace("\\n", "\n").replace("\\'", "'")
+    if len(text) > 1 and text[0] == text[-1] == "'":  # a KeyError-style repr
+        text = text[1:-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}"

@@ -63,5 +63,9 @@ def get_tokenizer(spec: str | dict, workdir: str | None = None) -> Tokenizer:
     if isinstance(spec, dict) and spec.get("kind") == HFTokenizer.name:
         return HFTokenizer(os.path.join(workdir or ".", spec["file"]), spec.get("bos_id"),
                            spec.get("eos_id"))
+    if spec is None:
+        raise ValueError("this checkpoint names no tokenizer (imported without tokenizer.json): "
+                         "import it again with `infer/convert.py --tokenizer bytes`, or with a "
+                         "tokenizer.json in the Hugging Face directory")
     raise ValueError(f"unknown tokenizer {spec!r}; available: '{ByteTokenizer.name}' or a "
                      "Hugging Face tokenizer.json imported by infer/convert.py")

@@ -1,11 +1,14 @@
 """Shared tiny configurations: every test model compiles in seconds on a 2-core CPU."""
 
 import copy
+import importlib.util
+import os
 
 import jax
 import pytest
 
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_matmul
 from specjax.model import init_params
 
 TINY_MODEL = dict(vocab_size=259, d_model=32, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -50,3 +53,23 @@ def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
                           out=layers["attn"]["out"] * scale[:, None, None, None, None])
     layers["mlp"] = dict(layers["mlp"], down=layers["mlp"]["down"] * scale[:, None, None])
     return {**params, "layers": layers}
+
+
+def missing_test_requirements() -> list[str]:
+    """What would make the kernel or Hugging Face tests skip on this machine."""
+    missing = [f"{name} (pip install -e '.[test,hf]')" for name in ("torch", "transformers")
+               if importlib.util.find_spec(name) is None]
+    if not cpu_matmul.available():
+        missing.append("the CPU matmul kernel (a C++ compiler; SPECJAX_CPU_MATMUL unset)")
+    return missing
+
+
+def pytest_sessionstart(session):
+    """The suite refuses to pass with the kernel or HF tests skipped, unless asked to: a CI run
+    that silently skipped them would prove nothing about them."""
+    if os.environ.get("SPECJAX_ALLOW_SKIPS") == "1" or hasattr(session.config, "workerinput"):
+        return
+    missing = missing_test_requirements()
+    if missing:
+        pytest.exit(f"missing {', '.join(missing)}: their tests would be skipped; install them "
+                    "or set SPECJAX_ALLOW_SKIPS=1", returncode=3)

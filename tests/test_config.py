@@ -72,3 +72,20 @@ def test_unknown_section_is_rejected():
 def test_invalid_decoding_defaults(decoding, message):
     with pytest.raises(ValueError, match=message):
         parse_run_config({**tiny_run(), "decoding": decoding})
+
+
+def test_the_suite_names_what_would_make_tests_skip(monkeypatch):
+    """Catches CI passing with the HF or kernel tests silently skipped: the session start
+    check must see a missing package or kernel."""
+    import importlib.util
+
+    from specjax.kernels import cpu_matmul
+    from tests.conftest import missing_test_requirements
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(cpu_matmul, "available", lambda: False)
+    missing = missing_test_requirements()
+    assert len(missing) == 2 and missing[0].startswith("torch")
+    assert "CPU matmul kernel" in missing[1]

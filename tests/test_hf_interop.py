@@ -39,7 +39,7 @@ CONFIGS = {
 def _hf_model(name, seed=0, **extra):
     family, options = CONFIGS[name]
     torch.manual_seed(seed)
-    config = getattr(transformers, f"{family}Config")(**BASE, **options, **extra)
+    config = getattr(transformers, f"{family}Config")(**{**BASE, **options, **extra})
     return getattr(transformers, f"{family}ForCausalLM")(config).eval()
 
 
@@ -193,3 +193,29 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     assert os.path.exists(os.path.join(exported, "tokenizer.json"))
     with open(os.path.join(exported, "config.json")) as f:
         assert json.load(f)["eos_token_id"] == 1
+
+
+def test_export_never_clobbers_and_a_missing_tokenizer_is_explained(tmp_path, capsys):
+    """Catches an export that silently overwrites a directory (a source model, even) or
+    leaves stale shards beside new ones, and an import without tokenizer.json that succeeds
+    silently and then fails in generate with "unknown tokenizer None"."""
+    source = _saved(_hf_model("llama-gqa-untied"), tmp_path / "hf", max_shard_size="60KB")
+    workdir = str(tmp_path / "workdir")
+    import_checkpoint(source, workdir)
+    assert "has no tokenizer.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="names no tokenizer .* --tokenizer bytes"):
+        from specjax.tokenizer import get_tokenizer
+        get_tokenizer(load_params(workdir)[2].get("tokenizer"), workdir)
+    before = sorted(os.listdir(source))
+    with pytest.raises(ConversionError, match="is not empty; pass --overwrite"):
+        export_checkpoint(workdir, source)
+    assert sorted(os.listdir(source)) == before  # untouched
+    export_checkpoint(workdir, source, overwrite=True)  # one shard now: no stale ones remain
+    assert sorted(os.listdir(source)) == ["config.json", "model.safetensors"]
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no leftovers
+    with pytest.raises(ConversionError, match="'bytes' tokenizer has 259 ids, more than the "
+                                              "model's vocabulary of 101"):
+        import_checkpoint(source, str(tmp_path / "small"), tokenizer="bytes")
+    bytes_source = _saved(_hf_model("llama-gqa-untied", vocab_size=259), tmp_path / "hf259")
+    import_checkpoint(bytes_source, str(tmp_path / "bytes"), tokenizer="bytes")
+    assert load_params(str(tmp_path / "bytes"))[2]["tokenizer"] == "bytes"

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -83,11 +85,61 @@ def test_generate_sampling_with_a_single_prompt(workdir):
     (["--prompt", "x", "--tree", "2,x"], "expected children per depth"),
     (["--prompt", "x", "--tree", "dynamic", "--tree_nodes", "2"], "tree_nodes=2 must lie in"),
     (["--prompt", "x", "--temperature", "-1"], "temperature=-1.0 must be > 0"),
+    (["--prompt", "x", "--num_draft", "0"], "num_draft=0 must be"),
+    (["--prompt", "x", "--top_p", "0.9"], "--top_k and --top_p filter a sampling distribution"),
 ])
 def test_generate_errors_are_clear(workdir, args, message):
     result = _run("generate.py", "--workdir", workdir, *args)
     assert result.returncode == 1 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bad_files_fail_at_once_with_the_file_named(workdir, tmp_path):
+    """Catches a prompts file that is a directory or not UTF-8 ending in a traceback (or no
+    file:line), and an unwritable --output failing only after all generation."""
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    missing_dir = str(tmp_path / "no" / "such" / "dir" / "out.jsonl")
+    for args, message in (
+            (["--prompts_file", str(tmp_path)], f"{tmp_path}: is a directory"),
+            (["--prompts_file", str(latin1)], f"{latin1}:2: not UTF-8 text"),
+            (["--prompt", "x", "--output", missing_dir], f"cannot write {missing_dir}")):
+        result = _run("generate.py", "--workdir", workdir, *args)
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    for flag in ("--repeats=0", "--num_prompts=0"):
+        result = _run("bench.py", "--workdir", workdir, flag)
+        assert result.returncode == 1 and f"{flag} must be >= 1" in result.stderr
+
+
+def test_ar_reports_no_acceptance_rate(workdir):
+    """Catches `ar` rows printing acceptance 0.00: ar drafts nothing, so there is none."""
+    result = _run("generate.py", "--workdir", workdir, "--strategy", "ar", "--prompt", "x",
+                  "--max_new_tokens", "4")
+    assert result.returncode == 0 and "acceptance=n/a" in result.stdout, result.stderr[-2000:]
+
+
+def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tmp_path):
+    """Catches Ctrl-C ending in a traceback and a crash of JAX's threads at exit, and rows
+    held back until the end (an interrupted run would lose them all)."""
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}("}) + "\n" for i in range(200)))
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "infer", "generate.py"),
+                             "--workdir", workdir, "--prompts_file", str(prompts),
+                             "--max_new_tokens", "64", "--output", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out.exists() and out.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, "no row was written"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and stderr.strip().endswith("interrupted"), stderr[-2000:]
+    assert "Traceback" not in stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]  # every line complete
+    assert 2 <= len(rows) < 200 and rows[0]["prompt"] == "def f0("
 
 
 def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):

@@ -1,29 +1,66 @@
-"""The README's Python example runs as written (on a briefly trained tiny workdir)."""
+"""The README's Python examples and its local-files training command run as written."""
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
+from specjax.checkpoint import Checkpointer
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _python_blocks():
+def _readme():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+        return f.read()
 
 
-def test_the_readme_python_example_runs(tmp_path):
+def _env():
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_the_readme_python_examples_run(tmp_path):
     """Catches an API change the README did not follow (names, arguments, imports)."""
-    (block,) = _python_blocks()
-    Trainer(tiny_run(train=dict(total_steps=4, eval_every=4, save_every=4)),
-            str(tmp_path / "runs" / "tiny")).fit()
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    blocks = re.findall(r"```python\n(.*?)```", _readme(), flags=re.S)
+    assert len(blocks) == 2
+    config = tiny_run(train=dict(total_steps=4, eval_every=4, save_every=4))
+    config["decoding"] = {"exit_layer": 1, "num_draft": 3}
+    Trainer(config, str(tmp_path / "runs" / "tiny")).fit()
+    outputs = []
+    for block in blocks:
+        result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=_env(),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(result.stdout.strip().splitlines())
+    assert "['ar', 'selfspec']" in outputs[0][-1] and "'import os' ->" in "\n".join(outputs[0])
+    assert float(outputs[1][-1]) >= 1.0  # the tree's tau
+
+
+def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
+    """Catches a data source the shipped config cannot reach from the command line (the
+    README's `--config.data.files=...` failed on a config without that field)."""
+    command = re.search(r"(train/train\.py --config configs/tiny_code\.py --workdir runs/x"
+                        r".*?--config\.data\.files=corpus\.jsonl)", _readme(), flags=re.S)
+    args = shlex.split(command.group(1).replace("\\\n", " "))
+    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")  # run as from the repo
+    with open(tmp_path / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n")
+    tiny = ["--config.train.total_steps=2", "--config.train.warmup_steps=1",
+            "--config.train.batch_size=2",
+            "--config.train.eval_every=2", "--config.train.save_every=2",
+            "--config.train.eval_batches=1", "--config.data.seq_len=32",
+            "--config.model.d_model=32", "--config.model.mlp_dim=64",
+            "--config.model.num_layers=2", "--config.model.exit_layers=(1, 2)"]
+    result = subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:], *tiny],
+                            cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) >= 2 and float(lines[-1]) >= 1.0  # the tree's tau
+    meta = Checkpointer(str(tmp_path / "runs" / "x")).read_meta()
+    assert meta["config"]["data"]["source"] == "files"
+    assert meta["config"]["data"]["files"] == "corpus.jsonl"
+    assert meta["config"]["layerskip"]["p_max"] == 0.2

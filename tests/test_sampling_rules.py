@@ -61,3 +61,17 @@ def test_speculative_accept_edge_cases():
     # though q_1 puts all its mass there (a residual p - q would be empty).
     accepted, emitted = speculative_accept(key, jnp.array([[2, 3]]), q_same, p, jnp.array([1]))
     assert accepted.tolist() == [1] and emitted[0, :2].tolist() == [2, 3]
+
+
+def test_rejection_resamples_from_the_residual_and_accepts_with_p_over_q():
+    """Catches resampling from p instead of norm(max(0, p - q)) after a rejection (the edge
+    cases above have one-hot p, where the two agree), and an acceptance probability off by 5%.
+    p = (.5, .5), q = one-hot(0): accept token 0 half the time, else emit token 1 always."""
+    rows = 20000
+    p = jnp.broadcast_to(jnp.array([0.5, 0.5, 0.0, 0.0]), (rows, 2, 4))
+    q = jnp.broadcast_to(jax.nn.one_hot(0, 4), (rows, 1, 4))
+    accepted, emitted = speculative_accept(jax.random.PRNGKey(7), jnp.zeros((rows, 1), int), q, p,
+                                           jnp.ones((rows,), int))
+    accepted, emitted = np.asarray(accepted), np.asarray(emitted)
+    assert abs(accepted.mean() - 0.5) < 0.0125  # 3.5 standard errors; a 5% error is 7
+    assert (emitted[accepted == 0, 0] == 1).all()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from specjax.checkpoint import Checkpointer
+from specjax.workdir import exclusive_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,6 +34,9 @@ def _train_steps(workdir):
 
 
 def test_sigterm_saves_then_resume_continues(tmp_path):
+    """Catches a resume that restarts the data stream (the final data position would fall
+    short), metrics.jsonl repeating the steps trained again after a resume, and an interrupted
+    run that exits 0 like a finished one (a scheduler could not tell them apart)."""
     overrides = ["--config.train.total_steps=300", "--config.train.log_every=1",
                  "--config.train.save_every=10000", "--config.train.eval_every=10000"]
     proc = subprocess.Popen(_command(tmp_path, *overrides), env=_env(),
@@ -44,9 +48,12 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, output
-    stopped = Checkpointer(str(tmp_path)).latest_step()
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    checkpoints = Checkpointer(str(tmp_path))
+    stopped = checkpoints.latest_step()
     assert stopped is not None and 3 <= stopped < 300
+    batch_size = checkpoints.read_meta(stopped)["config"]["train"]["batch_size"]
+    assert checkpoints.read_meta(stopped)["data_position"] == stopped * batch_size
     assert f"interrupted at step {stopped}" in output
 
     finish = subprocess.run(_command(tmp_path, *overrides[:1], "--config.train.log_every=500",
@@ -57,6 +64,9 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
     assert f"resuming {tmp_path} from step {stopped}" in finish.stdout
     assert "finished step 300" in finish.stdout
     assert "agree w/ final" in finish.stdout  # the per-exit table
+    assert Checkpointer(str(tmp_path)).read_meta(300)["data_position"] == 300 * batch_size
+    steps = _train_steps(tmp_path)
+    assert steps == sorted(set(steps)) and steps[-1] == 300  # no step logged twice
 
 
 @pytest.mark.parametrize("override, message", [
@@ -69,3 +79,29 @@ def test_invalid_config_is_one_clear_line(tmp_path, override, message):
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_config_file_errors_are_one_line(tmp_path):
+    """Catches a missing config file or a mistyped --config field ending in a 40-line
+    traceback from the flags library (the file loads lazily, after flag parsing)."""
+    cases = [
+        (["--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path)],
+         "No such file or directory"),
+        (_command(tmp_path, "--config.train.totl_steps=3")[2:],
+         'Did you mean "total_steps" instead of "totl_steps"?'),
+    ]
+    for args, message in cases:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), *args],
+                                env=_env(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path):
+    """Catches two trainings in one workdir both running (checkpoints and metrics of two runs
+    interleaved): while the lock is held, a second run exits 1 with one line."""
+    with exclusive_workdir(str(tmp_path)):
+        result = subprocess.run(_command(tmp_path), env=_env(), capture_output=True, text=True,
+                                timeout=120)
+    assert result.returncode == 1 and "is in use by another training run" in result.stderr
+    assert f"pid {os.getpid()}" in result.stderr

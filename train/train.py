@@ -1,15 +1,24 @@
 """Trains (or resumes) a specjax model.
 
-    python train/train.py --config configs/tiny_code.py --workdir runs/tiny \
+    python train/train.py --config configs/tiny_code.py --workdir runs/tiny \\
         [--config.train.total_steps=200 ...]
+
+Exit status: 0 when the run reached train.total_steps (or had already), 1 for a user error
+(one line on stderr), 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM) when a signal
+stopped it after saving a checkpoint: run the same command again to resume.
 """
 
+import signal
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.entrypoint import run_cli
+from specjax.entrypoint import parse_flags, run_cli
+from specjax.training.config import config_reference
 from specjax.training.trainer import train_and_evaluate
+
+__doc__ += "\n" + config_reference()  # `--help` prints the module docstring
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -22,6 +31,8 @@ def main(argv):
     if result.interrupted:
         print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "
               "Run the same command again to resume.")
+        sys.exit(128 + signal.Signals[result.signal_name].value)
+    if result.already_done:
         return
     print(f"\nfinished step {result.step} in {result.wall_seconds:.0f} s")
     if result.report is not None:
@@ -29,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

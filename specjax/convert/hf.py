@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
+import tempfile
 from typing import Any
 
 from specjax.checkpoint import Checkpointer, load_params
@@ -24,11 +26,17 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer
 
 
-def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None) -> ModelConfig:
+def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
+                      tokenizer: str | None = None) -> ModelConfig:
     """Writes a specjax checkpoint (weights only, step 0) of an HF checkpoint into `workdir`,
-    with its tokenizer.json copied beside it."""
+    with its tokenizer.json copied beside it; `tokenizer="bytes"` records specjax's byte
+    tokenizer instead (a checkpoint without tokenizer.json needs one to decode text)."""
     hf = read_hf_config(hf_dir)
     cfg = model_config_from_hf(hf, dtype=dtype)
+    ids = get_tokenizer(tokenizer).vocab_size if tokenizer is not None else 0
+    if ids > cfg.vocab_size:
+        raise ConversionError(f"the {tokenizer!r} tokenizer has {ids} ids, more than the "
+                              f"model's vocabulary of {cfg.vocab_size}")
     checkpoints = Checkpointer(workdir)
     if checkpoints.latest_step() is not None:
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
@@ -37,29 +45,56 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None) ->
     decoding.check(cfg)
     checkpoints.save(0, params, None, {
         "step": 0, "data_position": 0, "model": cfg.to_dict(),
-        "tokenizer": _import_tokenizer(hf_dir, workdir, hf),
+        "tokenizer": tokenizer or _import_tokenizer(hf_dir, workdir, hf),
         "config": {"decoding": dataclasses.asdict(decoding)},
         "source": {"hf_dir": os.path.abspath(hf_dir), "architecture": architecture(hf)}})
     checkpoints.close()
     return cfg
 
 
-def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2**30) -> list[str]:
+def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2**30,
+                      overwrite: bool = False) -> list[str]:
     """Writes the workdir's latest weights as an HF checkpoint (config.json + safetensors, and the
-    tokenizer); returns the files written."""
+    tokenizer); returns the files written. A non-empty `hf_dir` is refused unless `overwrite`,
+    and then replaced whole: the new checkpoint is written beside it and swapped in, so the
+    directory never holds a mix of old and new files."""
+    if os.path.isdir(hf_dir) and os.listdir(hf_dir) and not overwrite:
+        raise ConversionError(f"{hf_dir!r} exists and is not empty; pass --overwrite to replace "
+                              "it (its files are removed)")
+    if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
+        raise ConversionError(f"{hf_dir!r} exists and is not a directory")
     params, cfg, meta = load_params(workdir)
-    files = save_hf_params(params, cfg, hf_dir, max_shard_bytes)
+    parent = os.path.dirname(os.path.abspath(hf_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        files = _write_hf(params, cfg, meta, workdir, staging, max_shard_bytes)
+        if os.path.isdir(hf_dir):
+            old = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
+            os.replace(hf_dir, os.path.join(old, "checkpoint"))
+            os.replace(staging, hf_dir)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, hf_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return files
+
+
+def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str, out_dir: str,
+              max_shard_bytes: int) -> list[str]:
+    files = save_hf_params(params, cfg, out_dir, max_shard_bytes)
     config = hf_config_from_model(cfg)
     tokenizer = meta.get("tokenizer")
     if isinstance(tokenizer, dict):
-        shutil.copy(os.path.join(workdir, tokenizer["file"]), os.path.join(hf_dir, TOKENIZER_FILE))
+        shutil.copy(os.path.join(workdir, tokenizer["file"]), os.path.join(out_dir, TOKENIZER_FILE))
         files.append(TOKENIZER_FILE)
         config.update(bos_token_id=tokenizer.get("bos_id"), eos_token_id=tokenizer.get("eos_id"))
     elif tokenizer is not None:
         byte = get_tokenizer(tokenizer)
         config.update({TOKENIZER_KEY: tokenizer, "bos_token_id": byte.bos_id,
                        "eos_token_id": byte.eos_id, "pad_token_id": byte.pad_id})
-    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     return files + ["config.json"]
 
@@ -72,4 +107,8 @@ def _import_tokenizer(hf_dir: str, workdir: str, hf: dict[str, Any]) -> str | di
         eos = hf.get("eos_token_id")
         return {"kind": "hf", "file": TOKENIZER_FILE, "bos_id": hf.get("bos_token_id"),
                 "eos_id": eos[0] if isinstance(eos, list) else eos}
+    if hf.get(TOKENIZER_KEY) is None:
+        print(f"warning: {hf_dir} has no {TOKENIZER_FILE}: the imported model cannot decode text "
+              "until it has a tokenizer (import again with --tokenizer bytes for specjax's byte "
+              f"tokenizer, or copy a {TOKENIZER_FILE} into the source first)", file=sys.stderr)
     return hf.get(TOKENIZER_KEY)

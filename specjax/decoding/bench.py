@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -168,9 +168,12 @@ def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
 def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
                   prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 1,
                   repeats: int = 3, baseline: str = "ar",
-                  sampling: SamplingParams | None = None) -> list[StrategyResult]:
+                  sampling: SamplingParams | None = None,
+                  progress: Callable[[str], None] | None = None) -> list[StrategyResult]:
     """Decoding of `prompts` by each strategy (greedy unless `sampling`); see the module
-    docstring. Sampled runs use the same seed for every strategy."""
+    docstring. Sampled runs use the same seed for every strategy; `progress` receives a line
+    after each compile and each timed repeat."""
+    progress = progress or (lambda line: None)
     batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     def run(name, batch, new=max_new_tokens):
         return jax.block_until_ready(generator.run(batch, max_new_tokens=new,
@@ -181,11 +184,14 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
         run(name, batches[0], 1)
         first = timed(run, name, batches[0])
         compile_seconds[name] = max(first - timed(run, name, batches[0]), 0.0)
+        progress(f"compiled {name} ({compile_seconds[name]:.1f} s)")
     calls = {}
     for name in strategies:  # each strategy's one-token (prefill) call just before its full one
         calls[name, "prefill"] = lambda index, name=name: run(name, batches[index], 1)
         calls[name] = lambda index, name=name: run(name, batches[index])
-    times, outputs = time_interleaved(calls, len(batches), repeats)
+    times, outputs = time_interleaved(
+        calls, len(batches), repeats,
+        lambda done: progress(f"timed repeat {done}/{repeats} of {len(strategies)} strategies"))
     results = []
     unpacked = {name: [generator.unpack(o) for o in outputs[name]] for name in strategies}
     for name in strategies:

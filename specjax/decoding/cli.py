@@ -7,7 +7,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import jax
 from absl import flags, logging
@@ -63,6 +63,10 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
     """`defaults` with every override that is not None, converted to the field's type and
     checked against the model."""
     values = {}
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(defaults)})
+    if unknown:
+        raise ValueError(f"unknown decoding option(s) {unknown}; known: "
+                         f"{sorted(f.name for f in dataclasses.fields(defaults))}")
     for name, value in overrides.items():
         if value is not None:
             kind = type(getattr(defaults, name))
@@ -85,9 +89,15 @@ def sweep_options(defaults: DecodingConfig, cfg: ModelConfig,
 
 def read_prompts_file(path: str) -> list[str]:
     """One JSON object per line with a "prompt" field."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a JSONL file of prompts")
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{number}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
@@ -100,6 +110,17 @@ def read_prompts_file(path: str) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def open_output(path: str | None) -> IO[str] | None:
+    """Opens an output file for writing before any work is done, so a bad path is a one-line
+    error at once rather than after the run."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot write {path}: {error.strerror}") from None
 
 
 def resolve_auto_tree(options: DecodingConfig, generator: Generator,

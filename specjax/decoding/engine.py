@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -91,15 +91,40 @@ class Generator:
             strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
             seed: int = 0, eos_id: int | None = None, draft_params: Any = None) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
+        args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
+                                    draft_params)
+        return generate_tokens(*args, **static)
+
+    def compile(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
+                draft_params: Any = None) -> Callable[..., DecodeOutput]:
+        """`run` compiled ahead of time for prompts padded like these. The returned
+        `decode(prompts, seed=0, eos_id=None)` keeps that one program whatever happens to jit
+        caches later, so a benchmark can hold programs traced under different settings (the
+        CPU kernel on or off) in one process."""
+        args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, 0, None,
+                                    draft_params)
+        program = generate_tokens.lower(*args, **static).compile()
+
+        def decode(batch: Sequence[Sequence[int]], seed: int = 0,
+                   eos_id: int | None = None) -> DecodeOutput:
+            return program(*self._inputs(batch, max_new_tokens, strategy, sampling, seed, eos_id,
+                                         draft_params)[0])
+        return decode
+
+    def _inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, strategy: Drafter,
+                sampling: SamplingParams | None, seed: int, eos_id: int | None,
+                draft_params: Any) -> tuple[tuple, dict[str, Any]]:
+        """`generate_tokens`' array arguments and static options, checked."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy.validate(self.cfg)
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
-        return generate_tokens(
-            self.params, {} if draft_params is None else draft_params, padded, lengths,
-            jax.random.PRNGKey(seed), sampling, jnp.int32(-1 if eos_id is None else eos_id),
-            cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens, cache_len=cache_len)
+        args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
+                jax.random.PRNGKey(seed), sampling, jnp.int32(-1 if eos_id is None else eos_id))
+        return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
+                          cache_len=cache_len)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""

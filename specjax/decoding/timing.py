@@ -14,18 +14,21 @@ def timed(fn: Callable[..., Any], *args: Any) -> float:
     return time.perf_counter() - start
 
 
-def time_interleaved(calls: dict[Hashable, Callable[[int], Any]], items: int,
-                     repeats: int) -> tuple[dict[Hashable, list[list[float]]],
-                                            dict[Hashable, list[Any]]]:
+def time_interleaved(calls: dict[Hashable, Callable[[int], Any]], items: int, repeats: int,
+                     progress: Callable[[int], None] | None = None
+                     ) -> tuple[dict[Hashable, list[list[float]]], dict[Hashable, list[Any]]]:
     """Runs every call on item 0..items-1, `repeats` times: per repeat and item, each call in
     turn, so drift in machine speed hits all of them alike. Returns each call's seconds per item
-    (one entry per repeat) and its last output per item."""
+    (one entry per repeat) and its last output per item; `progress(repeats_done)` is called
+    after each repeat."""
     seconds = {key: [[] for _ in range(items)] for key in calls}
     outputs = {key: [None] * items for key in calls}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for item in range(items):
             for key, call in calls.items():
                 start = time.perf_counter()
                 outputs[key][item] = call(item)
                 seconds[key][item].append(time.perf_counter() - start)
+        if progress:
+            progress(repeat + 1)
     return seconds, outputs

@@ -23,6 +23,10 @@
 #include <vector>
 #include <unistd.h>
 
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -35,11 +39,19 @@ constexpr int64_t kRowsPerPass = 4;  // rows of W [K,N] multiply-added per pass 
 constexpr int64_t kBlock = 1024;     // output columns per cache-resident accumulator block
 constexpr int64_t kPad = 16;         // accumulator rows 4 KiB + 64 B apart: no L1 set aliasing
 constexpr int64_t kAhead = 8;        // software prefetch distance, in rows of W
+#if defined(__AVX512VL__)
+constexpr int kBandVecs = 16;        // register-held sums per band of W (32 vector registers)
+#else
+constexpr int kBandVecs = 8;         // (16 vector registers)
+#endif
 constexpr int kMaxChunks = 2;        // a product is split into at most this many chunks (each
                                      // more is one more partial sum: measured, ar decoding 8%
                                      // slower with 8 chunks, 2% with 4)
 constexpr int64_t kChunkMin = 32;    // and each chunk spans at least this many rows of K (or N)
 constexpr int64_t kSpinNanos = 50000;  // a worker polls this long for the next product
+constexpr int kWindow = 64;            // pooled products judged together
+constexpr int64_t kLateMicros = 20;    // a wait this much past the caller's own share is late
+constexpr int64_t kMinSolo = 1024, kMaxSolo = 16384;  // products the caller then does alone
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,6 +62,23 @@ inline void CpuRelax() {
 }
 
 inline Vec Load(const float* p) { Vec v; std::memcpy(&v, p, sizeof(v)); return v; }
+
+// a * b + c, fused (one rounding) wherever the CPU can: every path uses these two, so a row's
+// result is the same whatever code path (row count, vector body or tail) computed it.
+inline Vec MulAdd(Vec a, Vec b, Vec c) {
+#if defined(__FMA__)
+  return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
+}
+inline float MulAdd(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 
 struct Problem {
@@ -58,6 +87,41 @@ struct Problem {
   int64_t m, k, n;
   bool transposed;
 };
+
+// out[r, c..c + Vecs * 8) = sum over k in [k0, k1) of x[r, k] * W[k, c..]: a band of W read top
+// to bottom once, the sums kept in registers.
+template <int Rows, int Vecs>
+inline void Band(const Problem& p, int64_t k0, int64_t k1, int64_t c, float* out) {
+  Vec acc[Rows][Vecs] = {};
+  const float* w = p.w + k0 * p.n + c;
+  for (int64_t k = k0; k < k1; ++k, w += p.n) {
+    for (int64_t line = 0; line < Vecs * kLanes; line += 16) {
+      __builtin_prefetch(w + kAhead * p.n + line);
+    }
+    for (int r = 0; r < Rows; ++r) {
+      const Vec x = Vec{} + p.x[r * p.k + k];
+      for (int v = 0; v < Vecs; ++v) acc[r][v] = MulAdd(x, Load(w + v * kLanes), acc[r][v]);
+    }
+  }
+  for (int r = 0; r < Rows; ++r) {
+    for (int v = 0; v < Vecs; ++v) Store(out + r * p.n + c + v * kLanes, acc[r][v]);
+  }
+}
+
+// out[r, :] = sum over k in [k0, k1) of x[r, k] * W[k, :] for Rows rows, band by band.
+template <int Rows, int Vecs>
+void RegisterNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
+  int64_t c = 0;
+  for (; c + Vecs * kLanes <= p.n; c += Vecs * kLanes) Band<Rows, Vecs>(p, k0, k1, c, out);
+  for (; c + kLanes <= p.n; c += kLanes) Band<Rows, 1>(p, k0, k1, c, out);
+  for (; c < p.n; ++c) {
+    for (int r = 0; r < Rows; ++r) {
+      float sum = 0.f;
+      for (int64_t k = k0; k < k1; ++k) sum = MulAdd(p.x[r * p.k + k], p.w[k * p.n + c], sum);
+      out[r * p.n + c] = sum;
+    }
+  }
+}
 
 // acc[r, j..j+8) += sum over i < Rows of x[r, k+i] * W[k+i, c+j..]: each slice of W is loaded once
 // and used for every row r.
@@ -71,13 +135,13 @@ inline void AddRows(const Problem& p, int64_t k, const float* w, float* acc, int
   for (int64_t r = 0; r < p.m; ++r, acc += stride) {
     const float* x = p.x + r * p.k + k;
     Vec a = Load(acc);
-    for (int i = 0; i < Rows; ++i) a += x[i] * wv[i];
+    for (int i = 0; i < Rows; ++i) a = MulAdd(Vec{} + x[i], wv[i], a);
     Store(acc, a);
   }
 }
 
 // out[r, :] = sum over k in [k0, k1) of x[r, k] * W[k, :], W [K,N] streamed row by row.
-void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
+void StreamNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
   thread_local std::vector<float> acc;
   const int64_t stride = std::min(kBlock, p.n) + kPad;
   acc.resize(p.m * stride);
@@ -99,7 +163,8 @@ void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
       for (int64_t j = vec_width; j < width; ++j) {
         for (int64_t r = 0; r < p.m; ++r) {
           for (int64_t i = 0; i < rows; ++i) {
-            acc[r * stride + j] += p.x[r * p.k + k + i] * w[i * p.n + j];
+            float& a = acc[r * stride + j];
+            a = MulAdd(p.x[r * p.k + k + i], w[i * p.n + j], a);
           }
         }
       }
@@ -107,6 +172,17 @@ void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
     for (int64_t r = 0; r < p.m; ++r) {
       std::memcpy(out + r * p.n + c, acc.data() + r * stride, width * sizeof(float));
     }
+  }
+}
+
+// out[r, :] = sum over k in [k0, k1) of x[r, k] * W[k, :]. Every output element is summed over
+// k in order by either path, so a row's bits do not depend on the row count: for one or two
+// rows the sums fit in registers; for more, W is streamed once through L1-resident sums.
+void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
+  switch (p.m) {
+    case 1: RegisterNN<1, kBandVecs>(p, k0, k1, out); break;
+    case 2: RegisterNN<2, kBandVecs / 2>(p, k0, k1, out); break;
+    default: StreamNN(p, k0, k1, out); break;
   }
 }
 
@@ -119,12 +195,12 @@ inline void DotRows(const Problem& p, int64_t r0, int64_t n, float* out) {
   int64_t k = 0;
   for (; k + kLanes <= p.k; k += kLanes) {
     const Vec wv = Load(w + k);
-    for (int r = 0; r < Rows; ++r) acc[r] += Load(p.x + (r0 + r) * p.k + k) * wv;
+    for (int r = 0; r < Rows; ++r) acc[r] = MulAdd(Load(p.x + (r0 + r) * p.k + k), wv, acc[r]);
   }
   for (int r = 0; r < Rows; ++r) {
     float sum = 0.f;
     for (int64_t lane = 0; lane < kLanes; ++lane) sum += acc[r][lane];
-    for (int64_t kk = k; kk < p.k; ++kk) sum += p.x[(r0 + r) * p.k + kk] * w[kk];
+    for (int64_t kk = k; kk < p.k; ++kk) sum = MulAdd(p.x[(r0 + r) * p.k + kk], w[kk], sum);
     out[(r0 + r) * p.n + n] = sum;
   }
 }
@@ -180,8 +256,19 @@ class Pool {
     state_.store(Pack(generation, chunks, 0), std::memory_order_release);
     generation_.store(generation, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
-    Drain();
+    const auto start = std::chrono::steady_clock::now();
+    const bool helped = Drain() < chunks;
+    const auto drained = std::chrono::steady_clock::now();
     while (done_.load(std::memory_order_acquire) < chunks) CpuRelax();
+    const auto own = drained - start, waited = std::chrono::steady_clock::now() - drained;
+    Assess(helped, waited > own + own / 2 + std::chrono::microseconds(kLateMicros));
+  }
+
+  // Whether the caller computes this product alone: the same chunks in turn, so the same bits.
+  bool Solo() {  // the caller holds mutex()
+    if (solo_left_ == 0) return false;
+    --solo_left_;
+    return true;
   }
 
  private:
@@ -191,16 +278,19 @@ class Pool {
     return (uint64_t{generation} << 32) | (uint64_t(chunks) << 16) | uint64_t(next);
   }
 
-  void Drain() {
+  // Computes chunks until none is left; returns how many it computed.
+  int Drain() {
+    int claimed = 0;
     uint64_t state = state_.load(std::memory_order_acquire);
     for (;;) {
       const int chunks = static_cast<int>((state >> 16) & 0xffff);
       const int next = static_cast<int>(state & 0xffff);
-      if (next >= chunks) return;
+      if (next >= chunks) return claimed;
       if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
                                        std::memory_order_acquire)) {
         RunChunk(problem_, next, chunks, outputs_);
         done_.fetch_add(1, std::memory_order_release);
+        ++claimed;
         state = state_.load(std::memory_order_acquire);
       }
     }
@@ -225,7 +315,29 @@ class Pool {
     }
   }
 
+  // Workers that rarely get to a product before the caller has claimed all of it, or that
+  // keep the caller waiting, are not getting a core (other processes hold them): posting
+  // products to them only makes them poll, taking time from the caller. The caller then works
+  // alone for a while (the workers go to sleep), longer each time a trial window fails again.
+  // On an idle machine workers take part in nearly every product and this never triggers.
+  void Assess(bool helped, bool late) {
+    helped_ += helped;
+    late_ = late_ || late;
+    if (++window_ < kWindow) return;
+    if (late_ || 4 * helped_ < kWindow) {
+      solo_left_ = backoff_;
+      backoff_ = std::min(2 * backoff_, kMaxSolo);
+    } else {
+      backoff_ = kMinSolo;
+    }
+    window_ = helped_ = 0;
+    late_ = false;
+  }
+
   std::mutex mutex_;
+  int64_t solo_left_ = 0, backoff_ = kMinSolo;  // these four: the caller's, under mutex_
+  int window_ = 0, helped_ = 0;
+  bool late_ = false;
   Problem problem_{};
   float* const* outputs_ = nullptr;
   std::atomic<uint64_t> state_{0};
@@ -283,9 +395,9 @@ ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transpose
     outputs[chunk] = partials.data() + (chunk - 1) * size;
   }
   std::unique_lock<std::mutex> lock(pool.mutex(), std::try_to_lock);
-  if (lock.owns_lock() && chunks > 1) {
+  if (lock.owns_lock() && chunks > 1 && !pool.Solo()) {
     pool.Run(p, chunks, outputs.data());
-  } else {  // another product holds the pool: the same chunks in turn, so the same result
+  } else {  // the pool is taken or resting: the same chunks in turn, so the same result
     for (int chunk = 0; chunk < chunks; ++chunk) RunChunk(p, chunk, chunks, outputs.data());
   }
   if (!transposed) {

@@ -11,6 +11,7 @@ source, compiler, flags, jax version and CPU. No compiler, a failed build or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -20,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -62,9 +64,29 @@ def _build(compiler: str, target: pathlib.Path) -> None:
         os.replace(built, target)
 
 
-@functools.cache
+_switched_off = False
+
+
 def available() -> bool:
-    """Whether the kernel is built, loaded and registered with XLA:CPU in this process."""
+    """Whether products traced now go to the kernel: it is built, loaded and registered with
+    XLA:CPU in this process, and not switched off by `xla_dot_only`."""
+    return not _switched_off and _loaded()
+
+
+@contextlib.contextmanager
+def xla_dot_only() -> Iterator[None]:
+    """Programs traced inside use XLA's dot, for comparing the two in one process (clear jit
+    caches on entry and exit, or compile ahead of time: the choice is made when tracing)."""
+    global _switched_off
+    before, _switched_off = _switched_off, True
+    try:
+        yield
+    finally:
+        _switched_off = before
+
+
+@functools.cache
+def _loaded() -> bool:
     if os.environ.get("SPECJAX_CPU_MATMUL", "1") == "0":
         return False
     compiler = shutil.which(os.environ.get("CXX", "c++"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -109,6 +110,24 @@ class RunConfig:
 
 
 SECTIONS = ("model", "data", "train", "layerskip", "decoding")
+
+
+def config_reference() -> str:
+    """Every config section and field with its default, for `train.py --help`."""
+    lines = ["Config fields (override any with --config.<section>.<field>=value):"]
+    for section in dataclasses.fields(RunConfig):
+        cls = section.type if isinstance(section.type, type) else globals()[section.type]
+        described = []
+        for field in dataclasses.fields(cls):
+            if field.default is not dataclasses.MISSING:
+                described.append(f"{field.name}={field.default!r}")
+            elif field.default_factory is not dataclasses.MISSING:
+                described.append(f"{field.name}={field.default_factory()!r}")
+            else:
+                described.append(f"{field.name} (required)")
+        lines.append(textwrap.fill(f"{section.name}: " + ", ".join(described), width=96,
+                                   initial_indent="  ", subsequent_indent="    "))
+    return "\n".join(lines)
 
 
 def parse_run_config(config: Mapping[str, Any]) -> RunConfig:

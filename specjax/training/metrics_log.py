@@ -9,6 +9,19 @@ class MetricsLog:
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, "metrics.jsonl")
 
+    def drop_after(self, step: int) -> int:
+        """Removes records of steps after `step` (a run interrupted after its last checkpoint
+        logged steps that the resumed run repeats); returns how many were removed. The file is
+        replaced atomically."""
+        records = self.read()
+        kept = [r for r in records if r.get("step", 0) <= step]
+        if len(kept) < len(records):
+            partial = self.path + ".tmp"
+            with open(partial, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
+            os.replace(partial, self.path)
+        return len(records) - len(kept)
+
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")

@@ -30,6 +30,7 @@ from specjax.training.layer_dropout import dropout_rates
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
 from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
+from specjax.workdir import exclusive_workdir
 
 
 class TrainingDivergedError(SpecjaxError):
@@ -38,10 +39,15 @@ class TrainingDivergedError(SpecjaxError):
 
 @dataclasses.dataclass
 class TrainResult:
+    """How a run ended: `signal_name` is set when a signal (SIGTERM, SIGINT) stopped it after
+    saving; `already_done` when the workdir's checkpoint had reached total_steps before it."""
+
     step: int
     report: ExitReport | None
     interrupted: bool
     wall_seconds: float
+    signal_name: str | None = None
+    already_done: bool = False
 
 
 def step_schedule(run: RunConfig, step: int) -> StepSchedule:
@@ -86,13 +92,36 @@ class Trainer:
             return self.fresh_state(), 0
         meta = self.checkpoints.read_meta()
         check_model_config(meta, self.run.model, self.workdir)
+        self._check_resume(meta)
         abstract = jax.eval_shape(self.fresh_state)
         params, opt_state, meta = self.checkpoints.restore(
             abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
         tqdm.write(f"resuming {self.workdir} from step {meta['step']}")
+        dropped = self.log.drop_after(meta["step"])
+        if dropped:
+            tqdm.write(f"metrics.jsonl: dropped {dropped} records of steps after {meta['step']} "
+                       "(logged before the interruption; they are trained again)")
         state = TrainState(step=jnp.asarray(meta["step"], jnp.int32), params=params,
                            opt_state=opt_state)
         return state, int(meta["data_position"])
+
+    def _check_resume(self, meta: dict[str, Any]) -> None:
+        """Refuses a resume that would read different data; says what a changed batch size
+        means."""
+        saved = meta.get("config", {})
+        seq_len = saved.get("data", {}).get("seq_len")
+        if seq_len is not None and seq_len != self.run.data.seq_len:
+            raise SpecjaxError(
+                f"data.seq_len={self.run.data.seq_len} differs from the checkpoint's {seq_len} "
+                f"in {self.workdir}: its data position counts sequences of {seq_len} tokens, so "
+                "the run would not continue where it stopped; use the checkpoint's seq_len or a "
+                "new --workdir")
+        batch_size = saved.get("train", {}).get("batch_size")
+        if batch_size is not None and batch_size != self.run.train.batch_size:
+            tqdm.write(f"resuming with train.batch_size={self.run.train.batch_size} (checkpoint: "
+                       f"{batch_size}): the data stream continues at sequence "
+                       f"{meta['data_position']}, the learning-rate schedule at step "
+                       f"{meta['step']}")
 
     def save(self, state: TrainState, data_position: int) -> None:
         """`data_position`: sequences of the training stream consumed so far."""
@@ -111,10 +140,20 @@ class Trainer:
 
         `stop_requested(step)` is checked after each step (step = steps completed).
         """
+        with exclusive_workdir(self.workdir):
+            return self._fit(stop_requested)
+
+    def _fit(self, stop_requested: Callable[[int], bool] | None) -> TrainResult:
         train = self.run.train
         started = time.perf_counter()
         state, position = self.initial_state()
         step = int(state.step)
+        if step >= train.total_steps:
+            tqdm.write(f"the checkpoint in {self.workdir} is at step {step}, which reaches "
+                       f"train.total_steps={train.total_steps}: nothing to train (raise "
+                       "--config.train.total_steps to continue)")
+            return TrainResult(step=step, report=None, interrupted=False,
+                               wall_seconds=time.perf_counter() - started, already_done=True)
         last_saved = step if self.checkpoints.latest_step() is not None else None
         key = jax.random.PRNGKey(train.seed + 1)
         tokens_per_step = train.batch_size * self.run.data.seq_len
@@ -159,7 +198,8 @@ class Trainer:
         if report is None and not interrupted:
             report = self.evaluate(state)
         return TrainResult(step=step, report=report, interrupted=interrupted,
-                           wall_seconds=time.perf_counter() - started)
+                           wall_seconds=time.perf_counter() - started,
+                           signal_name=interrupt.signal_name)
 
 
 def train_and_evaluate(config: Mapping[str, Any], workdir: str, *,

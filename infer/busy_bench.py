@@ -1,0 +1,138 @@
+"""Decoding speed with the CPU matmul kernel against XLA's dot, on an idle and on a busy machine.
+
+    python infer/busy_bench.py --workdir runs/tiny [--busy 0,1,2] [--pairs 20]
+
+For each count in --busy, that many processes spin on the cores (`python -c 'while True:
+pass'`, as a data loader or a second job would) while both programs decode the same held-out
+prompts, each prompt by one and then by the other. Both programs are compiled ahead
+of time in this one process; the ratio is the median over pairs of XLA's time over the
+kernel's (above 1: the kernel is faster). The kernel's target: at least 1.25 idle, at least
+0.9 (never more than 10% slower) busy.
+"""
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import jax
+from absl import app, flags
+
+from specjax.checkpoint import load_params
+from specjax.data import DataConfig
+from specjax.decoding.bench import heldout_prompts
+from specjax.decoding.cli import decoding_defaults, decoding_options, open_output
+from specjax.decoding.engine import Generator
+from specjax.decoding.registry import STRATEGIES, make_strategy
+from specjax.decoding.timing import time_interleaved
+from specjax.entrypoint import parse_flags, run_cli
+from specjax.kernels import cpu_matmul
+from specjax.tokenizer import get_tokenizer
+
+flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
+flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")
+flags.DEFINE_integer("pairs", 20, "Timed (kernel, XLA) pairs per measurement.")
+flags.DEFINE_enum("strategy", "ar", sorted(STRATEGIES), "Decoding strategy (greedy), with "
+                  "the checkpoint's decoding defaults.")
+flags.DEFINE_integer("num_prompts", 4, "Held-out prompts, decoded one at a time.")
+flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt.")
+flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per prompt.")
+flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    output = run_cli(lambda: open_output(FLAGS.output_json))
+    rows = run_cli(measure)
+    if output:
+        with output:
+            json.dump(rows, output, indent=2)
+
+
+def measure() -> list[dict]:
+    busy_counts = [_count(value) for value in FLAGS.busy]
+    for name in ("pairs", "num_prompts", "prompt_len", "max_new_tokens"):
+        if getattr(FLAGS, name) < 1:
+            raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 1")
+    if not cpu_matmul.available():
+        raise ValueError("the CPU matmul kernel is not available here (SPECJAX_CPU_MATMUL=0, "
+                         "no C++ compiler, or not a CPU backend): nothing to compare")
+    params, cfg, meta = load_params(FLAGS.workdir)
+    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
+    prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
+    strategy = make_strategy(FLAGS.strategy,
+                             decoding_options(decoding_defaults(meta), cfg, {}))
+    generator = Generator(params, cfg)
+    programs = {}
+    for name, routing in (("kernel", contextlib.nullcontext), ("xla", cpu_matmul.xla_dot_only)):
+        with routing():
+            jax.clear_caches()
+            programs[name] = generator.compile(prompts[:1], max_new_tokens=FLAGS.max_new_tokens,
+                                               strategy=strategy)
+    jax.clear_caches()
+    outputs = {name: [_tokens(decode([p])) for p in prompts] for name, decode in programs.items()}
+    if outputs["kernel"] != outputs["xla"]:
+        print("note: kernel and XLA outputs differ (float rounding changed an argmax)")
+    print(f"{FLAGS.strategy}, {len(prompts)} prompts x {FLAGS.max_new_tokens} new tokens, "
+          f"{FLAGS.pairs} pairs per row")
+    print("| busy processes | kernel tokens/s | XLA dot tokens/s | kernel / XLA |")
+    print("|---|---|---|---|")
+    rows = []
+    for busy in busy_counts:
+        with _busy_processes(busy):
+            row = _time_pairs(programs, prompts)
+        rows.append({"busy": busy, **row})
+        print(f"| {busy} | {row['kernel_tokens_per_s']:.0f} | {row['xla_tokens_per_s']:.0f} | "
+              f"{row['ratio']:.2f} |", flush=True)
+    return rows
+
+
+def _time_pairs(programs: dict, prompts: list[list[int]]) -> dict:
+    """Both programs on every prompt in turn, --pairs times; per pair, XLA's time over the
+    kernel's."""
+    calls = {name: lambda item, decode=decode: jax.block_until_ready(decode([prompts[item]]))
+             for name, decode in programs.items()}
+    seconds, _ = time_interleaved(calls, len(prompts), FLAGS.pairs)
+    totals = {name: [sum(per_item[r] for per_item in seconds[name]) for r in range(FLAGS.pairs)]
+              for name in programs}
+    tokens = len(prompts) * FLAGS.max_new_tokens
+    return {"kernel_tokens_per_s": tokens / statistics.median(totals["kernel"]),
+            "xla_tokens_per_s": tokens / statistics.median(totals["xla"]),
+            "ratio": statistics.median(x / k for x, k in zip(totals["xla"], totals["kernel"],
+                                                             strict=True))}
+
+
+@contextlib.contextmanager
+def _busy_processes(count: int) -> Iterator[None]:
+    """`count` spinning processes for the duration of the block, killed however it ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.3 if procs else 0)
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _count(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--busy={value!r}: expected whole numbers") from None
+    if count < 0:
+        raise ValueError(f"--busy={count} must be >= 0")
+    return count
+
+
+def _tokens(output) -> list[int]:
+    return Generator.unpack(output).tokens
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

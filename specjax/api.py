@@ -1,0 +1,89 @@
+"""The API for notebooks and scripts: load a workdir, generate text, list the strategies.
+
+    import specjax
+    model = specjax.load("runs/tiny")
+    print(model.generate("def main(", max_new_tokens=64).text)
+    model.generate(["import os", "class A:"], strategy="ar", temperature=0.8, seed=1)
+    specjax.strategies()  # ['ar', 'selfspec']
+
+Everything below is the same machinery as `infer/generate.py`: the checkpoint's decoding
+defaults, overridable per call, one compiled program per shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from specjax.checkpoint import load_params
+from specjax.config import DecodingConfig, ModelConfig
+from specjax.decoding.cli import decoding_defaults, decoding_options
+from specjax.decoding.drafter import Drafter
+from specjax.decoding.engine import Generator, RowStats
+from specjax.decoding.registry import STRATEGIES, make_strategy
+from specjax.decoding.sampling import SamplingParams
+from specjax.tokenizer import Tokenizer, get_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One prompt's generated text and its decoding statistics (tau, acceptance_rate...)."""
+
+    prompt: str
+    text: str
+    stats: RowStats
+
+
+class LanguageModel:
+    """A workdir's model with its tokenizer and decoding defaults, ready to generate."""
+
+    def __init__(self, params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str):
+        self.config = cfg
+        self.step = meta.get("step")
+        self.tokenizer: Tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), workdir)
+        self.decoding_defaults: DecodingConfig = decoding_defaults(meta)
+        self._generator = Generator(params, cfg)
+
+    def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
+                 strategy: str | Drafter = "selfspec", temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 **options: Any) -> Completion | list[Completion]:
+        """Completes one prompt (returns a `Completion`) or several (a list, decoded as one
+        batch), stopping at the tokenizer's end-of-sequence id.
+
+        Greedy at temperature 0 (the same text whatever the strategy); otherwise sampled, with
+        exactly the model's distribution. `strategy` is a name from `strategies()` built from
+        the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...)
+        overriding them, or a `Drafter`.
+        """
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if temperature == 0 and (top_k or top_p != 1.0):
+            raise ValueError("top_k and top_p filter a sampling distribution: set temperature "
+                             "> 0 (temperature 0 is greedy decoding)")
+        sampling = SamplingParams.create(temperature, top_k, top_p) if temperature else None
+        if isinstance(strategy, str):
+            strategy = make_strategy(strategy, decoding_options(self.decoding_defaults,
+                                                                self.config, options))
+        elif options:
+            raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
+                             "Drafter (build it with them instead)")
+        out = self._generator.generate(
+            [self.tokenizer.encode(text, add_bos=True) for text in texts],
+            max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
+            eos_id=self.tokenizer.eos_id)
+        completions = [Completion(text, self.tokenizer.decode(tokens), stats)
+                       for text, tokens, stats in zip(texts, out.tokens, out.stats, strict=True)]
+        return completions[0] if isinstance(prompts, str) else completions
+
+
+def load(workdir: str, step: int | None = None) -> LanguageModel:
+    """The model of a training or import workdir: its latest checkpoint (or `step`), falling
+    back to the newest readable one."""
+    params, cfg, meta = load_params(workdir, step)
+    return LanguageModel(params, cfg, meta, workdir)
+
+
+def strategies() -> list[str]:
+    """The decoding strategies `generate(strategy=...)` and the command-line tools accept."""
+    return sorted(STRATEGIES)

@@ -1,5 +1,6 @@
 """infer/generate.py and infer/bench.py as a user runs them, on a briefly trained workdir."""
 
+import glob
 import json
 import os
 import signal
@@ -170,4 +171,34 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
     assert report["cpu_matmul_kernel"] == cpu_matmul.available()
     assert "identical to ar" in result.stdout and "GB/s read bandwidth" in result.stdout
+    assert "[bench] timed repeat 2/2 of 5 strategies" in result.stderr  # progress
     assert "matrix-vector products alone" in result.stdout
+
+
+def test_busy_bench_compares_the_kernel_with_xla_under_load(workdir, tmp_path):
+    """The README's busy-machine command: one row per busy count, both programs timed, the
+    background processes gone afterwards."""
+    if not cpu_matmul.available():
+        pytest.skip("no C++ compiler: nothing to compare")
+    report = tmp_path / "busy.json"
+    result = _run("busy_bench.py", "--workdir", workdir, "--busy", "0,1", "--pairs", "1",
+                  "--num_prompts", "1", "--prompt_len", "16", "--max_new_tokens", "8",
+                  "--output_json", str(report))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(report.read_text())
+    assert [r["busy"] for r in rows] == [0, 1]
+    assert all(r["kernel_tokens_per_s"] > 0 and r["xla_tokens_per_s"] > 0 for r in rows)
+    assert "| busy processes | kernel tokens/s |" in result.stdout
+    assert not _processes_running("while True: pass")  # none left spinning
+
+
+def _processes_running(text):
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                if text.encode() in f.read():
+                    found.append(cmdline)
+        except OSError:  # the process ended meanwhile
+            pass
+    return found

@@ -105,3 +105,12 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path):
                                 timeout=120)
     assert result.returncode == 1 and "is in use by another training run" in result.stderr
     assert f"pid {os.getpid()}" in result.stderr
+
+
+def test_help_lists_every_config_field():
+    """Catches `train.py --help` saying nothing of the config fields one can override."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), "--help"],
+                            env=_env(), capture_output=True, text=True, timeout=120)
+    for section in ("model: vocab_size (required)", "data: source='stdlib', files=()",
+                    "train: batch_size=16", "layerskip: p_max=0.0", "decoding: exit_layer=1"):
+        assert section in result.stdout, result.stdout[-3000:]

@@ -90,7 +90,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, mo
     assert Checkpointer(str(tmp_path)).latest_step() == 6
 
 
-def test_resume_with_a_different_model_is_refused(tmp_path):
+def test_resume_with_a_different_model_is_refused(tmp_path, capsys):
     """Also: a changed seq_len (the data position would point elsewhere) is refused, a
     total_steps the checkpoint has reached says so, and a busy workdir refuses a second run
     while a stale lock file left by a crashed run does not block."""
@@ -100,8 +100,11 @@ def test_resume_with_a_different_model_is_refused(tmp_path):
         Trainer(tiny_run(train=dict(total_steps=6)), str(tmp_path)).fit()
     with pytest.raises(SpecjaxError, match="data.seq_len=16 differs from the checkpoint's 32"):
         Trainer(tiny_run(data=dict(seq_len=16), train=dict(total_steps=6)), str(tmp_path)).fit()
-    done = Trainer(tiny_run(train=dict(total_steps=2)), str(tmp_path)).fit()
-    assert done.already_done and done.step == 3 and Checkpointer(str(tmp_path)).latest_step() == 3
+    capsys.readouterr()
+    Trainer(tiny_run(train=dict(total_steps=4, batch_size=2)), str(tmp_path)).fit()
+    assert "resuming with train.batch_size=2 (checkpoint: 4)" in capsys.readouterr().out
+    done = Trainer(tiny_run(train=dict(total_steps=3)), str(tmp_path)).fit()
+    assert done.already_done and done.step == 4 and Checkpointer(str(tmp_path)).latest_step() == 4
     other = tiny_run(model=dict(d_model=64, mlp_dim=96), train=dict(total_steps=6))
     with pytest.raises(CheckpointError, match=r"different model \(d_model: checkpoint=32 vs "
                                               r"config=64, head_dim: checkpoint=8 vs config=16, "

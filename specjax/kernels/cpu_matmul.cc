@@ -5,10 +5,11 @@
 // cpu_matmul.py; see there for when it is used.
 //
 // Determinism: every output element is summed in an order fixed by (K, N) alone (the chunking
-// depends on the shape, not on the threads), and the build passes -ffp-contract=off so that the
-// compiler fuses no multiply-add in one code path and not in another: a row's result does not
-// depend on M (how many rows are multiplied together), on the thread count or on timing. The lossless decoding loop relies on that: verifying K+1 drafted tokens
-// at once gives each token the same logits as decoding it alone.
+// depends on the shape, not on the threads), each multiply-add is fused explicitly in every
+// code path, and the build passes -ffp-contract=off so that the compiler fuses nothing else: a
+// row's result does not depend on M (how many rows are multiplied together), on the code path
+// M selects, on the thread count or on timing. The lossless decoding loop relies on that:
+// verifying K+1 drafted tokens at once gives each token the same logits as decoding it alone.
 #include <pthread.h>
 #include <sched.h>
 
@@ -51,6 +52,7 @@ constexpr int64_t kChunkMin = 32;    // and each chunk spans at least this many 
 constexpr int64_t kSpinNanos = 50000;  // a worker polls this long for the next product
 constexpr int kWindow = 64;            // pooled products judged together
 constexpr int64_t kLateMicros = 20;    // a wait this much past the caller's own share is late
+constexpr int kLateInWindow = 4;       // late waits that fail a window (one is a hiccup)
 constexpr int64_t kMinSolo = 1024, kMaxSolo = 16384;  // products the caller then does alone
 
 inline void CpuRelax() {
@@ -316,28 +318,26 @@ class Pool {
   }
 
   // Workers that rarely get to a product before the caller has claimed all of it, or that
-  // keep the caller waiting, are not getting a core (other processes hold them): posting
+  // keep the caller waiting again and again, are not getting a core (other processes hold them): posting
   // products to them only makes them poll, taking time from the caller. The caller then works
   // alone for a while (the workers go to sleep), longer each time a trial window fails again.
   // On an idle machine workers take part in nearly every product and this never triggers.
   void Assess(bool helped, bool late) {
     helped_ += helped;
-    late_ = late_ || late;
+    late_ += late;
     if (++window_ < kWindow) return;
-    if (late_ || 4 * helped_ < kWindow) {
+    if (late_ >= kLateInWindow || 4 * helped_ < kWindow) {
       solo_left_ = backoff_;
       backoff_ = std::min(2 * backoff_, kMaxSolo);
     } else {
       backoff_ = kMinSolo;
     }
-    window_ = helped_ = 0;
-    late_ = false;
+    window_ = helped_ = late_ = 0;
   }
 
   std::mutex mutex_;
   int64_t solo_left_ = 0, backoff_ = kMinSolo;  // these four: the caller's, under mutex_
-  int window_ = 0, helped_ = 0;
-  bool late_ = false;
+  int window_ = 0, helped_ = 0, late_ = 0;
   Problem problem_{};
   float* const* outputs_ = nullptr;
   std::atomic<uint64_t> state_{0};

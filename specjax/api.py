@@ -4,7 +4,7 @@
     model = specjax.load("runs/tiny")
     print(model.generate("def main(", max_new_tokens=64).text)
     model.generate(["import os", "class A:"], strategy="ar", temperature=0.8, seed=1)
-    specjax.strategies()  # ['ar', 'selfspec']
+    specjax.strategies()  # ['ar', 'selfspec', 'skip']
 
 Everything below is the same machinery as `infer/generate.py`: the checkpoint's decoding
 defaults, overridable per call, one compiled program per shape.

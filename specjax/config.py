@@ -142,7 +142,8 @@ class DecodingConfig:
     `draft_threshold` (0: never); or, when `tree` is set, a token tree: children per depth
     ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2: `tree_nodes` nodes, `tree_top_k`
     children per expanded node, `tree_depth` levels) or "auto" (shaped from measurements).
-    `tree_children`: how a static tree's sampled children are drawn."""
+    `tree_children`: how a static tree's sampled children are drawn. `skip_layers`: the layers
+    (0-based, comma-separated) the `skip` strategy's draft passes over."""
 
     exit_layer: int = 1
     num_draft: int = 4
@@ -152,6 +153,7 @@ class DecodingConfig:
     tree_top_k: int = 4
     tree_depth: int = 4
     tree_children: str = "without_replacement"
+    skip_layers: str = ""
 
     def check(self, model: ModelConfig) -> None:
         _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
@@ -161,7 +163,9 @@ class DecodingConfig:
                  self.num_draft, "must be an int >= 1")
         _require(isinstance(self.draft_threshold, (int, float)) and 0 <= self.draft_threshold < 1,
                  "decoding.draft_threshold", self.draft_threshold, "must lie in [0, 1)")
-        _require(isinstance(self.tree, str), "decoding.tree", self.tree, "must be a string")
+        for name in ("tree", "skip_layers"):
+            _require(isinstance(getattr(self, name), str), f"decoding.{name}",
+                     getattr(self, name), "must be a string")
         for name in ("tree_nodes", "tree_top_k", "tree_depth"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, f"decoding.{name}", value,

@@ -18,7 +18,7 @@ from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.static_tree import StaticTree
 
@@ -81,6 +81,8 @@ STRATEGIES = {
     **{f"tree-{rule}": SelfSpeculative(1, StaticTree.from_branching((2, 1), children=rule))
        for rule in ("without_replacement", "iid", "top_k")},
     "dynamic-tree": SelfSpeculative(1, DynamicTree(4, 2, 2)),
+    "skip-chain": SkipLayers((1,), Chain(2)),
+    "skip-tree": SkipLayers((1,), StaticTree.from_branching((2, 1))),
 }
 
 

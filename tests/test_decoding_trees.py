@@ -17,7 +17,7 @@ from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DraftContext
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
@@ -116,6 +116,17 @@ def test_greedy_trees_equal_autoregressive(reference, name, exit_layer):
             assert out.total.accepted > 0 and out.total.rounds < 4 * (NEW - 1)
 
 
+@pytest.mark.parametrize("skip", [(2,), (1, 3)])
+@pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=8 k=2 D=3"])
+def test_greedy_skip_layer_trees_equal_autoregressive(reference, name, skip):
+    """Catches a layer-skip tree whose leaves (never run by the draft) miss the layers before
+    the first skipped one, or whose reuse starts at the wrong layer."""
+    out = _generator().generate(PROMPTS, max_new_tokens=NEW,
+                                strategy=SkipLayers(skip, TREES[name]))
+    assert out.tokens == reference[4].tokens
+    assert out.total.accepted > 0
+
+
 @pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=8 k=2 D=3"])
 def test_eos_inside_a_tree_and_budgets_that_end_mid_path(reference, name):
     """A row must stop at an EOS that sits in the middle of an accepted path, and at a budget
@@ -132,13 +143,20 @@ def test_eos_inside_a_tree_and_budgets_that_end_mid_path(reference, name):
         assert short.tokens == [t[:budget] for t in full]
 
 
-@pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=16 k=4 D=4"])
+DRAFTERS = {"selfspec E=2 static 2,2,1,1": SelfSpeculative(2, TREES["static 2,2,1,1"]),
+            "selfspec E=2 dynamic": SelfSpeculative(2, TREES["dynamic T=16 k=4 D=4"]),
+            "skip 1 static 2,2,1,1": SkipLayers((1,), TREES["static 2,2,1,1"]),
+            "skip 1,2 chain 4": SkipLayers((1, 2), Chain(4))}
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTERS))
 def test_the_cache_after_tree_commits_equals_one_token_at_a_time(name):
-    """After several tree rounds every layer's committed K/V (shallow, written while drafting,
-    and deep, written by verification) equals the K/V of feeding the committed tokens one at a
-    time. Catches a compaction that moves the wrong slots or forgets a layer."""
+    """After several rounds every layer's committed K/V (shallow, written while drafting, and
+    deep, written by verification) equals the K/V of feeding the committed tokens one at a
+    time. Catches a compaction that moves the wrong slots or forgets a layer, and a layer-skip
+    draft's K/V (layers after a skipped one) left in the cache."""
     generator = _generator()
-    drafter = SelfSpeculative(2, TREES[name])
+    drafter = DRAFTERS[name]
     padded, lengths = generator.pad(PROMPTS)
 
     @jax.jit

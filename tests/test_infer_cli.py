@@ -36,16 +36,16 @@ def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_pa
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "import os\\n"}\n{"prompt": "def f(x):"}\n')
     outputs = {}
-    for strategy in ("ar", "selfspec"):
+    for strategy in ("ar", "selfspec", "skip"):
         out = tmp_path / f"{strategy}.jsonl"
         result = _run("generate.py", "--workdir", workdir, "--strategy", strategy,
                       "--prompts_file", str(prompts), "--max_new_tokens", "20",
-                      "--output", str(out))
+                      "--skip_layers", "1,3", "--output", str(out))
         assert result.returncode == 0, result.stderr[-2000:]
         outputs[strategy] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in outputs["ar"]] == ["import os\n", "def f(x):"]
     completions = {s: [r["completion"] for r in rows] for s, rows in outputs.items()}
-    assert completions["ar"] == completions["selfspec"]
+    assert completions["ar"] == completions["selfspec"] == completions["skip"]
     record = outputs["selfspec"][0]
     assert {"rounds", "drafted", "accepted", "tau", "acceptance_rate"} <= set(record)
     assert record["drafted"] == 3 * record["rounds"]  # K=3 came from the checkpoint's config
@@ -87,6 +87,9 @@ def test_generate_sampling_with_a_single_prompt(workdir):
     (["--prompt", "x", "--tree", "dynamic", "--tree_nodes", "2"], "tree_nodes=2 must lie in"),
     (["--prompt", "x", "--temperature", "-1"], "temperature=-1.0 must be > 0"),
     (["--prompt", "x", "--num_draft", "0"], "num_draft=0 must be"),
+    (["--prompt", "x", "--strategy", "skip"], "strategy 'skip' needs --skip_layers"),
+    (["--prompt", "x", "--strategy", "skip", "--skip_layers", "2,x"], "expected comma-separated"),
+    (["--prompt", "x", "--strategy", "skip", "--skip_layers", "4"], "must lie in [1, num_layers"),
     (["--prompt", "x", "--top_p", "0.9"], "--top_k and --top_p filter a sampling distribution"),
 ])
 def test_generate_errors_are_clear(workdir, args, message):

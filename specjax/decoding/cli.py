@@ -30,17 +30,23 @@ DECODING_FLAGS = {
     "tree_depth": "Depth of a dynamic tree.",
     "tree_children": "How a static tree's sampled children are drawn: without_replacement, iid "
                      "or top_k (deterministic).",
+    "skip_layers": "Strategy skip: the layers its draft passes over (0-based, comma-separated, "
+                   "e.g. 2,3,5).",
 }
+
+
+LISTED_FLAGS = ("tree", "skip_layers")  # hold commas: swept by repeating the flag
 
 
 def define_decoding_flags(sweep: bool = False) -> None:
     """One flag per `DecodingConfig` field, defaulting to the checkpoint's value. With `sweep`,
-    each takes a comma-separated list (`--tree` is repeated instead: its values hold commas)."""
+    each takes a comma-separated list (`--tree` and `--skip_layers` are repeated instead: their
+    values hold commas)."""
     defaults = DecodingConfig()
     for name, text in DECODING_FLAGS.items():
         text += " Default: the checkpoint's."
         kind = type(getattr(defaults, name))
-        if sweep and name == "tree":
+        if sweep and name in LISTED_FLAGS:
             flags.DEFINE_multi_string(name, None, text + " Repeat the flag to sweep.")
         elif sweep:
             flags.DEFINE_list(name, None, text + " Comma-separated values are swept.")

@@ -1,15 +1,20 @@
-"""LayerSkip self-speculation: draft with layers [0, E) + the shared head, verify with [E, L).
+"""Self-speculation from the target's own layers: draft with a subset of them + the shared head.
 
-Drafting runs the shallow layers on the nodes of the proposal's shape, writing their K/V at the
-nodes' slots and keeping each node's layer-E hidden state. Verification reuses both
-(`Proposal.reuse`): the shallow layers run only on the positions the drafting never ran (a
-chain's last draft, a tree's leaves), and the deep layers once on all of them. Nothing is
-recomputed or copied back; rejected slots are left behind the committed length.
+`SelfSpeculative` (LayerSkip) drafts with the first E layers; `SkipLayers` (Draft & Verify,
+SWIFT) with every layer but a skipped set, each skipped layer passing its input through. Both
+draft through `draft_with_layers`: it runs the drafted layers on the nodes of the proposal's
+shape, writing their K/V at the nodes' slots, and keeps each node's hidden state after the
+last layer before the first one it leaves out. Up to there the draft is the target's own
+computation, so verification reuses it (`Proposal.reuse`): those layers run only on the
+positions the drafting never ran (a chain's last draft, a tree's leaves), the rest once on all
+of them, overwriting whatever K/V the draft wrote there. Rejected slots are left behind the
+committed length.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, ClassVar
 
 import jax
@@ -21,6 +26,30 @@ from specjax.decoding.drafter import DraftContext, Stateless
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
+
+
+def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: jax.Array,
+                      key: jax.Array, ranges: tuple[tuple[int, int], ...]
+                      ) -> tuple[Proposal, Cache]:
+    """A proposal of `shape` drafted by the layer ranges `ranges` (ascending, disjoint; the
+    layers between them pass their input through) and the shared head. The first range starts
+    at layer 0; its end is the exit whose hidden states verification reuses."""
+    reuse_exit = ranges[0][1]
+
+    def step(cache: Cache, tokens: jax.Array, layout: Layout):
+        def run(hidden, cache, layers):
+            return run_layers_cached(ctx.params, ctx.cfg, hidden, cache, layout.slots,
+                                     layers=layers, positions=layout.positions, mask=layout.mask)
+
+        kept, cache = run(embed(ctx.params, ctx.cfg, tokens), cache, ranges[0])
+        hidden = kept
+        for layers in ranges[1:]:
+            hidden, cache = run(hidden, cache, layers)
+        return exit_logits(ctx.params, ctx.cfg, hidden), kept, cache
+
+    proposal, kept, missing, cache = shape.draft(step, cache, cache.lengths, pending, key,
+                                                 ctx.sampling, cache.max_len)
+    return proposal.replace(reuse=Reuse(kept, missing, reuse_exit)), cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +83,40 @@ class SelfSpeculative(Stateless):
 
     def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
-        def step(cache: Cache, tokens: jax.Array, layout: Layout):
-            hidden, cache = run_layers_cached(
-                ctx.params, ctx.cfg, embed(ctx.params, ctx.cfg, tokens), cache, layout.slots,
-                layers=(0, self.exit_layer), positions=layout.positions, mask=layout.mask)
-            return exit_logits(ctx.params, ctx.cfg, hidden), hidden, cache
+        proposal, cache = draft_with_layers(ctx, self.shape, cache, pending, key,
+                                            ((0, self.exit_layer),))
+        return proposal, cache, state
 
-        proposal, kept, missing, cache = self.shape.draft(step, cache, cache.lengths, pending,
-                                                          key, ctx.sampling, cache.max_len)
-        return proposal.replace(reuse=Reuse(kept, missing, self.exit_layer)), cache, state
+
+@dataclasses.dataclass(frozen=True)
+class SkipLayers(Stateless):
+    """skip: the 0-based indices of the layers the draft passes over (Draft & Verify, SWIFT);
+    shape: as for `SelfSpeculative`. Skipping layers E..L-1 is `SelfSpeculative(E)`."""
+
+    skip: tuple[int, ...]
+    shape: Shape = Chain(num_draft=4)
+
+    name: ClassVar[str] = "skip"
+
+    def validate(self, cfg: ModelConfig) -> None:
+        if not self.skip or list(self.skip) != sorted(set(self.skip)):
+            raise ValueError(f"skip_layers={list(self.skip)} must be distinct layer indices in "
+                             "ascending order, at least one")
+        if self.skip[0] < 1 or self.skip[-1] >= cfg.num_layers:
+            raise ValueError(f"skip_layers={list(self.skip)} must lie in [1, num_layers - 1 = "
+                             f"{cfg.num_layers - 1}] (the draft needs layer 0)")
+        self.shape.validate()
+
+    def label(self) -> str:
+        return f"{self.name} {','.join(map(str, self.skip))} {self.shape.label()}"
+
+    def ranges(self, num_layers: int) -> tuple[tuple[int, int], ...]:
+        """The contiguous runs of drafted layers, as (start, stop)."""
+        bounds = [-1, *self.skip, num_layers]
+        return tuple((a + 1, b) for a, b in itertools.pairwise(bounds) if b > a + 1)
+
+    def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, Any]:
+        proposal, cache = draft_with_layers(ctx, self.shape, cache, pending, key,
+                                            self.ranges(ctx.cfg.num_layers))
+        return proposal, cache, state

@@ -14,13 +14,14 @@ from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Shape
 from specjax.decoding.static_tree import StaticTree
 
 STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "ar": lambda options: Autoregressive(),
     "selfspec": lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
+    "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
 }
 
 CHAIN_SPECS = ("", "chain")
@@ -47,3 +48,15 @@ def shape_for(options: DecodingConfig) -> Shape:
     if tree == "dynamic":
         return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)
     return StaticTree.parse(tree, options.tree_children)
+
+
+def skip_set(options: DecodingConfig) -> tuple[int, ...]:
+    """The layers `skip_layers` names ("2,3,5"), as sorted indices."""
+    try:
+        layers = tuple(int(part) for part in options.skip_layers.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"skip_layers={options.skip_layers!r}: expected comma-separated layer "
+                         "indices, e.g. 2,3,5") from None
+    if not layers:
+        raise ValueError("strategy 'skip' needs --skip_layers (comma-separated layer indices)")
+    return layers

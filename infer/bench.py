@@ -30,12 +30,13 @@ from specjax.decoding.cli import (
     define_decoding_flags,
     open_output,
     read_prompts_file,
+    require_positive_flags,
     resolve_auto_tree,
     sweep_options,
 )
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import sampling_or_greedy
 from specjax.decoding.tree_search import pass_seconds
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import cpu_matmul
@@ -77,9 +78,7 @@ def _progress(line: str) -> None:
 
 
 def benchmark() -> dict:
-    for name in ("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats"):
-        if getattr(FLAGS, name) < 1:
-            raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 1")
+    require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats")
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
@@ -87,8 +86,7 @@ def benchmark() -> dict:
     else:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
-    sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
-        FLAGS.temperature, top_p=FLAGS.top_p)
+    sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     generator = Generator(params, cfg)
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     # An auto tree is measured once and then read from the workdir's plans.

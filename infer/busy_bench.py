@@ -24,7 +24,12 @@ from absl import app, flags
 from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
-from specjax.decoding.cli import decoding_defaults, decoding_options, open_output
+from specjax.decoding.cli import (
+    decoding_defaults,
+    decoding_options,
+    open_output,
+    require_positive_flags,
+)
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.timing import time_interleaved
@@ -55,9 +60,7 @@ def main(argv):
 
 def measure() -> list[dict]:
     busy_counts = [_count(value) for value in FLAGS.busy]
-    for name in ("pairs", "num_prompts", "prompt_len", "max_new_tokens"):
-        if getattr(FLAGS, name) < 1:
-            raise ValueError(f"--{name}={getattr(FLAGS, name)} must be >= 1")
+    require_positive_flags("pairs", "num_prompts", "prompt_len", "max_new_tokens")
     if not cpu_matmul.available():
         raise ValueError("the CPU matmul kernel is not available here (SPECJAX_CPU_MATMUL=0, "
                          "no C++ compiler, or not a CPU backend): nothing to compare")

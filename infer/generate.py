@@ -20,11 +20,12 @@ from specjax.decoding.cli import (
     describe_plan,
     open_output,
     read_prompts_file,
+    require_positive_flags,
     resolve_auto_tree,
 )
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.tokenizer import get_tokenizer
 
@@ -53,19 +54,14 @@ def main(argv):
 def run() -> None:
     if (FLAGS.prompt is None) == (FLAGS.prompts_file is None):
         raise ValueError("give exactly one of --prompt and --prompts_file")
-    if FLAGS.batch_size < 1:
-        raise ValueError(f"--batch_size={FLAGS.batch_size} must be >= 1")
-    if FLAGS.temperature == 0 and (FLAGS.top_k or FLAGS.top_p != 1.0):
-        raise ValueError("--top_k and --top_p filter a sampling distribution: set --temperature "
-                         "> 0 (temperature 0 is greedy decoding)")
+    require_positive_flags("batch_size")
+    sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     output = open_output(FLAGS.output)  # before any work: a bad path fails at once
     params, cfg, meta = load_params(FLAGS.workdir)
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,
                                {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
-    sampling = None if FLAGS.temperature == 0 else SamplingParams.create(
-        FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     generator = Generator(params, cfg)
     encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
     spec = options.tree

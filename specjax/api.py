@@ -22,7 +22,7 @@ from specjax.decoding.cli import decoding_defaults, decoding_options
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator, RowStats
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import sampling_or_greedy
 from specjax.tokenizer import Tokenizer, get_tokenizer
 
 
@@ -58,10 +58,7 @@ class LanguageModel:
         overriding them, or a `Drafter`.
         """
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        if temperature == 0 and (top_k or top_p != 1.0):
-            raise ValueError("top_k and top_p filter a sampling distribution: set temperature "
-                             "> 0 (temperature 0 is greedy decoding)")
-        sampling = SamplingParams.create(temperature, top_k, top_p) if temperature else None
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, decoding_options(self.decoding_defaults,
                                                                 self.config, options))

@@ -93,6 +93,13 @@ def sweep_options(defaults: DecodingConfig, cfg: ModelConfig,
             for combo in itertools.product(*(sweeps[name] for name in names))]
 
 
+def require_positive_flags(*names: str) -> None:
+    """A one-line error for the first of these integer flags that is below 1."""
+    for name in names:
+        if flags.FLAGS[name].value < 1:
+            raise ValueError(f"--{name}={flags.FLAGS[name].value} must be >= 1")
+
+
 def read_prompts_file(path: str) -> list[str]:
     """One JSON object per line with a "prompt" field."""
     if os.path.isdir(path):

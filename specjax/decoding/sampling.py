@@ -32,6 +32,19 @@ class SamplingParams:
                    top_p=jnp.float32(top_p))
 
 
+def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *,
+                       prefix: str = "") -> SamplingParams | None:
+    """None (greedy decoding) at temperature 0, else `SamplingParams`. Filters at temperature
+    0 are an error rather than ignored; `prefix` ("--" for a command line) names the settings
+    in that message as the user typed them."""
+    if temperature != 0:
+        return SamplingParams.create(temperature, top_k, top_p)
+    if top_k or top_p != 1.0:
+        raise ValueError(f"{prefix}top_k and {prefix}top_p filter a sampling distribution: set "
+                         f"{prefix}temperature > 0 (temperature 0 is greedy decoding)")
+    return None
+
+
 def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """Temperature, then top-k, then top-p; returns normalised float32 probabilities [..., V].
 

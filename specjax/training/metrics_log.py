@@ -18,16 +18,20 @@ class MetricsLog:
         if len(kept) < len(records):
             partial = self.path + ".tmp"
             with open(partial, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
+                f.writelines(map(_line, kept))
             os.replace(partial, self.path)
         return len(records) - len(kept)
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(_line(record))
 
     def read(self) -> list[dict[str, Any]]:
         if not os.path.exists(self.path):
             return []
         with open(self.path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True) + "\n"

@@ -15,7 +15,6 @@ import sys
 import jax
 from absl import app, flags
 
-from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import (
     bytes_per_token,
@@ -34,12 +33,12 @@ from specjax.decoding.cli import (
     resolve_auto_tree,
     sweep_options,
 )
-from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.decoding.tree_search import pass_seconds
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import cpu_matmul
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -79,7 +78,8 @@ def _progress(line: str) -> None:
 
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats")
-    params, cfg, meta = load_params(FLAGS.workdir)
+    loaded = load_model(FLAGS.workdir)
+    params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
         prompts = [tokenizer.encode(p) for p in read_prompts_file(FLAGS.prompts_file)]
@@ -87,7 +87,7 @@ def benchmark() -> dict:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
-    generator = Generator(params, cfg)
+    generator = loaded.generator()
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,

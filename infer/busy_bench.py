@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import jax
 from absl import app, flags
 
-from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.cli import (
@@ -35,6 +34,7 @@ from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.timing import time_interleaved
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import cpu_matmul
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
@@ -64,13 +64,14 @@ def measure() -> list[dict]:
     if not cpu_matmul.available():
         raise ValueError("the CPU matmul kernel is not available here (SPECJAX_CPU_MATMUL=0, "
                          "no C++ compiler, or not a CPU backend): nothing to compare")
-    params, cfg, meta = load_params(FLAGS.workdir)
+    loaded = load_model(FLAGS.workdir)
+    cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
     prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     strategy = make_strategy(FLAGS.strategy,
                              decoding_options(decoding_defaults(meta), cfg, {}))
-    generator = Generator(params, cfg)
+    generator = loaded.generator()
     programs = {}
     for name, routing in (("kernel", contextlib.nullcontext), ("xla", cpu_matmul.xla_dot_only)):
         with routing():

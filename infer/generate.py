@@ -9,7 +9,6 @@ import json
 
 from absl import app, flags
 
-from specjax.checkpoint import load_params
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.cli import (
@@ -23,10 +22,10 @@ from specjax.decoding.cli import (
     require_positive_flags,
     resolve_auto_tree,
 )
-from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -58,11 +57,12 @@ def run() -> None:
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     output = open_output(FLAGS.output)  # before any work: a bad path fails at once
-    params, cfg, meta = load_params(FLAGS.workdir)
+    loaded = load_model(FLAGS.workdir)
+    cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,
                                {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
-    generator = Generator(params, cfg)
+    generator = loaded.generator()
     encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
     spec = options.tree
     options, plan = resolve_auto_tree(

@@ -16,13 +16,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from specjax.checkpoint import load_params
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding.cli import decoding_defaults, decoding_options
 from specjax.decoding.drafter import Drafter
-from specjax.decoding.engine import Generator, RowStats
+from specjax.decoding.engine import RowStats
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
+from specjax.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer
 
 
@@ -38,12 +38,13 @@ class Completion:
 class LanguageModel:
     """A workdir's model with its tokenizer and decoding defaults, ready to generate."""
 
-    def __init__(self, params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str):
-        self.config = cfg
-        self.step = meta.get("step")
-        self.tokenizer: Tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), workdir)
-        self.decoding_defaults: DecodingConfig = decoding_defaults(meta)
-        self._generator = Generator(params, cfg)
+    def __init__(self, loaded: LoadedModel):
+        self.config: ModelConfig = loaded.cfg
+        self.step = loaded.meta.get("step")
+        self.tokenizer: Tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"),
+                                                  loaded.workdir)
+        self.decoding_defaults: DecodingConfig = decoding_defaults(loaded.meta)
+        self._generator = loaded.generator()
 
     def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
                  strategy: str | Drafter = "selfspec", temperature: float = 0.0,
@@ -77,8 +78,7 @@ class LanguageModel:
 def load(workdir: str, step: int | None = None) -> LanguageModel:
     """The model of a training or import workdir: its latest checkpoint (or `step`), falling
     back to the newest readable one."""
-    params, cfg, meta = load_params(workdir, step)
-    return LanguageModel(params, cfg, meta, workdir)
+    return LanguageModel(load_model(workdir, step))
 
 
 def strategies() -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -121,29 +122,40 @@ def abstract_tree(tree: Any) -> Any:
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def load_params(workdir: str, step: int | None = None) -> tuple[Any, ModelConfig, dict[str, Any]]:
+def load_params(workdir: str, step: int | None = None,
+                abstract: Callable[[ModelConfig], Any] | None = None
+                ) -> tuple[Any, ModelConfig, dict[str, Any]]:
     """(params, model config, metadata) of a workdir's latest (or given) checkpoint, for
-    inference: the optimizer state is not read. An unreadable latest checkpoint falls back to
-    the newest readable one, with a warning."""
+    inference: the optimizer state is not read. `abstract(cfg)` gives the params' shapes when
+    they are not the model's (an adapter's). An unreadable latest checkpoint falls back to the
+    newest readable one, with a warning."""
     checkpoints = Checkpointer(workdir, create=False)
     candidates = [step] if step is not None else checkpoints.all_steps()[::-1]
     if not candidates:
         raise CheckpointError(f"no checkpoint found in {checkpoints.directory}")
     for candidate, earlier in zip(candidates[:-1], candidates[1:], strict=True):
         try:
-            return _load_step(checkpoints, candidate)
+            return _load_step(checkpoints, candidate, abstract)
         except UnreadableCheckpointError as error:
             print(f"warning: checkpoint of step {candidate} in {checkpoints.directory} is "
                   f"unreadable ({type(error.__cause__).__name__}); trying step {earlier}",
                   file=sys.stderr)
-    return _load_step(checkpoints, candidates[-1])
+    return _load_step(checkpoints, candidates[-1], abstract)
 
 
-def _load_step(checkpoints: Checkpointer, step: int) -> tuple[Any, ModelConfig, dict[str, Any]]:
+def _load_step(checkpoints: Checkpointer, step: int,
+               abstract: Callable[[ModelConfig], Any] | None
+               ) -> tuple[Any, ModelConfig, dict[str, Any]]:
     meta = checkpoints.read_meta(step)
     if "model" not in meta:
         raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")
+    objective = meta.get("objective", "layerskip")
+    if abstract is None and objective != "layerskip":
+        base = meta.get("base", {}).get("workdir")
+        raise CheckpointError(f"{checkpoints.directory} holds a {objective} run, not a model"
+                              + (f" (a head on the model in {base})" if base else ""))
     cfg = ModelConfig.from_dict(meta["model"])
-    abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    params, _, meta = checkpoints.restore(abstract_tree(abstract), step=step)
+    shapes = (abstract(cfg) if abstract is not None else
+              jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))
+    params, _, meta = checkpoints.restore(abstract_tree(shapes), step=step)
     return params, cfg, meta

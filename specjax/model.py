@@ -62,7 +62,11 @@ def embed(params: Params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
 
 def exit_logits(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
     """The shared exit head: final norm + unembedding of any layer's hidden state, float32."""
-    normed = apply_rms_norm(hidden, params["final_norm"]["scale"], cfg)
+    return unembed(params, cfg, apply_rms_norm(hidden, params["final_norm"]["scale"], cfg))
+
+
+def unembed(params: Params, cfg: ModelConfig, normed: jax.Array) -> jax.Array:
+    """Logits [..., V] (float32) of normalised hidden states: the head without its norm."""
     if cfg.tie_embeddings:  # contract with the [V, D] table as stored: no transposed copy
         return matmul(normed, params["embed"].astype(cfg.compute_dtype), transpose_w=True,
                       out_dtype=jnp.float32)

@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from specjax import model as M
+from specjax.adapter import init_adapter
 from specjax.config import ModelConfig
 from specjax.decoding import acceptance, loop
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import Generator
+from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.static_tree import StaticTree
@@ -45,8 +47,18 @@ def exact_joint(params, sampling):
     return joint / joint.sum()
 
 
+def generator_with_adapter(params):
+    """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise."""
+    adapter = init_adapter(params, CFG, 1)
+    leaves, tree = jax.tree.flatten(adapter)
+    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
+    adapter = jax.tree.unflatten(tree, [w + 0.3 * jax.random.normal(k, w.shape)
+                                        for w, k in zip(leaves, keys, strict=True)])
+    return Generator(params, CFG, draft_weights={"kangaroo": DraftWeights(adapter, 1)})
+
+
 def empirical_counts(params, strategy, sampling):
-    generator = Generator(params, CFG)
+    generator = generator_with_adapter(params)
     counts = np.zeros((VOCAB,) * 3)
     for seed in range(SEEDS):
         out = generator.generate([PROMPT] * ROWS, max_new_tokens=NEW, strategy=strategy,
@@ -83,6 +95,8 @@ STRATEGIES = {
     "dynamic-tree": SelfSpeculative(1, DynamicTree(4, 2, 2)),
     "skip-chain": SkipLayers((1,), Chain(2)),
     "skip-tree": SkipLayers((1,), StaticTree.from_branching((2, 1))),
+    "kangaroo-chain": Kangaroo(1, Chain(3, stop_below=0.3)),
+    "kangaroo-tree": Kangaroo(1, StaticTree.from_branching((2, 1))),
 }
 
 
@@ -97,7 +111,7 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
         empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
     if getattr(strategy.shape, "stop_below", 0):  # the confidence stop really cut drafts short
-        total = Generator(params, CFG).generate([PROMPT] * 100, max_new_tokens=NEW,
+        total = generator_with_adapter(params).generate([PROMPT] * 100, max_new_tokens=NEW,
                                                 strategy=strategy, sampling=sampling).total
         assert total.rounds <= total.drafted < strategy.shape.num_draft * total.rounds
 

@@ -51,9 +51,9 @@ class BigramDrafter:
         return proposal.replace(stats={"stale_state": stale,
                                        "rounds_seen": state["rounds"]}), cache, state
 
-    def commit(self, ctx, state, acceptance, lengths_before, lengths_after):
-        return {**state, "lengths": lengths_after,
-                "rounds": state["rounds"] + (lengths_after > lengths_before)}
+    def commit(self, ctx, state, done):
+        return {**state, "lengths": done.lengths_after,
+                "rounds": state["rounds"] + (done.lengths_after > done.lengths_before)}
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from specjax.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.entrypoint import SpecjaxError
-from specjax.training import trainer as trainer_module
+from specjax.training import objective as objective_module
 from specjax.training.config import parse_run_config
 from specjax.training.evaluate import evaluate
 from specjax.training.metrics_log import MetricsLog
@@ -34,7 +34,8 @@ def _final_params(workdir, trainer):
 def test_loss_decreases_on_the_embedded_corpus(tmp_path):
     trainer = Trainer(tiny_run(train=dict(total_steps=40, eval_every=40, save_every=40)),
                       str(tmp_path))
-    before = evaluate(trainer.eval_step, trainer.fresh_state().params, trainer.eval_batches)
+    before = evaluate(trainer.objective.eval_step, trainer.fresh_state().params,
+                      trainer.eval_batches)
     result = trainer.fit()
     after = result.report
     assert before.final_loss > 5.0  # ~ln(259) at initialisation
@@ -73,7 +74,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(tmp_path):
 
 
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = trainer_module.make_train_step
+    real = objective_module.make_train_step
 
     def poisoned(cfg, optimizer, remat=False):
         step_fn = real(cfg, optimizer, remat=remat)
@@ -84,7 +85,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, mo
             return new_state, {**metrics, "loss": loss}
         return train_step
 
-    monkeypatch.setattr(trainer_module, "make_train_step", poisoned)
+    monkeypatch.setattr(objective_module, "make_train_step", poisoned)
     with pytest.raises(TrainingDivergedError, match=r"loss is nan at step 8.*step 6"):
         Trainer(tiny_run(), str(tmp_path)).fit()
     assert Checkpointer(str(tmp_path)).latest_step() == 6

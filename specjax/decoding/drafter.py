@@ -8,7 +8,8 @@ LayerSkip). The loop calls its hooks:
   prefill   once, after the target's prefill: the initial state;
   propose   every round: a `Proposal` (a token tree of the static `shape`), the target cache
             (a drafter may write the target's K/V for layers it ran) and the new state;
-  commit    every round, after acceptance: the state with the accepted path kept.
+  commit    every round, after acceptance: the state with the accepted path kept (`Round`:
+            what the round proposed, accepted and verified).
 
 The loop owns verification, acceptance, the target cache's commit, EOS, budgets and statistics.
 New ideas (Kangaroo, a draft model, CALM as a drafter) are new drafters, registered once in
@@ -53,6 +54,20 @@ class Prefilled:
     cache_len: int = flax.struct.field(pytree_node=False)
 
 
+@flax.struct.dataclass
+class Round:
+    """What one round did, for `Drafter.commit`: the proposal and its acceptance; the target's
+    hidden states at the proposal's reuse exit for the pending token and every node [B, 1+T, D]
+    (verification filled in the positions the draft never ran; None without reuse); the
+    target's committed lengths [B] before and after (unchanged for rows that are done)."""
+
+    proposal: Proposal
+    acceptance: Acceptance
+    reused_hidden: jax.Array | None
+    lengths_before: jax.Array
+    lengths_after: jax.Array
+
+
 class Drafter(Protocol):
     name: ClassVar[str]       # the registry's and the CLI's name for this kind of drafter
     shape: Shape              # the static shape of every proposal
@@ -71,10 +86,8 @@ class Drafter(Protocol):
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
         """Proposes nodes after `pending` [B] (the last emitted token, not yet in the cache)."""
 
-    def commit(self, ctx: DraftContext, state: Any, acceptance: Acceptance,
-               lengths_before: jax.Array, lengths_after: jax.Array) -> Any:
-        """The state after a round that accepted `acceptance`: the target's committed lengths
-        [B] went from `lengths_before` to `lengths_after` (unchanged for rows that are done)."""
+    def commit(self, ctx: DraftContext, state: Any, done: Round) -> Any:
+        """The state after the round `done`."""
 
 
 class Stateless:
@@ -85,6 +98,5 @@ class Stateless:
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> tuple:
         return ()
 
-    def commit(self, ctx: DraftContext, state: Any, acceptance: Acceptance,
-               lengths_before: jax.Array, lengths_after: jax.Array) -> Any:
+    def commit(self, ctx: DraftContext, state: Any, done: Round) -> Any:
         return state

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -53,6 +53,14 @@ class RowStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class DraftWeights:
+    """A trained drafter's own weights and the exit they were trained on."""
+
+    params: Params
+    exit_layer: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Generation:
     """Generated token ids per row (EOS included when it ended the row) and per-row stats."""
 
@@ -69,12 +77,15 @@ class Generator:
 
     Compiled programs are cached per (strategy, padded prompt length, max_new_tokens, batch
     size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile. A
-    drafter with weights of its own takes them as `draft_params`.
+    drafter with weights of its own (`needs_weights`) drafts with `draft_weights[name]`, or
+    with the `draft_params` of a call.
     """
 
-    def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192):
+    def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
+                 draft_weights: Mapping[str, DraftWeights] | None = None):
         self.cfg = cfg
         self.max_cache_len = max_cache_len
+        self.draft_weights = dict(draft_weights or {})
         layers = params["layers"]
         self.params = params if isinstance(layers, (tuple, list)) else unstack_layers(params)
 
@@ -119,12 +130,28 @@ class Generator:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy.validate(self.cfg)
+        if draft_params is None:
+            draft_params = self.draft_params(strategy)
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
                 jax.random.PRNGKey(seed), sampling, jnp.int32(-1 if eos_id is None else eos_id))
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
                           cache_len=cache_len)
+
+    def draft_params(self, strategy: Drafter) -> Any:
+        """The weights `strategy` drafts with (None for drafters without weights); a clear error
+        when there are none for it or they were trained for another exit."""
+        if not getattr(strategy, "needs_weights", False):
+            return None
+        weights = self.draft_weights.get(strategy.name)
+        if weights is None:
+            raise ValueError(f"strategy {strategy.name!r} drafts with trained weights and this "
+                             f"model has none: {strategy.weights_hint}")
+        if weights.exit_layer != strategy.exit_layer:
+            raise ValueError(f"the {strategy.name} weights were trained at exit_layer="
+                             f"{weights.exit_layer}, not {strategy.exit_layer}")
+        return weights.params
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -27,16 +28,30 @@ from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
 
+# head(ctx, hidden after the last drafted layer [B, n, D], layout, head_state) ->
+# (draft logits [B, n, V], head_state): the shared exit head, or Kangaroo's adapter with its K/V.
+DraftHead = Callable[[DraftContext, jax.Array, Layout, Any], tuple[jax.Array, Any]]
+
+
+def shared_head(ctx: DraftContext, hidden: jax.Array, layout: Layout,
+                head_state: Any) -> tuple[jax.Array, Any]:
+    """The target's own exit head (final norm + unembedding); no state."""
+    return exit_logits(ctx.params, ctx.cfg, hidden), head_state
+
 
 def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: jax.Array,
-                      key: jax.Array, ranges: tuple[tuple[int, int], ...]
-                      ) -> tuple[Proposal, Cache]:
+                      key: jax.Array, ranges: tuple[tuple[int, int], ...],
+                      head: DraftHead = shared_head, head_state: Any = ()
+                      ) -> tuple[Proposal, Cache, Any]:
     """A proposal of `shape` drafted by the layer ranges `ranges` (ascending, disjoint; the
-    layers between them pass their input through) and the shared head. The first range starts
-    at layer 0; its end is the exit whose hidden states verification reuses."""
+    layers between them pass their input through) and `head`. The first range starts at layer
+    0; its end is the exit whose hidden states verification reuses. Returns the proposal, the
+    target cache and the head's state."""
     reuse_exit = ranges[0][1]
 
-    def step(cache: Cache, tokens: jax.Array, layout: Layout):
+    def step(carry: tuple[Cache, Any], tokens: jax.Array, layout: Layout):
+        cache, head_state = carry
+
         def run(hidden, cache, layers):
             return run_layers_cached(ctx.params, ctx.cfg, hidden, cache, layout.slots,
                                      layers=layers, positions=layout.positions, mask=layout.mask)
@@ -45,11 +60,12 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
         hidden = kept
         for layers in ranges[1:]:
             hidden, cache = run(hidden, cache, layers)
-        return exit_logits(ctx.params, ctx.cfg, hidden), kept, cache
+        logits, head_state = head(ctx, hidden, layout, head_state)
+        return logits, kept, (cache, head_state)
 
-    proposal, kept, missing, cache = shape.draft(step, cache, cache.lengths, pending, key,
-                                                 ctx.sampling, cache.max_len)
-    return proposal.replace(reuse=Reuse(kept, missing, reuse_exit)), cache
+    proposal, kept, missing, (cache, head_state) = shape.draft(
+        step, (cache, head_state), cache.lengths, pending, key, ctx.sampling, cache.max_len)
+    return proposal.replace(reuse=Reuse(kept, missing, reuse_exit)), cache, head_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +99,8 @@ class SelfSpeculative(Stateless):
 
     def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
-        proposal, cache = draft_with_layers(ctx, self.shape, cache, pending, key,
-                                            ((0, self.exit_layer),))
+        proposal, cache, _ = draft_with_layers(ctx, self.shape, cache, pending, key,
+                                               ((0, self.exit_layer),))
         return proposal, cache, state
 
 
@@ -117,6 +133,6 @@ class SkipLayers(Stateless):
 
     def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
-        proposal, cache = draft_with_layers(ctx, self.shape, cache, pending, key,
-                                            self.ranges(ctx.cfg.num_layers))
+        proposal, cache, _ = draft_with_layers(ctx, self.shape, cache, pending, key,
+                                               self.ranges(ctx.cfg.num_layers))
         return proposal, cache, state

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import accept
-from specjax.decoding.drafter import DraftContext, Drafter, Prefilled
+from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.verify import verify
 from specjax.model import Params, embed, exit_logits, run_layers_cached
@@ -125,7 +125,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
     proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
                                                    draft_key)
-    target_logits, cache = verify(ctx.params, ctx.cfg, cache, s.pending, proposal)
+    target_logits, cache, reused_hidden = verify(ctx.params, ctx.cfg, cache, s.pending, proposal)
     accepted = accept(accept_key, proposal, target_logits, ctx.sampling)
     active = ~s.done
     count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
@@ -137,7 +137,8 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
     return LoopState(
         cache=cache.commit(lengths, accepted.path),
-        drafter=drafter.commit(ctx, draft_state, accepted, s.cache.lengths, lengths),
+        drafter=drafter.commit(ctx, draft_state, Round(proposal, accepted, reused_hidden,
+                                                       s.cache.lengths, lengths)),
         pending=jnp.where(active, jnp.take_along_axis(
             accepted.emitted, accepted.num_accepted[:, None], 1)[:, 0], s.pending),
         tokens=jnp.where(active[:, None], written, s.tokens),

@@ -14,6 +14,7 @@ from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Shape
 from specjax.decoding.static_tree import StaticTree
@@ -22,6 +23,7 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "ar": lambda options: Autoregressive(),
     "selfspec": lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
     "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
+    "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
 }
 
 CHAIN_SPECS = ("", "chain")

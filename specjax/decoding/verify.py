@@ -23,12 +23,13 @@ from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 
 def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
-           proposal: Proposal) -> tuple[jax.Array, Cache]:
-    """Target logits [B, 1+T, V] at the pending token [B] and each node, and the cache with
-    every layer's K/V written for them (lengths unchanged)."""
+           proposal: Proposal) -> tuple[jax.Array, Cache, jax.Array | None]:
+    """Target logits [B, 1+T, V] at the pending token [B] and each node, the cache with every
+    layer's K/V written for them (lengths unchanged) and, when the proposal reuses the draft's
+    layers, every position's hidden state at the reuse exit [B, 1+T, D] (else None)."""
     tokens = jnp.concatenate([pending[:, None], proposal.tokens], axis=1)
     layout = proposal_layout(cache.lengths, proposal, cache.max_len)
-    reuse, start = proposal.reuse, 0
+    reuse, start, reused = proposal.reuse, 0, None
     if reuse is None:
         hidden = embed(params, cfg, tokens)
     else:
@@ -37,9 +38,9 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
         ran, cache = _run(params, cfg, embed(params, cfg, jnp.take_along_axis(tokens, missing, 1)),
                           cache, layout.take(missing), (0, start))
         rows = jnp.arange(tokens.shape[0])[:, None]
-        hidden = reuse.hidden.at[rows, missing].set(ran)
+        hidden = reused = reuse.hidden.at[rows, missing].set(ran)
     hidden, cache = _run(params, cfg, hidden, cache, layout, (start, cfg.num_layers))
-    return exit_logits(params, cfg, hidden), cache
+    return exit_logits(params, cfg, hidden), cache, reused
 
 
 def proposal_layout(lengths: jax.Array, proposal: Proposal, max_len: int) -> Layout:

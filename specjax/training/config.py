@@ -88,6 +88,19 @@ class LayerSkipConfig:
                "layerskip.rotation_interval", self.rotation_interval, "must be an int >= 1")
 
 
+@dataclasses.dataclass(frozen=True)
+class KangarooConfig:
+    """Kangaroo's adapter (Liu et al. 2024; `specjax.adapter`) on exit `exit_layer` of the
+    frozen model in `base_workdir`, distilled to the base's final distribution (soft
+    cross-entropy). Decoding with it: `--strategy kangaroo` on the adapter's workdir."""
+
+    exit_layer: int = 1
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "kangaroo.exit_layer",
+               self.exit_layer, "must be an int >= 1")
+
+
 def _positive(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
     _check(value > 0, f"train.{name}", value, "must be > 0")
@@ -100,22 +113,30 @@ def _check(ok: bool, field: str, value: Any, why: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A whole training run: the model, its data, optimisation and the LayerSkip recipe."""
+    """A whole training run: the model, its data, optimisation and the LayerSkip recipe; or,
+    with `base_workdir` set, a head trained on that frozen model (the `kangaroo` section)."""
 
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
     layerskip: LayerSkipConfig
     decoding: DecodingConfig
+    kangaroo: KangarooConfig
+    base_workdir: str = ""
 
 
-SECTIONS = ("model", "data", "train", "layerskip", "decoding")
+SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo")
+SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
 def config_reference() -> str:
     """Every config section and field with its default, for `train.py --help`."""
     lines = ["Config fields (override any with --config.<section>.<field>=value):"]
     for section in dataclasses.fields(RunConfig):
+        if section.name in SETTINGS:
+            lines.append(f"  {section.name}={section.default!r}: the frozen model a head is "
+                         "trained on (with the kangaroo section)")
+            continue
         cls = section.type if isinstance(section.type, type) else globals()[section.type]
         described = []
         for field in dataclasses.fields(cls):
@@ -133,9 +154,10 @@ def config_reference() -> str:
 def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
     """Validates a config file's dict (ml_collections ConfigDict or plain) into a RunConfig."""
     values = dict(config)
-    unknown = sorted(set(values) - set(SECTIONS))
+    unknown = sorted(set(values) - set(SECTIONS) - set(SETTINGS))
     if unknown:
-        raise ValueError(f"config: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
+        raise ValueError(f"config: unknown section(s) {unknown}; known sections: {list(SECTIONS)}"
+                         f" and settings {list(SETTINGS)}")
     missing = [s for s in ("model", "train") if s not in values]
     if missing:
         raise ValueError(f"config: missing section(s) {missing}")
@@ -145,7 +167,9 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         train=dataclass_from_mapping(TrainConfig, values["train"], "train"),
         layerskip=dataclass_from_mapping(LayerSkipConfig, values.get("layerskip", {}),
                                          "layerskip"),
-        decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"))
+        decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"),
+        kangaroo=dataclass_from_mapping(KangarooConfig, values.get("kangaroo", {}), "kangaroo"),
+        base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
     vocab = get_tokenizer(run.data.tokenizer).vocab_size
     if run.model.vocab_size < vocab:

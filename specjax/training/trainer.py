@@ -1,6 +1,8 @@
 """The training loop: data, jitted steps, evaluation, logging, checkpoints, resume, interrupts.
 
-A run is a function of (config, workdir). If the workdir holds a checkpoint of the same model the
+What is trained (the parameters, the steps, the evaluation) is the run's objective
+(`training.objectives`: LayerSkip, or a head on a frozen base). A run is a function of
+(config, workdir). If the workdir holds a checkpoint of the same model the
 run resumes from it, with the same data order and PRNG stream, so an interrupted-and-resumed run
 reproduces an uninterrupted one step for step.
 """
@@ -22,14 +24,12 @@ from tqdm import tqdm
 from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
 from specjax.data import BatchSampler, Corpus
 from specjax.entrypoint import SpecjaxError
-from specjax.training.config import RunConfig, parse_run_config
-from specjax.training.curriculum import exit_schedule
-from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 from specjax.training.interrupt import catch_interrupts
-from specjax.training.layer_dropout import dropout_rates
 from specjax.training.metrics_log import MetricsLog
-from specjax.training.optimizer import learning_rate_schedule, make_optimizer
-from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
+from specjax.training.objective import Report
+from specjax.training.objectives import make_objective
+from specjax.training.optimizer import learning_rate_schedule
+from specjax.training.train_step import TrainState
 from specjax.workdir import exclusive_workdir
 
 
@@ -43,21 +43,11 @@ class TrainResult:
     saving; `already_done` when the workdir's checkpoint had reached total_steps before it."""
 
     step: int
-    report: ExitReport | None
+    report: Report | None
     interrupted: bool
     wall_seconds: float
     signal_name: str | None = None
     already_done: bool = False
-
-
-def step_schedule(run: RunConfig, step: int) -> StepSchedule:
-    """The host-built per-step inputs of the train step."""
-    cfg = run.model
-    layers, weights = exit_schedule(run.layerskip, cfg.supervised_exits, cfg.num_layers, step,
-                                    run.train.total_steps)
-    rates = dropout_rates(run.layerskip, cfg.num_layers, step, run.train.total_steps)
-    return StepSchedule(drop_rates=jnp.asarray(rates), exit_layers=jnp.asarray(layers),
-                        exit_weights=jnp.asarray(weights))
 
 
 class Trainer:
@@ -65,25 +55,21 @@ class Trainer:
 
     def __init__(self, config: Mapping[str, Any], workdir: str):
         self.config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        self.run = parse_run_config(self.config)
+        self.objective = make_objective(self.config)
+        self.run = self.objective.run
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
-        cfg, train = self.run.model, self.run.train
+        train = self.run.train
         self.corpus = Corpus.build(self.run.data)
         self.sampler = BatchSampler(self.corpus.train, train.batch_size, train.seed)
         self.eval_batches = self.corpus.validation_batches(train.batch_size, train.eval_batches)
-        self.optimizer = make_optimizer(train)
         self.learning_rate = learning_rate_schedule(train)
-        self.train_step = jax.jit(make_train_step(cfg, self.optimizer, remat=train.remat),
-                                  donate_argnums=0)
-        self.eval_step = jax.jit(make_eval_step(cfg))
         self.checkpoints = Checkpointer(workdir, keep=train.keep_checkpoints)
         self.log = MetricsLog(workdir)
 
     def fresh_state(self) -> TrainState:
         """A new initialisation from the run's seed."""
-        return init_train_state(self.run.model, self.optimizer,
-                                jax.random.PRNGKey(self.run.train.seed))
+        return self.objective.init_state()
 
     def initial_state(self) -> tuple[TrainState, int]:
         """(state, data position): the workdir's latest checkpoint of this model, or a fresh
@@ -92,6 +78,7 @@ class Trainer:
             return self.fresh_state(), 0
         meta = self.checkpoints.read_meta()
         check_model_config(meta, self.run.model, self.workdir)
+        self.objective.check_resume(meta)
         self._check_resume(meta)
         abstract = jax.eval_shape(self.fresh_state)
         params, opt_state, meta = self.checkpoints.restore(
@@ -128,10 +115,11 @@ class Trainer:
         step = int(state.step)
         self.checkpoints.save(step, state.params, state.opt_state, {
             "step": step, "data_position": data_position, "model": self.run.model.to_dict(),
-            "tokenizer": self.run.data.tokenizer, "config": _jsonable(self.config)})
+            "tokenizer": self.run.data.tokenizer, "objective": self.objective.name,
+            "config": _jsonable(self.objective.config), **self.objective.meta()})
 
-    def evaluate(self, state: TrainState) -> ExitReport:
-        report = evaluate(self.eval_step, state.params, self.eval_batches)
+    def evaluate(self, state: TrainState) -> Report:
+        report = self.objective.evaluate(state, self.eval_batches)
         self.log.write({"split": "eval", "step": int(state.step), **report.to_dict()})
         return report
 
@@ -155,7 +143,6 @@ class Trainer:
             return TrainResult(step=step, report=None, interrupted=False,
                                wall_seconds=time.perf_counter() - started, already_done=True)
         last_saved = step if self.checkpoints.latest_step() is not None else None
-        key = jax.random.PRNGKey(train.seed + 1)
         tokens_per_step = train.batch_size * self.run.data.seq_len
         report, interrupted = None, False
         bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
@@ -163,9 +150,8 @@ class Trainer:
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()
-                state, metrics = self.train_step(state, self.sampler.batch(position),
-                                                 jax.random.fold_in(key, step),
-                                                 step_schedule(self.run, step))
+                state, metrics = self.objective.train_step(state, self.sampler.batch(position),
+                                                           step)
                 position += train.batch_size
                 loss = float(metrics["loss"])
                 if not math.isfinite(loss):
@@ -180,9 +166,9 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
                 if step % train.log_every == 0 or step == train.total_steps:
-                    self.log.write({"split": "train", "step": step, "loss": loss,
-                                    "final_ce": float(metrics["final_ce"]),
-                                    "grad_norm": float(metrics["grad_norm"]),
+                    self.log.write({"split": "train", "step": step,
+                                    **{name: float(value) for name, value in metrics.items()
+                                       if jnp.ndim(value) == 0},
                                     "learning_rate": float(self.learning_rate(step - 1)),
                                     "tokens_per_s": tokens_per_s})
                 if step % train.eval_every == 0 or step == train.total_steps:

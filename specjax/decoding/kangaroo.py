@@ -1,0 +1,78 @@
+"""Kangaroo (Liu et al. 2024): draft with the first E layers, a trained adapter and the shared
+unembedding; stop drafting at an unconfident draft (a chain's `stop_below`, η: the double early
+exit).
+
+The adapter (`specjax.adapter`) is one attention block, so it keeps its own K/V across rounds
+(the drafter state: one `LayerKV`, laid out like a target layer's): the prefill hook fills it
+from the prompt's exit-E hidden states, drafting writes it at each node's slot, and commit fills
+in the positions the draft never ran (a chain's last draft, a tree's leaves) from the hidden
+states verification computed there, then moves a tree's accepted path into place as the target
+cache does. The first E layers are the target's own, so verification reuses them as `selfspec`
+does. Sampled drafts are lossless like every proposal: acceptance reads the adapter's q.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from specjax.adapter import run_adapter_cached
+from specjax.cache import Cache, LayerKV
+from specjax.decoding.drafter import DraftContext, Prefilled, Round
+from specjax.decoding.layerskip import SelfSpeculative, draft_with_layers
+from specjax.decoding.proposal import Proposal
+from specjax.decoding.tree import Layout, chain_layout
+from specjax.decoding.verify import proposal_layout
+from specjax.model import unembed
+
+
+@dataclasses.dataclass(frozen=True)
+class Kangaroo(SelfSpeculative):
+    """exit_layer = E, the exit the adapter was trained on; shape as for `SelfSpeculative`
+    (Kangaroo's own: a chain with `stop_below` = η). Its params are the adapter's."""
+
+    name: ClassVar[str] = "kangaroo"
+    needs_weights: ClassVar[bool] = True
+    weights_hint: ClassVar[str] = (
+        "train an adapter (python train/train.py --config configs/kangaroo.py "
+        "--config.base_workdir=<this model's workdir> --workdir runs/kangaroo) and decode from "
+        "its workdir")
+
+    @property
+    def prefill_exits(self) -> tuple[int, ...]:
+        return (self.exit_layer,)
+
+    def hf_options(self) -> None:
+        return None  # transformers has no Kangaroo
+
+    def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> LayerKV:
+        batch, width = prefilled.prompts.shape
+        kv = LayerKV.allocate(ctx.cfg, batch, prefilled.cache_len)
+        layout = chain_layout(jnp.zeros((batch,), jnp.int32), width, prefilled.cache_len)
+        _, kv = run_adapter_cached(ctx.draft_params, ctx.cfg,
+                                   prefilled.exit_hidden[self.exit_layer], kv, *layout)
+        return kv
+
+    def propose(self, ctx: DraftContext, state: LayerKV, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, LayerKV]:
+        def head(ctx: DraftContext, hidden: jax.Array, layout: Layout,
+                 kv: LayerKV) -> tuple[jax.Array, LayerKV]:
+            out, kv = run_adapter_cached(ctx.draft_params, ctx.cfg, hidden, kv, *layout)
+            return unembed(ctx.params, ctx.cfg, out), kv
+
+        return draft_with_layers(ctx, self.shape, cache, pending, key, ((0, self.exit_layer),),
+                                 head, state)
+
+    def commit(self, ctx: DraftContext, state: LayerKV, done: Round) -> LayerKV:
+        missing = done.proposal.reuse.missing
+        layout = proposal_layout(done.lengths_before, done.proposal, state.k.shape[1])
+        hidden = jnp.take_along_axis(done.reused_hidden, missing[..., None], axis=1)
+        _, kv = run_adapter_cached(ctx.draft_params, ctx.cfg, hidden, state,
+                                   *layout.take(missing))
+        if done.acceptance.path is not None:
+            kv = kv.commit(done.lengths_before, done.acceptance.path)
+        return kv
+

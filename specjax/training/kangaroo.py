@@ -1,0 +1,165 @@
+"""Training Kangaroo's adapter on a frozen base model.
+
+The base runs forward only; the adapter reads its exit-E hidden states and is distilled to the
+base's final distribution (soft cross-entropy, as Kangaroo's `train.py`). Evaluation compares
+the adapter with the draft it replaces, the shared head at exit E: soft cross-entropy, top-1
+agreement with the final layer (the greedy acceptance rate) and the expected acceptance of a
+sampled draft at temperature 1, sum_v min(p, q) (Kangaroo's "Accept").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.adapter import adapter_logits, init_adapter
+from specjax.checkpoint import CheckpointError
+from specjax.config import ModelConfig
+from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.training.config import KangarooConfig, RunConfig
+from specjax.training.frozen_base import FrozenBase
+from specjax.training.optimizer import make_optimizer
+from specjax.training.train_step import TrainState
+
+DRAFTS = ("shared head", "adapter")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterReport:
+    """Validation metrics of the two drafts at exit `exit_layer` (index 0: the shared head,
+    1: the adapter), per token."""
+
+    exit_layer: int
+    soft_ce: tuple[float, float]
+    agreement: tuple[float, float]
+    expected_accept: tuple[float, float]
+    tokens: int
+
+    def table(self) -> str:
+        lines = [f"draft at exit {self.exit_layer:<4}  {'soft CE':>7}  {'agree w/ final':>14}  "
+                 f"{'E[accept] T=1':>13}"]
+        for i, name in enumerate(DRAFTS):
+            lines.append(f"{name:<17}  {self.soft_ce[i]:7.4f}  {self.agreement[i]:14.3f}  "
+                         f"{self.expected_accept[i]:13.3f}")
+        lines.append(f"over {self.tokens} validation tokens")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"exit_layer": self.exit_layer, "tokens": self.tokens,
+                **{f"{metric}_{name.replace(' ', '_')}": values[i]
+                   for metric, values in (("soft_ce", self.soft_ce),
+                                          ("agreement", self.agreement),
+                                          ("expected_accept", self.expected_accept))
+                   for i, name in enumerate(DRAFTS)}}
+
+
+def base_pass(base: Params, cfg: ModelConfig, exit_layer: int,
+              inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The frozen base on `inputs` [B, T]: hidden states at exit E [B, T, D] and the final
+    layer's logits [B, T, V]."""
+    shallow = run_layers(base, cfg, embed(base, cfg, inputs), layers=(0, exit_layer))[-1]
+    final = run_layers(base, cfg, shallow, layers=(exit_layer, cfg.num_layers))[-1]
+    return shallow, exit_logits(base, cfg, final)
+
+
+def make_adapter_step(cfg: ModelConfig, exit_layer: int,
+                      optimizer: optax.GradientTransformation) -> Callable:
+    """Returns train_step(state, base params, batch [B, T+1]) -> (state, metrics)."""
+
+    def train_step(state: TrainState, base: Params,
+                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        hidden, final_logits = base_pass(base, cfg, exit_layer, batch[:, :-1])
+        teacher = jax.nn.softmax(final_logits)
+
+        def loss_fn(adapter):
+            logits = adapter_logits(base, adapter, cfg, hidden)
+            return jnp.mean(optax.softmax_cross_entropy(logits, teacher))
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return (TrainState(step=state.step + 1, params=params, opt_state=opt_state),
+                {"loss": loss, "grad_norm": optax.tree.norm(grads)})
+
+    return train_step
+
+
+def make_adapter_eval_step(cfg: ModelConfig, exit_layer: int) -> Callable:
+    """Returns eval_step(adapter, base, batch) -> sums over the batch, [2] each (head, adapter)."""
+
+    def eval_step(adapter: Params, base: Params, batch: jax.Array) -> dict[str, jax.Array]:
+        hidden, final_logits = base_pass(base, cfg, exit_layer, batch[:, :-1])
+        teacher = jax.nn.softmax(final_logits)
+        drafts = jnp.stack([exit_logits(base, cfg, hidden),
+                            adapter_logits(base, adapter, cfg, hidden)])
+        target = jnp.argmax(final_logits, axis=-1)
+        return {"soft_ce": jnp.sum(optax.softmax_cross_entropy(drafts, teacher), axis=(1, 2)),
+                "agree": jnp.sum(jnp.argmax(drafts, axis=-1) == target, axis=(1, 2)),
+                "accept": jnp.sum(jnp.minimum(jax.nn.softmax(drafts), teacher), axis=(1, 2, 3))}
+
+    return eval_step
+
+
+class KangarooAdapter:
+    """The adapter at exit `kangaroo.exit_layer` of the frozen `base`."""
+
+    name: ClassVar[str] = "kangaroo"
+
+    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
+        self.run, self.config, self.base = run, config, base
+        self.exit_layer = run.kangaroo.exit_layer
+        if self.exit_layer >= run.model.num_layers:
+            raise ValueError(f"kangaroo.exit_layer={self.exit_layer} must lie in [1, num_layers "
+                             f"- 1 = {run.model.num_layers - 1}]")
+        self.optimizer = make_optimizer(run.train)
+        self._train_step = jax.jit(make_adapter_step(run.model, self.exit_layer, self.optimizer),
+                                   donate_argnums=0)
+        self._eval_step = jax.jit(make_adapter_eval_step(run.model, self.exit_layer))
+
+    @staticmethod
+    def on_base(config: dict[str, Any]) -> dict[str, Any]:
+        """The run config with the adapter's exit as the decoding default: `--strategy
+        kangaroo` on this workdir drafts where the adapter was trained."""
+        exit_layer = dict(config.get("kangaroo") or {}).get("exit_layer",
+                                                             KangarooConfig.exit_layer)
+        config["decoding"] = {**config["decoding"], "exit_layer": exit_layer}
+        return config
+
+    def init_state(self) -> TrainState:
+        adapter = init_adapter(self.base.params, self.run.model, self.exit_layer)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=adapter,
+                          opt_state=self.optimizer.init(adapter))
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        del step  # no per-step schedule or randomness
+        return self._train_step(state, self.base.params, batch)
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AdapterReport:
+        totals, tokens = None, 0
+        for batch in batches:
+            sums = jax.device_get(self._eval_step(state.params, self.base.params, batch))
+            totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
+            tokens += batch.shape[0] * (batch.shape[1] - 1)
+        per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
+        return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
+                             per_token["accept"], tokens)
+
+    def meta(self) -> dict[str, Any]:
+        return {"base": self.base.record(), "adapter": {"exit_layer": self.exit_layer}}
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        if meta.get("objective") != self.name:
+            raise CheckpointError(f"the workdir holds a {meta.get('objective', 'layerskip')} "
+                                  "run, not a Kangaroo adapter; use a new --workdir")
+        self.base.check_unchanged(meta["base"], "this adapter")
+        trained = meta["adapter"]["exit_layer"]
+        if trained != self.exit_layer:
+            raise CheckpointError(f"kangaroo.exit_layer={self.exit_layer} differs from the "
+                                  f"checkpoint's {trained}; use a new --workdir")

@@ -1,0 +1,98 @@
+"""What a training run optimises: the `Objective` interface the trainer drives, and LayerSkip's.
+
+The trainer owns the data stream, the loop, logging, checkpoints, resume and interrupts; an
+objective owns the parameters being trained, the compiled train and eval steps and what its
+checkpoints must record. LayerSkip trains the whole model (layer dropout, early-exit loss); a
+head on a frozen base (Kangaroo's adapter, `training.kangaroo`) trains only its own weights.
+The objectives are registered in `training.objectives`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.training.config import RunConfig
+from specjax.training.curriculum import exit_schedule
+from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
+from specjax.training.layer_dropout import dropout_rates
+from specjax.training.optimizer import make_optimizer
+from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
+
+
+class Report(Protocol):
+    """Validation metrics: printed as a table, logged as a dict."""
+
+    def table(self) -> str: ...
+
+    def to_dict(self) -> dict: ...
+
+
+class Objective(Protocol):
+    name: ClassVar[str]
+    run: RunConfig
+    config: dict[str, Any]  # the config as run (a base fills in the model, data, decoding)
+
+    def init_state(self) -> TrainState:
+        """The state before step 0 (the run's seed decides it)."""
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimiser step on `batch` [B, T+1]; metrics include a scalar "loss"."""
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> Report:
+        """Validation metrics over `batches`."""
+
+    def meta(self) -> dict[str, Any]:
+        """What each checkpoint records beyond the trainer's own metadata."""
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        """Raises if the checkpoint (its `meta`) cannot be continued by this objective."""
+
+
+def step_schedule(run: RunConfig, step: int) -> StepSchedule:
+    """The host-built per-step inputs of the LayerSkip train step."""
+    cfg = run.model
+    layers, weights = exit_schedule(run.layerskip, cfg.supervised_exits, cfg.num_layers, step,
+                                    run.train.total_steps)
+    rates = dropout_rates(run.layerskip, cfg.num_layers, step, run.train.total_steps)
+    return StepSchedule(drop_rates=jnp.asarray(rates), exit_layers=jnp.asarray(layers),
+                        exit_weights=jnp.asarray(weights))
+
+
+class LayerSkip:
+    """The whole model, trained with layer dropout and the early-exit loss (`layerskip`)."""
+
+    name: ClassVar[str] = "layerskip"
+
+    def __init__(self, run: RunConfig, config: dict[str, Any]):
+        self.run, self.config = run, config
+        self.optimizer = make_optimizer(run.train)
+        self._train_step = jax.jit(make_train_step(run.model, self.optimizer,
+                                                   remat=run.train.remat), donate_argnums=0)
+        self.eval_step = jax.jit(make_eval_step(run.model))
+        self._key = jax.random.PRNGKey(run.train.seed + 1)
+
+    def init_state(self) -> TrainState:
+        return init_train_state(self.run.model, self.optimizer,
+                                jax.random.PRNGKey(self.run.train.seed))
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._train_step(state, batch, jax.random.fold_in(self._key, step),
+                                step_schedule(self.run, step))
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ExitReport:
+        return evaluate(self.eval_step, state.params, batches)
+
+    def meta(self) -> dict[str, Any]:
+        return {}
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        if meta.get("objective", self.name) != self.name:
+            raise ValueError(f"the workdir holds a {meta['objective']} run, not a model; use a "
+                             "new --workdir")

@@ -1,0 +1,35 @@
+"""The one registry of training objectives, and the choice of one from a config.
+
+A config with none of the head sections trains a model (LayerSkip). A config with a head
+section (`kangaroo`) trains that head on the frozen model in `base_workdir`: the model, its
+tokenizer and the data and decoding defaults come from the base, the config's sections override
+the last two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specjax.training.config import parse_run_config
+from specjax.training.frozen_base import config_on_base, load_base
+from specjax.training.kangaroo import KangarooAdapter
+from specjax.training.objective import LayerSkip, Objective
+
+HEADS = {"kangaroo": KangarooAdapter}  # trained on a frozen base, by config section
+
+
+def make_objective(config: Mapping[str, Any]) -> Objective:
+    """The objective `config` describes, with its run config validated (and the base loaded)."""
+    heads = [name for name in HEADS if name in config]
+    if not heads:
+        if config.get("base_workdir"):
+            raise ValueError(f"config.base_workdir is set but no head section ({sorted(HEADS)}) "
+                             "says what to train on it")
+        return LayerSkip(parse_run_config(config), dict(config))
+    if len(heads) > 1:
+        raise ValueError(f"config: one head per run, got sections {heads}")
+    head = HEADS[heads[0]]
+    base = load_base(str(config.get("base_workdir", "")))
+    values = head.on_base(config_on_base(config, base))
+    return head(parse_run_config(values), values, base)

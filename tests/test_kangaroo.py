@@ -1,0 +1,157 @@
+"""Kangaroo decoding: an adapter with its own K/V on exit E, chains (with η) and trees.
+
+The adapters here are the shared head at exit E plus noise (`init_adapter` starts as exactly that
+head), so their drafts differ from both the head's and the target's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.adapter import init_adapter, run_adapter_cached
+from specjax.cache import Cache, LayerKV
+from specjax.config import ModelConfig
+from specjax.decoding import loop
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftContext
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.kangaroo import Kangaroo
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.tree import chain_layout
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
+NEW = 23
+SHAPES = {"chain K=3": Chain(3), "chain K=6 eta=.5": Chain(6, 0.5),
+          "static 2,2,1,1": StaticTree.from_branching((2, 2, 1, 1)),
+          "dynamic T=8 k=2 D=3": DynamicTree(8, 2, 3)}
+PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+
+
+def noisy_adapter(exit_layer: int, noise: float, params=PARAMS):
+    adapter = init_adapter(params, CFG, exit_layer)
+    leaves, tree = jax.tree.flatten(adapter)
+    keys = jax.random.split(jax.random.PRNGKey(exit_layer), len(leaves))
+    return jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
+                                     for w, k in zip(leaves, keys, strict=True)])
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(PARAMS, CFG, draft_weights={"kangaroo": DraftWeights(noisy_adapter(1, .3),
+                                                                           1)})
+
+
+@pytest.fixture(scope="module")
+def reference(generator):
+    return generator.generate(PROMPTS, max_new_tokens=NEW)
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_greedy_kangaroo_equals_autoregressive(generator, reference, name):
+    """Catches an adapter K/V that verification or commit corrupts into the target cache, a
+    reuse of the wrong hidden state (the adapter's output instead of exit E's) and a tree
+    commit that misplaces the target's K/V: each changes the committed tokens."""
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=Kangaroo(1, SHAPES[name]))
+    assert out.tokens == reference.tokens
+    assert out.total.accepted > 0
+    for stats in out.stats:
+        assert stats.accepted + stats.rounds == NEW - 1
+
+
+def test_eos_inside_a_kangaroo_draft_ends_the_row_like_autoregressive(generator, reference):
+    full = reference.tokens
+    eos = next(t for i, t in enumerate(full[0]) if i >= 4 and t not in full[0][:i])
+    expected = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos).tokens
+    assert expected[0][-1] == eos and len(expected[0]) < NEW
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, eos_id=eos,
+                             strategy=Kangaroo(1, Chain(6, 0.5)))
+    assert out.tokens == expected
+
+
+@pytest.mark.parametrize("name", ["chain K=3", "static 2,2,1,1"])
+def test_the_adapter_cache_equals_the_adapter_run_on_the_committed_tokens(name):
+    """After several rounds the adapter's committed K/V equal its K/V over the committed
+    sequence computed from scratch. Catches a commit that leaves a chain's last draft (never
+    run by the draft) without K/V after a fully accepted round, or a tree commit that does not
+    move the accepted path's K/V into place: the drafts would then attend to stale keys."""
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.05)
+    adapter = noisy_adapter(1, 0.01, params)  # a near-perfect draft: fully accepted rounds
+    generator = Generator(params, CFG)
+    drafter = Kangaroo(1, SHAPES[name])
+    padded, lengths = generator.pad(PROMPTS)
+
+    @jax.jit
+    def rounds(params, adapter):
+        ctx = DraftContext(params=params, draft_params=adapter, sampling=None, cfg=CFG)
+        key = jax.random.PRNGKey(0)
+        state = loop.prefill(ctx, drafter, padded, lengths, key, jnp.int32(-1),
+                             max_new_tokens=NEW, cache_len=80)
+        for _ in range(4):
+            state = loop.decode_round(ctx, drafter, key, jnp.int32(-1), state,
+                                      max_new_tokens=NEW)
+        return state
+
+    state = rounds(generator.params, adapter)
+    assert int(jnp.max(state.stats.accepted)) == 4 * drafter.shape.depth  # all accepted
+
+    @jax.jit
+    def from_scratch(params, adapter, tokens):
+        width = tokens.shape[1]
+        layout = chain_layout(jnp.zeros((1,), jnp.int32), width, 80)
+        hidden, _ = M.run_layers_cached(params, CFG, M.embed(params, CFG, tokens),
+                                        Cache.allocate(CFG, 1, 80), jnp.zeros((1,), jnp.int32),
+                                        layers=(0, 1))
+        return run_adapter_cached(adapter, CFG, hidden, LayerKV.allocate(CFG, 1, 80),
+                                  *layout)[1]
+
+    kv_heads = CFG.num_kv_heads
+    for b, prompt in enumerate(PROMPTS):
+        committed = int(state.cache.lengths[b])
+        emitted = state.tokens[b, :int(state.num_tokens[b])].tolist()
+        sequence = (list(prompt) + emitted)[:committed]
+        expected = from_scratch(generator.params, adapter, jnp.asarray([sequence]))
+        for mine, theirs in zip(state.drafter, expected, strict=True):
+            np.testing.assert_allclose(mine[b * kv_heads:(b + 1) * kv_heads, :committed],
+                                       theirs[:, :committed], atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["chain K=3"])
+def test_an_untrained_adapter_drafts_exactly_like_the_shared_head(name):
+    """`init_adapter` is the exit-E head: Kangaroo with it proposes what `selfspec` proposes,
+    round for round. Catches an initialisation that does not start from LayerSkip's draft
+    (e.g. an output norm other than the final norm, a non-zero output projection)."""
+    generator = Generator(PARAMS, CFG)
+    shape = SHAPES[name]
+    plain = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(2, shape))
+    adapted = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=Kangaroo(2, shape),
+                                 draft_params=init_adapter(PARAMS, CFG, 2))
+    assert adapted.stats == plain.stats and adapted.tokens == plain.tokens
+
+
+def test_kangaroo_needs_its_weights_for_its_exit(generator):
+    with pytest.raises(ValueError, match="drafts with trained weights and this model has none"):
+        Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4, strategy=Kangaroo(1))
+    with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):
+        generator.generate([[1]], max_new_tokens=4, strategy=Kangaroo(2))
+
+
+def test_kangaroo_loop_exports_for_tpu_and_cuda(generator):
+    def spec(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+    drafter = Kangaroo(1, StaticTree.from_branching((2, 1)))
+    fn = jax.jit(lambda p, a, prompts, lengths, key, sp, eos: loop.generate_tokens(
+        p, a, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
+        cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        spec(generator.params), spec(generator.draft_weights["kangaroo"].params),
+        jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), spec(SamplingParams.create()),
+        jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")

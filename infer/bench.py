@@ -7,7 +7,6 @@ prompts, one process, after a warm-up; greedy unless --temperature.
     python infer/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
 """
 
-import json
 import os
 import platform
 import sys
@@ -27,16 +26,16 @@ from specjax.decoding.cli import (
     DECODING_FLAGS,
     decoding_defaults,
     define_decoding_flags,
-    open_output,
     read_prompts_file,
     require_positive_flags,
     resolve_auto_tree,
+    run_writing_json,
     sweep_options,
 )
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.decoding.tree_search import pass_seconds
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.entrypoint import parse_flags
 from specjax.kernels import cpu_matmul
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
@@ -64,12 +63,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    output = run_cli(lambda: open_output(FLAGS.output_json))  # a bad path fails before the run
-    report = run_cli(benchmark)
-    print(format_report(report))
-    if output:
-        with output:
-            json.dump(report, output, indent=2)
+    print(format_report(run_writing_json(benchmark, FLAGS.output_json)))
 
 
 def _progress(line: str) -> None:

@@ -11,7 +11,6 @@ kernel's (above 1: the kernel is faster). The kernel's target: at least 1.25 idl
 """
 
 import contextlib
-import json
 import statistics
 import subprocess
 import sys
@@ -26,13 +25,13 @@ from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.cli import (
     decoding_defaults,
     decoding_options,
-    open_output,
     require_positive_flags,
+    run_writing_json,
 )
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.timing import time_interleaved
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.entrypoint import parse_flags
 from specjax.kernels import cpu_matmul
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
@@ -51,11 +50,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    output = run_cli(lambda: open_output(FLAGS.output_json))
-    rows = run_cli(measure)
-    if output:
-        with output:
-            json.dump(rows, output, indent=2)
+    run_writing_json(measure, FLAGS.output_json)
 
 
 def measure() -> list[dict]:

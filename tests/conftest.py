@@ -55,6 +55,27 @@ def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
     return {**params, "layers": layers}
 
 
+def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, lengths, *,
+                  rounds: int, max_new_tokens: int, cache_len: int):
+    """The greedy loop's state after its prefill and `rounds` rounds (one jitted program), for
+    tests that inspect caches mid-decoding."""
+    from specjax.decoding import loop
+    from specjax.decoding.drafter import DraftContext
+
+    @jax.jit
+    def run(params, draft_params):
+        ctx = DraftContext(params=params, draft_params=draft_params, sampling=None, cfg=cfg)
+        key = jax.random.PRNGKey(0)
+        state = loop.prefill(ctx, drafter, prompts, lengths, key, jax.numpy.int32(-1),
+                             max_new_tokens=max_new_tokens, cache_len=cache_len)
+        for _ in range(rounds):
+            state = loop.decode_round(ctx, drafter, key, jax.numpy.int32(-1), state,
+                                      max_new_tokens=max_new_tokens)
+        return state
+
+    return run(params, draft_params)
+
+
 def missing_test_requirements() -> list[str]:
     """What would make the kernel or Hugging Face tests skip on this machine."""
     missing = [f"{name} (pip install -e '.[test,hf]')" for name in ("torch", "transformers")

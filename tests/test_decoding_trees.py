@@ -23,7 +23,7 @@ from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59)), [9, 9, 8]]  # ragged, a 1-token prompt
@@ -157,20 +157,8 @@ def test_the_cache_after_tree_commits_equals_one_token_at_a_time(name):
     draft's K/V (layers after a skipped one) left in the cache."""
     generator = _generator()
     drafter = DRAFTERS[name]
-    padded, lengths = generator.pad(PROMPTS)
-
-    @jax.jit
-    def rounds(params):
-        ctx = DraftContext(params=params, draft_params={}, sampling=None, cfg=CFG)
-        key = jax.random.PRNGKey(0)
-        state = loop.prefill(ctx, drafter, padded, lengths, key, jnp.int32(-1),
-                             max_new_tokens=NEW, cache_len=80)
-        for _ in range(4):
-            state = loop.decode_round(ctx, drafter, key, jnp.int32(-1), state,
-                                      max_new_tokens=NEW)
-        return state
-
-    state = rounds(generator.params)
+    state = decode_rounds(generator.params, {}, CFG, drafter, *generator.pad(PROMPTS), rounds=4,
+                          max_new_tokens=NEW, cache_len=80)
     assert int(jnp.max(state.stats.accepted)) > 0
     step = jax.jit(M.run_layers_cached, static_argnames=("cfg", "layers"))
     for b, prompt in enumerate(PROMPTS):

@@ -205,3 +205,20 @@ def _processes_running(text):
         except OSError:  # the process ended meanwhile
             pass
     return found
+
+
+def test_search_skip_prints_the_best_sets_and_a_command_that_runs(workdir, tmp_path):
+    """The README's skip-set search: a table of scored sets with LayerSkip's exits marked,
+    JSON of every set, and a best line whose flags generate.py accepts."""
+    report = tmp_path / "skip.json"
+    result = _run("search_skip.py", "--workdir", workdir, "--num_prompts", "2",
+                  "--prompt_len", "16", "--new_tokens", "16", "--max_draft", "4",
+                  "--output_json", str(report))
+    assert result.returncode == 0, result.stderr[-2000:]
+    scored = json.loads(report.read_text())
+    assert len(scored) >= 4 and all(0 <= s["acceptance"] <= 1 for s in scored)
+    assert "(= selfspec E=1)" in result.stdout
+    best = result.stdout.strip().splitlines()[-1].removeprefix("best: ").split()
+    generated = _run("generate.py", "--workdir", workdir, *best, "--prompt", "x = ",
+                     "--max_new_tokens", "8")
+    assert generated.returncode == 0, generated.stderr[-2000:]

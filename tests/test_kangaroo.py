@@ -14,7 +14,6 @@ from specjax.cache import Cache, LayerKV
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
-from specjax.decoding.drafter import DraftContext
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
@@ -22,7 +21,7 @@ from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.tree import chain_layout
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
@@ -84,20 +83,8 @@ def test_the_adapter_cache_equals_the_adapter_run_on_the_committed_tokens(name):
     adapter = noisy_adapter(1, 0.01, params)  # a near-perfect draft: fully accepted rounds
     generator = Generator(params, CFG)
     drafter = Kangaroo(1, SHAPES[name])
-    padded, lengths = generator.pad(PROMPTS)
-
-    @jax.jit
-    def rounds(params, adapter):
-        ctx = DraftContext(params=params, draft_params=adapter, sampling=None, cfg=CFG)
-        key = jax.random.PRNGKey(0)
-        state = loop.prefill(ctx, drafter, padded, lengths, key, jnp.int32(-1),
-                             max_new_tokens=NEW, cache_len=80)
-        for _ in range(4):
-            state = loop.decode_round(ctx, drafter, key, jnp.int32(-1), state,
-                                      max_new_tokens=NEW)
-        return state
-
-    state = rounds(generator.params, adapter)
+    state = decode_rounds(generator.params, adapter, CFG, drafter, *generator.pad(PROMPTS),
+                          rounds=4, max_new_tokens=NEW, cache_len=80)
     assert int(jnp.max(state.stats.accepted)) == 4 * drafter.shape.depth  # all accepted
 
     @jax.jit

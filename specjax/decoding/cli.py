@@ -16,6 +16,7 @@ from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
+from specjax.entrypoint import run_cli
 
 DECODING_FLAGS = {
     "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
@@ -123,6 +124,18 @@ def read_prompts_file(path: str) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def run_writing_json(body: Callable[[], Any], path: str | None,
+                     to_json: Callable[[Any], Any] = lambda result: result) -> Any:
+    """An entry point's body (`run_cli`) whose result is also written to `path` as JSON; the
+    file is opened first, so a bad path fails before any work."""
+    output = run_cli(lambda: open_output(path))
+    result = run_cli(body)
+    if output:
+        with output:
+            json.dump(to_json(result), output, indent=2)
+    return result
 
 
 def open_output(path: str | None) -> IO[str] | None:

@@ -246,51 +246,64 @@ def _teacher_forced(generator: Generator, exit_layer: int, texts: list[list[int]
 def round_costs(generator: Generator, exit_layer: int, context: int, max_tokens: int) -> Costs:
     """`Costs` for 1 <= n <= max_tokens tokens after `context` cached tokens; the overhead is an
     `ar` round minus one full-model pass."""
-    sizes = _measured_sizes(max_tokens)
+    sizes = measured_sizes(max_tokens)
     layers = generator.cfg.num_layers
     shallow = pass_seconds(generator, (0, exit_layer), sizes, context)
     deep = pass_seconds(generator, (exit_layer, layers), sizes, context)
     full = pass_seconds(generator, (0, layers), [1], context)[0]
+    per_round = ar_round_seconds(generator, context)
+    return Costs(interpolate(sizes, shallow, max_tokens), interpolate(sizes, deep, max_tokens),
+                 max(per_round - full, 0.0), per_round)
+
+
+def ar_round_seconds(generator: Generator, context: int) -> float:
+    """Seconds of one `ar` round (one token) after `context` tokens: the difference of 33 and 1
+    new tokens, per token (prefill and compile excluded)."""
     prompt = [[1] * context]
     for new in (1, 33):  # compile both before timing
         generator.run(prompt, max_new_tokens=new).tokens.block_until_ready()
-    per_round = statistics.median(
+    return statistics.median(
         timed(lambda: generator.run(prompt, max_new_tokens=33).tokens.block_until_ready())
         - timed(lambda: generator.run(prompt, max_new_tokens=1).tokens.block_until_ready())
         for _ in range(3)) / 32
-    return Costs(_interpolate(sizes, shallow, max_tokens), _interpolate(sizes, deep, max_tokens),
-                 max(per_round - full, 0.0), per_round)
 
 
 def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[int],
                  context: int, repeats: int = 15) -> list[float]:
     """Median seconds of layers [start, stop) plus the head on n new tokens after `context`
-    cached ones, for each n in `sizes` (warm: compile time excluded)."""
+    cached ones, for each n in `sizes` (warm: compile time excluded). The cache is donated and
+    written in place, as in the decode loop (a cache that is not would be copied per layer)."""
     cfg, params = generator.cfg, generator.params
     cache = Cache.allocate(cfg, 1, context + max(sizes)).commit(jnp.asarray([context]))
 
-    @jax.jit
-    def segment(hidden):
+    @functools.partial(jax.jit, donate_argnums=1)
+    def segment(hidden, cache):
         layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
-        out, _ = run_layers_cached(params, cfg, hidden, cache, layout.slots, layers=layers,
-                                   positions=layout.positions, mask=layout.mask)
-        return exit_logits(params, cfg, out)
+        out, cache = run_layers_cached(params, cfg, hidden, cache, layout.slots, layers=layers,
+                                       positions=layout.positions, mask=layout.mask)
+        return exit_logits(params, cfg, out), cache
 
     def seconds(tokens):
+        nonlocal cache
         hidden = jnp.zeros((1, tokens, cfg.d_model), cfg.compute_dtype)
-        segment(hidden).block_until_ready()
-        return statistics.median(timed(lambda: segment(hidden).block_until_ready())
-                                 for _ in range(repeats))
+
+        def call():
+            nonlocal cache
+            logits, cache = segment(hidden, cache)
+            logits.block_until_ready()
+
+        call()
+        return statistics.median(timed(call) for _ in range(repeats))
 
     return [seconds(n) for n in sizes]
 
 
-def _measured_sizes(max_tokens: int) -> list[int]:
+def measured_sizes(max_tokens: int) -> list[int]:
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 17, 24, 32, 48, 64]
     return [n for n in sizes if n < max_tokens] + [max_tokens]
 
 
-def _interpolate(sizes: list[int], seconds: list[float], max_tokens: int) -> np.ndarray:
+def interpolate(sizes: list[int], seconds: list[float], max_tokens: int) -> np.ndarray:
     """Seconds for every token count 0..max_tokens (0 costs nothing)."""
     table = np.interp(np.arange(max_tokens + 1), sizes, seconds)
     table[0] = 0.0

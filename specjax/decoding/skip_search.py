@@ -1,0 +1,181 @@
+"""Which layers a `skip` draft should pass over (Draft & Verify, SWIFT): the set with the best
+expected speed-up, searched on held-out prompts.
+
+Acceptance of a skip set S is measured teacher-forced on the model's own continuations of the
+prompts (greedy or sampled, as decoding will be): one full-sequence pass with the layers in S
+passing their input through (`run_layers`' keep mask: one compiled program serves every set)
+against the full model, scoring each position by top-1 agreement (greedy) or by the probability
+that a sampled draft is accepted, sum_v min(p, q). A chain of K drafts with per-position
+acceptance a commits tau = (1 - a^(K+1)) / (1 - a) tokens a round. A round costs K draft steps
+(the head plus one pass per drafted layer), a verification pass over K+1 tokens and the loop's
+overhead, all measured; the expected speed-up is tau times an `ar` step over that. The search
+is greedy forward selection (add the layer whose skipping helps most, until every layer but
+the first is skipped), and LayerSkip's exits (skipping E..L-1) are scored alongside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams, probabilities
+from specjax.decoding.tree_search import (
+    ar_round_seconds,
+    interpolate,
+    measured_sizes,
+    pass_seconds,
+)
+from specjax.model import Params, embed, exit_logits, run_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipCandidate:
+    """A skip set with its measured acceptance, and the chain length K that maximises its
+    expected speed-up, with that tau and speed-up."""
+
+    skip: tuple[int, ...]
+    acceptance: float
+    num_draft: int
+    expected_tau: float
+    expected_speedup: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipCosts:
+    """Measured seconds: one layer and the head on one token; a full verification pass on n
+    tokens (`verify[n]`); the loop's overhead per round; an `ar` step."""
+
+    num_layers: int
+    layer: float
+    head: float
+    verify: np.ndarray
+    overhead: float
+    ar_step: float
+
+    def round(self, skip: Sequence[int], num_draft: int) -> float:
+        draft_step = self.head + (self.num_layers - len(skip)) * self.layer
+        return num_draft * draft_step + self.verify[num_draft + 1] + self.overhead
+
+
+def chain_tau(acceptance: float, num_draft: int) -> float:
+    """Expected tokens a round from K drafts each accepted with probability `acceptance`."""
+    if acceptance >= 1.0:
+        return num_draft + 1.0
+    return (1.0 - acceptance ** (num_draft + 1)) / (1.0 - acceptance)
+
+
+def measure_costs(generator: Generator, context: int, max_draft: int) -> SkipCosts:
+    """`SkipCosts` at `context` cached tokens, for chains of up to `max_draft` drafts. The
+    one-token passes that split a layer's cost from the head's are timed alternately, best of
+    five, so a drift in machine speed does not land on one of them."""
+    num_layers = generator.cfg.num_layers
+    pairs = [(pass_seconds(generator, (0, 1), [1], context)[0],
+              pass_seconds(generator, (0, num_layers), [1], context)[0]) for _ in range(5)]
+    one, full_one = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    sizes = measured_sizes(max_draft + 1)
+    full = pass_seconds(generator, (0, num_layers), sizes, context)
+    full[0] = full_one
+    layer = max(full[0] - one, 0.0) / (num_layers - 1)
+    ar_step = ar_round_seconds(generator, context)
+    return SkipCosts(num_layers, layer, max(one - layer, 0.0),
+                     interpolate(sizes, full, max_draft + 1), max(ar_step - full[0], 0.0),
+                     ar_step)
+
+
+class AcceptanceProbe:
+    """Teacher-forced acceptance of any skip set (see the module docstring)."""
+
+    def __init__(self, generator: Generator, prompts: Sequence[Sequence[int]],
+                 sampling: SamplingParams | None, *, new_tokens: int = 128, seed: int = 0):
+        cfg = generator.cfg
+        out = generator.generate(prompts, max_new_tokens=new_tokens, sampling=sampling,
+                                 seed=seed)
+        padded, lengths = generator.pad([list(p) + t for p, t in
+                                         zip(prompts, out.tokens, strict=True)])
+        positions = jnp.arange(padded.shape[1])[None, :]
+        starts = jnp.asarray([len(p) - 1 for p in prompts])[:, None]
+        # Position t predicts token t + 1: score the predictions of generated tokens.
+        self._weights = ((positions >= starts) & (positions < lengths[:, None] - 1)).astype(
+            jnp.float32)
+        self._tokens, self._sampling, self._cfg = padded, sampling, cfg
+        self._params = {**generator.params, "layers": jax.tree.map(
+            lambda *w: jnp.stack(w), *generator.params["layers"])}
+        everything = jnp.ones((cfg.num_layers,), bool)
+        self._target = _target(self._params, cfg, padded, everything, sampling)
+
+    def __call__(self, skip: Sequence[int]) -> float:
+        keep = np.ones(self._cfg.num_layers, bool)
+        keep[list(skip)] = False
+        return float(_acceptance(self._params, self._cfg, self._tokens, jnp.asarray(keep),
+                                 self._target, self._weights, self._sampling))
+
+
+def _draft_logits(params: Params, cfg: ModelConfig, tokens: jax.Array,
+                  keep: jax.Array) -> jax.Array:
+    batch = tokens.shape[0]
+    per_layer = run_layers(params, cfg, embed(params, cfg, tokens),
+                           keep=jnp.broadcast_to(keep[:, None], (cfg.num_layers, batch)))
+    return exit_logits(params, cfg, per_layer[-1])
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _target(params: Params, cfg: ModelConfig, tokens: jax.Array, keep: jax.Array,
+            sampling: SamplingParams | None) -> jax.Array:
+    """The full model's argmax [B, T] (greedy) or processed distribution [B, T, V]."""
+    logits = _draft_logits(params, cfg, tokens, keep)
+    if sampling is None:
+        return jnp.argmax(logits, axis=-1)
+    return probabilities(logits, sampling)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _acceptance(params: Params, cfg: ModelConfig, tokens: jax.Array, keep: jax.Array,
+                target: jax.Array, weights: jax.Array,
+                sampling: SamplingParams | None) -> jax.Array:
+    logits = _draft_logits(params, cfg, tokens, keep)
+    if sampling is None:
+        score = (jnp.argmax(logits, axis=-1) == target).astype(jnp.float32)
+    else:
+        score = jnp.sum(jnp.minimum(probabilities(logits, sampling), target), axis=-1)
+    return jnp.sum(score * weights) / jnp.sum(weights)
+
+
+def best_chain(skip: tuple[int, ...], acceptance: float, costs: SkipCosts,
+               max_draft: int) -> SkipCandidate:
+    """The skip set's candidate at the K in 1..max_draft with the best expected speed-up."""
+    def speedup(k):
+        return chain_tau(acceptance, k) * costs.ar_step / costs.round(skip, k)
+
+    k = max(range(1, max_draft + 1), key=speedup)
+    return SkipCandidate(skip, acceptance, k, chain_tau(acceptance, k), float(speedup(k)))
+
+
+def search(acceptance: Callable[[Sequence[int]], float], costs: SkipCosts,
+           max_draft: int) -> list[SkipCandidate]:
+    """Every skip set greedy forward selection visits, plus LayerSkip's exits, best first."""
+    num_layers = costs.num_layers
+    seen: dict[tuple[int, ...], SkipCandidate] = {}
+
+    def score(skip: tuple[int, ...]) -> float:
+        if skip not in seen:
+            seen[skip] = best_chain(skip, acceptance(skip), costs, max_draft)
+        return seen[skip].expected_speedup
+
+    current: tuple[int, ...] = ()
+    while len(current) < num_layers - 1:
+        options = [tuple(sorted((*current, layer))) for layer in range(1, num_layers)
+                   if layer not in current]
+        current = max(options, key=score)
+    for exit_layer in range(1, num_layers):
+        score(tuple(range(exit_layer, num_layers)))
+    return sorted(seen.values(), key=lambda c: -c.expected_speedup)

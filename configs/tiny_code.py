@@ -6,14 +6,18 @@ Sized to train in minutes on a 2-core CPU with early exits good enough for self-
 Variant `peer25m`: a 25.8M-parameter model (8 layers, width 512, MHA) for the peer benchmark
 against Hugging Face transformers, trained briefly (400 steps of 8 x 256 bytes, ~30 min on 2 cores).
     python train/train.py --config configs/tiny_code.py:peer25m --workdir runs/peer25m
+
+Variant `draft`: a separate draft model for the default (`--strategy draft --draft_workdir`):
+4 layers of width 128 (0.77M parameters, an eighth of the default), same bytes and corpus.
+    python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft
 """
 
 import ml_collections
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-    if variant not in ("", "peer25m"):
-        raise ValueError(f"unknown config variant {variant!r}; available: 'peer25m'")
+    if variant not in ("", "peer25m", "draft"):
+        raise ValueError(f"unknown config variant {variant!r}; available: 'peer25m', 'draft'")
     config = ml_collections.ConfigDict()
     config.model = ml_collections.ConfigDict(dict(
         vocab_size=259, d_model=256, num_layers=8, num_heads=4, num_kv_heads=2, mlp_dim=704,
@@ -39,6 +43,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         curriculum="none", rotation_interval=1))
     # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
     config.decoding = ml_collections.ConfigDict(dict(exit_layer=1, num_draft=6))
+    if variant == "draft":  # no early exits: it drafts with all of its layers
+        config.model.update(d_model=128, num_layers=4, num_heads=2, num_kv_heads=1, mlp_dim=352,
+                            exit_layers=(4,))
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

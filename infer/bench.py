@@ -41,6 +41,8 @@ from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
+flags.DEFINE_string("draft_workdir", None, "Strategy draft: the workdir of a smaller model with "
+                    "the same tokenizer (trained or imported) that drafts for this one.")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the "
                   f"baseline); available: {', '.join(sorted(STRATEGIES))}.")
@@ -72,7 +74,7 @@ def _progress(line: str) -> None:
 
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats")
-    loaded = load_model(FLAGS.workdir)
+    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:

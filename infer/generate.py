@@ -29,6 +29,8 @@ from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
+flags.DEFINE_string("draft_workdir", None, "Strategy draft: the workdir of a smaller model with "
+                    "the same tokenizer (trained or imported) that drafts for this one.")
 flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
 define_decoding_flags()
 flags.DEFINE_string("prompt", None, "A single prompt.")
@@ -57,7 +59,7 @@ def run() -> None:
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     output = open_output(FLAGS.output)  # before any work: a bad path fails at once
-    loaded = load_model(FLAGS.workdir)
+    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,

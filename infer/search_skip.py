@@ -66,7 +66,7 @@ def run() -> list[SkipCandidate]:
               f"{c.expected_speedup:12.2f}x{note}")
     best = candidates[0]
     print(f"best: --strategy skip --skip_layers {','.join(map(str, best.skip))} --num_draft "
-          f"{best.num_draft}")
+          f"{best.num_draft} --tree chain --draft_threshold 0")
     return candidates
 
 

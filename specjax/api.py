@@ -75,10 +75,12 @@ class LanguageModel:
         return completions[0] if isinstance(prompts, str) else completions
 
 
-def load(workdir: str, step: int | None = None) -> LanguageModel:
+def load(workdir: str, step: int | None = None,
+         draft_workdir: str | None = None) -> LanguageModel:
     """The model of a training or import workdir: its latest checkpoint (or `step`), falling
-    back to the newest readable one."""
-    return LanguageModel(load_model(workdir, step))
+    back to the newest readable one; `draft_workdir`, a model that drafts for it (strategy
+    "draft")."""
+    return LanguageModel(load_model(workdir, step, draft_workdir))
 
 
 def strategies() -> list[str]:

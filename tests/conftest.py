@@ -76,6 +76,17 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
     return run(params, draft_params)
 
 
+def check_eos_mid_draft(generator, prompts, strategy, max_new_tokens: int) -> None:
+    """A token that first appears mid-output in row 0 becomes the EOS: `strategy` must end
+    every row exactly where `ar` does (the EOS kept, nothing after it)."""
+    full = generator.generate(prompts, max_new_tokens=max_new_tokens).tokens
+    eos = next(t for i, t in enumerate(full[0]) if i >= 4 and t not in full[0][:i])
+    expected = generator.generate(prompts, max_new_tokens=max_new_tokens, eos_id=eos).tokens
+    assert expected[0][-1] == eos and len(expected[0]) < max_new_tokens
+    assert generator.generate(prompts, max_new_tokens=max_new_tokens, eos_id=eos,
+                              strategy=strategy).tokens == expected
+
+
 def missing_test_requirements() -> list[str]:
     """What would make the kernel or Hugging Face tests skip on this machine."""
     missing = [f"{name} (pip install -e '.[test,hf]')" for name in ("torch", "transformers")

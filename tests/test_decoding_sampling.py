@@ -2,6 +2,7 @@
 self-speculation (chains and every tree rule) equals plain sampling's, computed exactly from the
 model. The same test rejects a subtly wrong acceptance rule, so it has teeth."""
 
+import dataclasses
 import itertools
 import math
 
@@ -17,6 +18,7 @@ from specjax.decoding import acceptance, loop
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
+from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
@@ -47,18 +49,25 @@ def exact_joint(params, sampling):
     return joint / joint.sum()
 
 
-def generator_with_adapter(params):
-    """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise."""
-    adapter = init_adapter(params, CFG, 1)
-    leaves, tree = jax.tree.flatten(adapter)
+def _noisy(tree, scale):
+    leaves, structure = jax.tree.flatten(tree)
     keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    adapter = jax.tree.unflatten(tree, [w + 0.3 * jax.random.normal(k, w.shape)
-                                        for w, k in zip(leaves, keys, strict=True)])
-    return Generator(params, CFG, draft_weights={"kangaroo": DraftWeights(adapter, 1)})
+    return jax.tree.unflatten(structure, [w + scale * jax.random.normal(k, w.shape)
+                                          for w, k in zip(leaves, keys, strict=True)])
+
+
+def generator_with_drafters(params):
+    """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise and whose
+    draft model is the target's first two layers plus noise."""
+    draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
+                                                               params["layers"])})
+    return Generator(params, CFG, draft_weights={
+        "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
+        "draft": DraftWeights(_noisy(draft, 0.1), cfg=dataclasses.replace(CFG, num_layers=2))})
 
 
 def empirical_counts(params, strategy, sampling):
-    generator = generator_with_adapter(params)
+    generator = generator_with_drafters(params)
     counts = np.zeros((VOCAB,) * 3)
     for seed in range(SEEDS):
         out = generator.generate([PROMPT] * ROWS, max_new_tokens=NEW, strategy=strategy,
@@ -97,6 +106,8 @@ STRATEGIES = {
     "skip-tree": SkipLayers((1,), StaticTree.from_branching((2, 1))),
     "kangaroo-chain": Kangaroo(1, Chain(3, stop_below=0.3)),
     "kangaroo-tree": Kangaroo(1, StaticTree.from_branching((2, 1))),
+    "draft-chain": DraftModel(Chain(3, stop_below=0.3)),
+    "draft-tree": DraftModel(StaticTree.from_branching((2, 1))),
 }
 
 
@@ -111,7 +122,7 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
         empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
     if getattr(strategy.shape, "stop_below", 0):  # the confidence stop really cut drafts short
-        total = generator_with_adapter(params).generate([PROMPT] * 100, max_new_tokens=NEW,
+        total = generator_with_drafters(params).generate([PROMPT] * 100, max_new_tokens=NEW,
                                                 strategy=strategy, sampling=sampling).total
         assert total.rounds <= total.drafted < strategy.shape.num_draft * total.rounds
 

@@ -222,3 +222,20 @@ def test_search_skip_prints_the_best_sets_and_a_command_that_runs(workdir, tmp_p
     generated = _run("generate.py", "--workdir", workdir, *best, "--prompt", "x = ",
                      "--max_new_tokens", "8")
     assert generated.returncode == 0, generated.stderr[-2000:]
+
+
+def test_generate_with_a_draft_model_matches_ar(workdir, tmp_path):
+    """`--strategy draft --draft_workdir`: the draft model is loaded next to the target and
+    greedy output is ar's (here the model drafts for itself: every draft is accepted)."""
+    outputs = {}
+    for name, extra in (("ar", ["--strategy", "ar"]),
+                        ("draft", ["--strategy", "draft", "--draft_workdir", workdir])):
+        out = tmp_path / f"{name}.jsonl"
+        result = _run("generate.py", "--workdir", workdir, *extra, "--prompt", "import os",
+                      "--max_new_tokens", "16", "--output", str(out))
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs[name] = json.loads(out.read_text())
+    assert outputs["draft"]["completion"] == outputs["ar"]["completion"]
+    assert outputs["draft"]["acceptance_rate"] > 0.9  # the budget may cut the last round
+    missing = _run("generate.py", "--workdir", workdir, "--strategy", "draft", "--prompt", "x")
+    assert missing.returncode == 1 and "pass --draft_workdir" in missing.stderr

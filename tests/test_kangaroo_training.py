@@ -74,9 +74,9 @@ def test_an_interrupted_adapter_run_resumes_exactly(base, tmp_path):
 
 
 def test_a_missing_or_changed_base_is_refused(base, tmp_path):
-    """Catches an adapter resumed on a base that trained further in place, and one decoded on
-    a base trained again from scratch in the same workdir. (Decoding loads the base's step the
-    adapter was trained on while it exists.)"""
+    """Catches an adapter resumed or decoded on a base trained again from scratch in the same
+    workdir. A base that merely trained on keeps the step the adapter started on: resuming
+    and decoding use that step (checked by its checksum)."""
     with pytest.raises(ValueError, match="config.base_workdir is required"):
         Trainer(adapter_run(""), str(tmp_path / "a")).fit()
     with pytest.raises(CheckpointError, match="does not exist: train the base model first"):
@@ -91,13 +91,16 @@ def test_a_missing_or_changed_base_is_refused(base, tmp_path):
         Trainer(adapter_run(adapter), str(tmp_path / "b")).fit()
     with pytest.raises(ValueError, match="holds a kangaroo run"):
         Trainer(BASE_RUN, adapter).fit()
+    recorded = Checkpointer(adapter).read_meta()["base"]["checksum"]
     Trainer({**BASE_RUN, "train": {**BASE_RUN["train"], "total_steps": 5}}, moved).fit()
-    with pytest.raises(CheckpointError, match="is not the one this adapter was trained on"):
-        Trainer(adapter_run(moved, total_steps=6, warmup_steps=1), adapter).fit()
-    assert load_model(adapter).meta["base"]["step"] == 4  # step 4 is still there
+    assert load_base(moved).checksum != recorded  # the base trained on; its step 4 is kept
+    assert params_checksum(load_model(adapter).params) == recorded
+    Trainer(adapter_run(moved, total_steps=4, warmup_steps=1), adapter).fit()  # on step 4
     shutil.rmtree(moved)
     Trainer(tiny_run(model=dict(init_std=0.3), train={**BASE_RUN["train"], "seed": 1}),
             moved).fit()
+    with pytest.raises(CheckpointError, match="is not the one this adapter was trained on"):
+        Trainer(adapter_run(moved, total_steps=6, warmup_steps=1), adapter).fit()
     with pytest.raises(CheckpointError, match=f"is not the one {adapter} was trained on"):
         load_model(adapter)
 
@@ -122,5 +125,5 @@ def test_generate_kangaroo_from_the_adapter_workdir(base, tmp_path):
                                         strategy="ar")
     assert [r["completion"] for r in rows] == [c.text for c in plain]
     assert all(r["drafted"] > 0 for r in rows)
-    with pytest.raises(ValueError, match="drafts with trained weights and this model has none"):
+    with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
         specjax.load(base).generate("x", strategy="kangaroo")

@@ -4,11 +4,16 @@ exhaustive enumeration, and the CLI."""
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax.cache import Cache
 from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftContext
 from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SkipLayers, draft_with_layers
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.skip_search import (
     AcceptanceProbe,
@@ -18,6 +23,7 @@ from specjax.decoding.skip_search import (
     search,
 )
 from specjax.decoding.tree_search import child_acceptance
+from specjax.model import embed, exit_logits, run_layers_cached
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -39,6 +45,42 @@ def test_a_tail_skip_set_is_accepted_like_the_exit_head(sampled):
         measured = probe(tuple(range(exit_layer, CFG.num_layers)))
         assert measured == pytest.approx(reference, abs=0.03 if sampled else 1e-6)
     assert probe(()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("skip", [(1,), (1, 2)])
+def test_a_skip_set_is_accepted_as_decoding_drafts_it(skip):
+    """For a set that keeps layers after a skipped one, the probe's per-position drafts must
+    be the decoder's: each draft's later layers see the committed context's K/V as the full
+    model wrote them (verification), not as the skip path would. Reference: the decoder's own
+    draft function (`draft_with_layers` with `SkipLayers.ranges`) run position by position on
+    a cache the full model filled. Catches a probe whose context K/V come from the skip path."""
+    generator = Generator(damped_params(CFG, jax.random.PRNGKey(0), 0.5), CFG)
+    prompts, new = PROMPTS[:2], 12
+    probe = AcceptanceProbe(generator, prompts, None, new_tokens=new)
+    ranges = SkipLayers(skip, Chain(1)).ranges(CFG.num_layers)
+    width = 48
+
+    @jax.jit
+    def draft_and_target(params, tokens, length):
+        cache = Cache.allocate(CFG, 1, width)
+        hidden, cache = run_layers_cached(params, CFG, embed(params, CFG, tokens), cache,
+                                          jnp.zeros((1,), jnp.int32))
+        target = jnp.argmax(exit_logits(params, CFG, hidden)[0, length])
+        ctx = DraftContext(params=params, draft_params={}, sampling=None, cfg=CFG)
+        proposal, _, _ = draft_with_layers(ctx, Chain(1), cache.commit(length[None]),
+                                           tokens[:, length], jax.random.PRNGKey(0), ranges)
+        return proposal.tokens[0, 0], target
+
+    agree = []
+    for prompt, tokens in zip(prompts, generator.generate(prompts, max_new_tokens=new).tokens,
+                              strict=True):
+        sequence = list(prompt) + tokens
+        padded = jnp.asarray([sequence + [0] * (width - len(sequence))])
+        for position in range(len(prompt) - 1, len(sequence) - 1):
+            drafted, target = draft_and_target(generator.params, padded, jnp.int32(position))
+            agree.append(int(drafted) == int(target))
+    assert 0 < np.mean(agree) < 1
+    assert probe(skip) == pytest.approx(np.mean(agree), abs=1e-6)
 
 
 def test_chain_tau_is_the_expected_committed_tokens():

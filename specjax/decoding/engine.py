@@ -54,10 +54,12 @@ class RowStats:
 
 @dataclasses.dataclass(frozen=True)
 class DraftWeights:
-    """A trained drafter's own weights and the exit they were trained on."""
+    """A drafter's own weights: a Kangaroo adapter's (and the exit it was trained on) or a
+    draft model's (and its config)."""
 
     params: Params
-    exit_layer: int
+    exit_layer: int | None = None
+    cfg: ModelConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +131,8 @@ class Generator:
         """`generate_tokens`' array arguments and static options, checked."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        strategy, draft_params = self.with_weights(strategy, draft_params)
         strategy.validate(self.cfg)
-        if draft_params is None:
-            draft_params = self.draft_params(strategy)
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
@@ -139,19 +140,17 @@ class Generator:
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
                           cache_len=cache_len)
 
-    def draft_params(self, strategy: Drafter) -> Any:
-        """The weights `strategy` drafts with (None for drafters without weights); a clear error
-        when there are none for it or they were trained for another exit."""
-        if not getattr(strategy, "needs_weights", False):
-            return None
+    def with_weights(self, strategy: Drafter, draft_params: Any) -> tuple[Drafter, Any]:
+        """`strategy` bound to the weights it drafts with (`draft_weights[name]`, checked by its
+        `bind`) and their params; given `draft_params` are used as they are; a clear error when
+        a drafter that needs weights has none."""
+        if not getattr(strategy, "needs_weights", False) or draft_params is not None:
+            return strategy, draft_params
         weights = self.draft_weights.get(strategy.name)
         if weights is None:
-            raise ValueError(f"strategy {strategy.name!r} drafts with trained weights and this "
-                             f"model has none: {strategy.weights_hint}")
-        if weights.exit_layer != strategy.exit_layer:
-            raise ValueError(f"the {strategy.name} weights were trained at exit_layer="
-                             f"{weights.exit_layer}, not {strategy.exit_layer}")
-        return weights.params
+            raise ValueError(f"strategy {strategy.name!r} drafts with weights of its own and "
+                             f"this model has none: {strategy.weights_hint}")
+        return strategy.bind(weights), weights.params
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from specjax.adapter import run_adapter_cached
 from specjax.cache import Cache, LayerKV
 from specjax.decoding.drafter import DraftContext, Prefilled, Round
+from specjax.decoding.engine import DraftWeights
 from specjax.decoding.layerskip import SelfSpeculative, draft_with_layers
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.tree import Layout, chain_layout
@@ -44,6 +45,13 @@ class Kangaroo(SelfSpeculative):
     @property
     def prefill_exits(self) -> tuple[int, ...]:
         return (self.exit_layer,)
+
+    def bind(self, weights: DraftWeights) -> Kangaroo:
+        """This drafter, checked against the adapter it is given."""
+        if weights.exit_layer != self.exit_layer:
+            raise ValueError(f"the kangaroo adapter was trained at exit_layer="
+                             f"{weights.exit_layer}, not {self.exit_layer}")
+        return self
 
     def hf_options(self) -> None:
         return None  # transformers has no Kangaroo

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from specjax.config import DecodingConfig
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
+from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.kangaroo import Kangaroo
@@ -24,6 +25,7 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "selfspec": lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
     "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
     "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
+    "draft": lambda options: DraftModel(shape_for(options)),
 }
 
 CHAIN_SPECS = ("", "chain")

@@ -2,15 +2,19 @@
 expected speed-up, searched on held-out prompts.
 
 Acceptance of a skip set S is measured teacher-forced on the model's own continuations of the
-prompts (greedy or sampled, as decoding will be): one full-sequence pass with the layers in S
-passing their input through (`run_layers`' keep mask: one compiled program serves every set)
-against the full model, scoring each position by top-1 agreement (greedy) or by the probability
-that a sampled draft is accepted, sum_v min(p, q). A chain of K drafts with per-position
-acceptance a commits tau = (1 - a^(K+1)) / (1 - a) tokens a round. A round costs K draft steps
-(the head plus one pass per drafted layer), a verification pass over K+1 tokens and the loop's
-overhead, all measured; the expected speed-up is tau times an `ar` step over that. The search
-is greedy forward selection (add the layer whose skipping helps most, until every layer but
-the first is skipped), and LayerSkip's exits (skipping E..L-1) are scored alongside.
+prompts (greedy or sampled, as decoding will be), as decoding would draft each position: the
+full model first fills a cache with every position's K/V (as verification does for committed
+tokens); then every position drafts at once, each seeing the cached K/V of the positions before
+it and its own, with the layers in S passing their input through (a keep mask: one compiled
+program serves every set). Each position scores top-1 agreement with the full model (greedy)
+or the probability that a sampled draft is accepted, sum_v min(p, q). A chain of K drafts with
+per-position acceptance a commits tau = (1 - a^(K+1)) / (1 - a) tokens a round. A round costs K
+draft steps (the head plus one pass per drafted layer), verification (the layers before the
+first skipped one on the last draft alone, the rest on K+1 tokens: the draft's work there is
+reused) and the loop's overhead, all measured; the expected speed-up is tau times an `ar` step
+over that. The search is greedy forward selection (add the layer whose skipping helps most,
+until every layer but the first is skipped), and LayerSkip's exits (skipping E..L-1) are scored
+alongside.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
@@ -32,7 +37,7 @@ from specjax.decoding.tree_search import (
     measured_sizes,
     pass_seconds,
 )
-from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +69,10 @@ class SkipCosts:
 
     def round(self, skip: Sequence[int], num_draft: int) -> float:
         draft_step = self.head + (self.num_layers - len(skip)) * self.layer
-        return num_draft * draft_step + self.verify[num_draft + 1] + self.overhead
+        reused = skip[0]  # layers [0, first skipped) ran while drafting
+        verify = (reused * self.layer
+                  + self.verify[num_draft + 1] * (self.num_layers - reused) / self.num_layers)
+        return num_draft * draft_step + verify + self.overhead
 
 
 def chain_tau(acceptance: float, num_draft: int) -> float:
@@ -98,6 +106,9 @@ class AcceptanceProbe:
     def __init__(self, generator: Generator, prompts: Sequence[Sequence[int]],
                  sampling: SamplingParams | None, *, new_tokens: int = 128, seed: int = 0):
         cfg = generator.cfg
+        if cfg.num_layers < 2:
+            raise ValueError("a skip draft needs a model of at least 2 layers (it keeps layer 0 "
+                             "and skips some of the others)")
         out = generator.generate(prompts, max_new_tokens=new_tokens, sampling=sampling,
                                  seed=seed)
         padded, lengths = generator.pad([list(p) + t for p, t in
@@ -108,41 +119,50 @@ class AcceptanceProbe:
         self._weights = ((positions >= starts) & (positions < lengths[:, None] - 1)).astype(
             jnp.float32)
         self._tokens, self._sampling, self._cfg = padded, sampling, cfg
-        self._params = {**generator.params, "layers": jax.tree.map(
-            lambda *w: jnp.stack(w), *generator.params["layers"])}
-        everything = jnp.ones((cfg.num_layers,), bool)
-        self._target = _target(self._params, cfg, padded, everything, sampling)
+        self._params = generator.params
+        self._target, self._cache = _target(self._params, cfg, padded, sampling)
 
     def __call__(self, skip: Sequence[int]) -> float:
         keep = np.ones(self._cfg.num_layers, bool)
         keep[list(skip)] = False
-        return float(_acceptance(self._params, self._cfg, self._tokens, jnp.asarray(keep),
-                                 self._target, self._weights, self._sampling))
-
-
-def _draft_logits(params: Params, cfg: ModelConfig, tokens: jax.Array,
-                  keep: jax.Array) -> jax.Array:
-    batch = tokens.shape[0]
-    per_layer = run_layers(params, cfg, embed(params, cfg, tokens),
-                           keep=jnp.broadcast_to(keep[:, None], (cfg.num_layers, batch)))
-    return exit_logits(params, cfg, per_layer[-1])
+        return float(_acceptance(self._params, self._cfg, self._tokens, self._cache,
+                                 jnp.asarray(keep), self._target, self._weights,
+                                 self._sampling))
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
-def _target(params: Params, cfg: ModelConfig, tokens: jax.Array, keep: jax.Array,
-            sampling: SamplingParams | None) -> jax.Array:
-    """The full model's argmax [B, T] (greedy) or processed distribution [B, T, V]."""
-    logits = _draft_logits(params, cfg, tokens, keep)
+def _target(params: Params, cfg: ModelConfig, tokens: jax.Array,
+            sampling: SamplingParams | None) -> tuple[jax.Array, Cache]:
+    """The full model's argmax [B, T] (greedy) or processed distribution [B, T, V], and a
+    cache of 2T slots holding every position's K/V in the first T."""
+    batch, steps = tokens.shape
+    cache = Cache.allocate(cfg, batch, 2 * steps)
+    hidden, cache = run_layers_cached(params, cfg, embed(params, cfg, tokens), cache,
+                                      jnp.zeros((batch,), jnp.int32))
+    logits = exit_logits(params, cfg, hidden)
     if sampling is None:
-        return jnp.argmax(logits, axis=-1)
-    return probabilities(logits, sampling)
+        return jnp.argmax(logits, axis=-1), cache
+    return probabilities(logits, sampling), cache
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
-def _acceptance(params: Params, cfg: ModelConfig, tokens: jax.Array, keep: jax.Array,
-                target: jax.Array, weights: jax.Array,
+def _acceptance(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+                keep: jax.Array, target: jax.Array, weights: jax.Array,
                 sampling: SamplingParams | None) -> jax.Array:
-    logits = _draft_logits(params, cfg, tokens, keep)
+    """Every position t drafts at once, writing its K/V at scratch slot T + t and seeing the
+    full model's K/V of positions < t and its own; a layer with keep False passes through."""
+    batch, steps = tokens.shape
+    t = jnp.arange(steps)
+    slots = jnp.broadcast_to(steps + t, (batch, steps))
+    visible = jnp.arange(2 * steps)[None, None, :]
+    mask = jnp.broadcast_to((visible < t[None, :, None]) | (visible == (steps + t)[None, :, None]),
+                            (batch, steps, 2 * steps))
+    hidden = embed(params, cfg, tokens)
+    for layer in range(cfg.num_layers):
+        out, cache = run_layers_cached(params, cfg, hidden, cache, slots, layers=(layer, layer + 1),
+                                       positions=jnp.broadcast_to(t, (batch, steps)), mask=mask)
+        hidden = jnp.where(keep[layer], out, hidden)
+    logits = exit_logits(params, cfg, hidden)
     if sampling is None:
         score = (jnp.argmax(logits, axis=-1) == target).astype(jnp.float32)
     else:

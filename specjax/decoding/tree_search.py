@@ -284,7 +284,6 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
         return exit_logits(params, cfg, out), cache
 
     def seconds(tokens):
-        nonlocal cache
         hidden = jnp.zeros((1, tokens, cfg.d_model), cfg.compute_dtype)
 
         def call():

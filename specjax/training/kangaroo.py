@@ -23,7 +23,7 @@ from specjax.checkpoint import CheckpointError
 from specjax.config import ModelConfig
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.training.config import KangarooConfig, RunConfig
-from specjax.training.frozen_base import FrozenBase
+from specjax.training.frozen_base import FrozenBase, load_base
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
 
@@ -158,7 +158,15 @@ class KangarooAdapter:
         if meta.get("objective") != self.name:
             raise CheckpointError(f"the workdir holds a {meta.get('objective', 'layerskip')} "
                                   "run, not a Kangaroo adapter; use a new --workdir")
-        self.base.check_unchanged(meta["base"], "this adapter")
+        recorded = meta["base"]
+        if self.base.checksum != recorded.get("checksum"):
+            try:  # the base trained on since: continue on the step this adapter started on
+                self.base = load_base(recorded["workdir"], recorded["step"])
+                print(f"resuming on step {recorded['step']} of the base, the one this adapter "
+                      "started on")
+            except CheckpointError:
+                pass
+        self.base.check_unchanged(recorded, "this adapter")
         trained = meta["adapter"]["exit_layer"]
         if trained != self.exit_layer:
             raise CheckpointError(f"kangaroo.exit_layer={self.exit_layer} differs from the "

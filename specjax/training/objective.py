@@ -38,7 +38,7 @@ class Objective(Protocol):
     config: dict[str, Any]  # the config as run (a base fills in the model, data, decoding)
 
     def init_state(self) -> TrainState:
-        """The state before step 0 (the run's seed decides it)."""
+        """The state before step 0 (from the run's seed, or from the base a head starts as)."""
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:

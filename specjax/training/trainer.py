@@ -68,7 +68,7 @@ class Trainer:
         self.log = MetricsLog(workdir)
 
     def fresh_state(self) -> TrainState:
-        """A new initialisation from the run's seed."""
+        """A new initialisation (the objective's `init_state`)."""
         return self.objective.init_state()
 
     def initial_state(self) -> tuple[TrainState, int]:

@@ -1,0 +1,91 @@
+"""Classic speculative decoding: a separate, smaller draft model with the same vocabulary.
+
+The draft model keeps its own KV cache (the drafter state), laid out like the target's and
+committed to the same lengths: its prefill runs the prompt, each round it drafts the proposal's
+shape one step per level, and commit moves a tree's accepted path into place. The last accepted
+draft may be one the draft model never ran (a chain's last draft, a tree's leaf), so commit
+runs it once more on that token (gpt-fast's catch-up; for a draft it did run, the same K/V
+again). Nothing of the target is reused: verification runs every layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import Cache
+from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftContext, Prefilled, Round
+from specjax.decoding.engine import DraftWeights
+from specjax.decoding.proposal import Proposal, Shape
+from specjax.decoding.tree import Layout
+from specjax.model import embed, exit_logits, run_layers_cached
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+    """shape: the proposals' shape; cfg: the draft model's config (bound from its weights,
+    `bind`). Its params are the draft model's (layers unstacked, as for decoding)."""
+
+    shape: Shape = Chain(num_draft=4)
+    cfg: ModelConfig | None = None
+
+    name: ClassVar[str] = "draft"
+    needs_weights: ClassVar[bool] = True
+    weights_hint: ClassVar[str] = (
+        "pass --draft_workdir, a specjax workdir (trained or imported) with the same tokenizer")
+    prefill_exits: ClassVar[tuple[int, ...]] = ()
+
+    def bind(self, weights: DraftWeights) -> DraftModel:
+        return dataclasses.replace(self, cfg=weights.cfg)
+
+    def validate(self, cfg: ModelConfig) -> None:
+        if self.cfg is None:
+            raise ValueError(f"strategy 'draft' needs a draft model: {self.weights_hint}")
+        if self.cfg.vocab_size != cfg.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({self.cfg.vocab_size} ids) differs "
+                             f"from the target's ({cfg.vocab_size})")
+        self.shape.validate()
+
+    def label(self) -> str:
+        return f"{self.name} {self.shape.label()}"
+
+    def hf_options(self) -> None:
+        return None
+
+    def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Cache:
+        batch = prefilled.prompts.shape[0]
+        cache = Cache.allocate(self.cfg, batch, prefilled.cache_len)
+        _, cache = run_layers_cached(ctx.draft_params, self.cfg,
+                                     embed(ctx.draft_params, self.cfg, prefilled.prompts), cache,
+                                     jnp.zeros((batch,), jnp.int32))
+        return cache.commit(prefilled.lengths)
+
+    def propose(self, ctx: DraftContext, state: Cache, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, Cache]:
+        def step(draft_cache: Cache, tokens: jax.Array, layout: Layout):
+            hidden, draft_cache = run_layers_cached(
+                ctx.draft_params, self.cfg, embed(ctx.draft_params, self.cfg, tokens),
+                draft_cache, layout.slots, positions=layout.positions, mask=layout.mask)
+            return (exit_logits(ctx.draft_params, self.cfg, hidden),
+                    jnp.zeros(tokens.shape + (1,), jnp.float32), draft_cache)
+
+        proposal, _, _, state = self.shape.draft(step, state, cache.lengths, pending, key,
+                                                 ctx.sampling, cache.max_len)
+        return proposal, cache, state
+
+    def commit(self, ctx: DraftContext, state: Cache, done: Round) -> Cache:
+        accepted = done.acceptance.num_accepted
+        state = state.commit(done.lengths_after, done.acceptance.path)
+        # The last accepted draft sits at slot lengths_before + n; with none accepted, write
+        # the bonus token at its own slot instead (the next round writes it again).
+        last = jnp.take_along_axis(done.acceptance.emitted,
+                                   jnp.maximum(accepted - 1, 0)[:, None], axis=1)
+        slot = jnp.where(accepted > 0, done.lengths_before + accepted, done.lengths_after)
+        _, state = run_layers_cached(ctx.draft_params, self.cfg,
+                                     embed(ctx.draft_params, self.cfg, last), state, slot)
+        return state

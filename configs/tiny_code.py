@@ -10,6 +10,8 @@ against Hugging Face transformers, trained briefly (400 steps of 8 x 256 bytes, 
 Variant `draft`: a separate draft model for the default (`--strategy draft --draft_workdir`):
 4 layers of width 128 (0.77M parameters, an eighth of the default), same bytes and corpus.
     python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft
+    python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft_distilled \
+        --config.distill.teacher_workdir=runs/tiny
 """
 
 import ml_collections
@@ -46,6 +48,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     if variant == "draft":  # no early exits: it drafts with all of its layers
         config.model.update(d_model=128, num_layers=4, num_heads=2, num_kv_heads=1, mlp_dim=352,
                             exit_layers=(4,))
+        # DistillSpec: --config.distill.teacher_workdir=runs/tiny trains it to the target's
+        # distribution instead of the corpus' tokens.
+        config.distill = ml_collections.ConfigDict(dict(teacher_workdir=""))
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

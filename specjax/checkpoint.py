@@ -149,11 +149,9 @@ def _load_step(checkpoints: Checkpointer, step: int,
     meta = checkpoints.read_meta(step)
     if "model" not in meta:
         raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")
-    objective = meta.get("objective", "layerskip")
-    if abstract is None and objective != "layerskip":
-        base = meta.get("base", {}).get("workdir")
-        raise CheckpointError(f"{checkpoints.directory} holds a {objective} run, not a model"
-                              + (f" (a head on the model in {base})" if base else ""))
+    if abstract is None and "base" in meta:  # a head's weights, not a model's
+        raise CheckpointError(f"{checkpoints.directory} holds a {meta.get('objective')} run, "
+                              f"not a model (a head on the model in {meta['base']['workdir']})")
     cfg = ModelConfig.from_dict(meta["model"])
     shapes = (abstract(cfg) if abstract is not None else
               jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))

@@ -63,7 +63,7 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
         meta = Checkpointer(workdir, create=False).read_meta(step)
     except UnreadableCheckpointError:  # load_params falls back to a readable step, if any
         meta = {}
-    if meta.get("objective", "layerskip") != "kangaroo":
+    if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step)
         return LoadedModel(workdir, params, cfg, meta, {})
     recorded = meta["base"]

@@ -101,6 +101,15 @@ class KangarooConfig:
                self.exit_layer, "must be an int >= 1")
 
 
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """DistillSpec-style training of a draft model: with `teacher_workdir` set, the model is
+    trained to the teacher's next-token distribution on the corpus (soft cross-entropy, i.e.
+    KL to the teacher up to its entropy) instead of the corpus' tokens."""
+
+    teacher_workdir: str = ""
+
+
 def _positive(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
     _check(value > 0, f"train.{name}", value, "must be > 0")
@@ -122,10 +131,11 @@ class RunConfig:
     layerskip: LayerSkipConfig
     decoding: DecodingConfig
     kangaroo: KangarooConfig
+    distill: DistillConfig
     base_workdir: str = ""
 
 
-SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo")
+SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "distill")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -169,6 +179,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
                                          "layerskip"),
         decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"),
         kangaroo=dataclass_from_mapping(KangarooConfig, values.get("kangaroo", {}), "kangaroo"),
+        distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
     vocab = get_tokenizer(run.data.tokenizer).vocab_size

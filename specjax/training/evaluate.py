@@ -72,13 +72,20 @@ def make_eval_step(cfg: ModelConfig) -> Callable:
     return eval_step
 
 
-def evaluate(eval_step: Callable, params: Params, batches: Sequence[np.ndarray]) -> ExitReport:
-    totals = None
-    tokens = 0
+def sum_over_batches(eval_batch: Callable[[np.ndarray], dict[str, jax.Array]],
+                     batches: Sequence[np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """Each metric of `eval_batch(batch)` summed over the batches, and the number of predicted
+    tokens (every position of a [B, T+1] batch but the last)."""
+    totals, tokens = None, 0
     for batch in batches:
-        sums = jax.device_get(eval_step(params, batch))
+        sums = jax.device_get(eval_batch(batch))
         totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
         tokens += batch.shape[0] * (batch.shape[1] - 1)
+    return totals, tokens
+
+
+def evaluate(eval_step: Callable, params: Params, batches: Sequence[np.ndarray]) -> ExitReport:
+    totals, tokens = sum_over_batches(lambda batch: eval_step(params, batch), batches)
     return ExitReport(loss=tuple(float(x) / tokens for x in totals["ce_sum"]),
                       accuracy=tuple(float(x) / tokens for x in totals["correct"]),
                       agreement=tuple(float(x) / tokens for x in totals["agree"]),

@@ -23,6 +23,7 @@ from specjax.checkpoint import CheckpointError
 from specjax.config import ModelConfig
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.training.config import KangarooConfig, RunConfig
+from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import FrozenBase, load_base
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
@@ -142,11 +143,8 @@ class KangarooAdapter:
         return self._train_step(state, self.base.params, batch)
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AdapterReport:
-        totals, tokens = None, 0
-        for batch in batches:
-            sums = jax.device_get(self._eval_step(state.params, self.base.params, batch))
-            totals = sums if totals is None else {k: totals[k] + sums[k] for k in totals}
-            tokens += batch.shape[0] * (batch.shape[1] - 1)
+        totals, tokens = sum_over_batches(
+            lambda batch: self._eval_step(state.params, self.base.params, batch), batches)
         per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
         return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
                              per_token["accept"], tokens)

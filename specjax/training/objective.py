@@ -94,5 +94,5 @@ class LayerSkip:
 
     def check_resume(self, meta: dict[str, Any]) -> None:
         if meta.get("objective", self.name) != self.name:
-            raise ValueError(f"the workdir holds a {meta['objective']} run, not a model; use a "
-                             "new --workdir")
+            raise ValueError(f"the workdir holds a {meta['objective']} run, not a LayerSkip "
+                             "one; use a new --workdir")

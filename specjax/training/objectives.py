@@ -1,7 +1,8 @@
 """The one registry of training objectives, and the choice of one from a config.
 
-A config with none of the head sections trains a model (LayerSkip). A config with a head
-section (`kangaroo`) trains that head on the frozen model in `base_workdir`: the model, its
+A config with none of the head sections trains a model (LayerSkip), or, with
+`distill.teacher_workdir` set, distils a frozen teacher into it (a draft model). A config with a
+head section (`kangaroo`) trains that head on the frozen model in `base_workdir`: the model, its
 tokenizer and the data and decoding defaults come from the base, the config's sections override
 the last two.
 """
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specjax.training.config import parse_run_config
+from specjax.training.distill import Distill
 from specjax.training.frozen_base import config_on_base, load_base
 from specjax.training.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective
@@ -26,6 +28,9 @@ def make_objective(config: Mapping[str, Any]) -> Objective:
         if config.get("base_workdir"):
             raise ValueError(f"config.base_workdir is set but no head section ({sorted(HEADS)}) "
                              "says what to train on it")
+        teacher = dict(config.get("distill") or {}).get("teacher_workdir")
+        if teacher:
+            return Distill(parse_run_config(config), dict(config), load_base(teacher))
         return LayerSkip(parse_run_config(config), dict(config))
     if len(heads) > 1:
         raise ValueError(f"config: one head per run, got sections {heads}")

@@ -87,7 +87,8 @@ def benchmark() -> dict:
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
-                                     workdir=FLAGS.workdir, step=meta["step"])
+                                     workdir=FLAGS.workdir, step=meta["step"],
+                                     strategies=FLAGS.strategies)
                    for options in sweep_options(decoding_defaults(meta), cfg, sweeps)]
     strategies, plans = {}, {}
     for name in FLAGS.strategies:

@@ -69,7 +69,7 @@ def run() -> None:
     spec = options.tree
     options, plan = resolve_auto_tree(
         options, generator, lambda: _tuning_prompts(meta, tokenizer, encoded), sampling,
-        workdir=FLAGS.workdir, step=meta["step"])
+        workdir=FLAGS.workdir, step=meta["step"], strategies=[FLAGS.strategy])
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
     strategy = make_strategy(FLAGS.strategy, options)

@@ -11,9 +11,10 @@ import pytest
 from specjax import model as M
 from specjax.adapter import init_adapter, run_adapter_cached
 from specjax.cache import Cache, LayerKV
-from specjax.config import ModelConfig
+from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
+from specjax.decoding.cli import resolve_auto_tree
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
@@ -148,3 +149,11 @@ def test_kangaroo_loop_exports_for_tpu_and_cuda(generator):
         jax.ShapeDtypeStruct((2,), jnp.uint32), spec(SamplingParams.create()),
         jax.ShapeDtypeStruct((), jnp.int32))
     assert exported.platforms == ("tpu", "cuda")
+
+
+def test_auto_trees_refuse_drafters_they_do_not_measure():
+    """`--tree auto` measures the shared head's acceptance: a plan for Kangaroo (or a draft
+    model) built from it would be wrong, so it is refused before anything is measured."""
+    with pytest.raises(ValueError, match=r"not of \['draft', 'kangaroo'\]"):
+        resolve_auto_tree(DecodingConfig(tree="auto:8"), None, list, None, workdir="", step=0,
+                          strategies=["ar", "selfspec", "kangaroo", "draft"])

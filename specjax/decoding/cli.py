@@ -149,10 +149,15 @@ def open_output(path: str | None) -> IO[str] | None:
         raise ValueError(f"cannot write {path}: {error.strerror}") from None
 
 
+# `--tree auto` measures exit E's shared head: selfspec's drafts (ar drafts nothing)
+AUTO_TREE_STRATEGIES = ("selfspec", "ar")
+
+
 def resolve_auto_tree(options: DecodingConfig, generator: Generator,
                       prompts: Callable[[], Sequence[Sequence[int]]],
-                      sampling: SamplingParams | None, *, workdir: str,
-                      step: int) -> tuple[DecodingConfig, TreePlan | None]:
+                      sampling: SamplingParams | None, *, workdir: str, step: int,
+                      strategies: Sequence[str] = AUTO_TREE_STRATEGIES
+                      ) -> tuple[DecodingConfig, TreePlan | None]:
     """Replaces `tree="auto"` (or "auto:N", exactly N nodes) by the Sequoia tree measured for
     this model, exit and sampling mode (`tree_search.measure` on `prompts()`), cached in the
     workdir's `tree_plans.json`; returns the options (tree = its parents list) and the plan
@@ -160,6 +165,11 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     spec = options.tree.strip()
     if spec != "auto" and not spec.startswith("auto:"):
         return options, None
+    others = sorted(set(strategies) - set(AUTO_TREE_STRATEGIES))
+    if others:
+        raise ValueError(f"--tree {spec} shapes a tree from the acceptance of the shared head at "
+                         f"exit E (strategy selfspec), not of {others}: give those a tree "
+                         "(children per depth or a parents list)")
     nodes = None
     if spec != "auto":
         try:

@@ -10,6 +10,7 @@ tokenizer) becomes the `draft` strategy's.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from specjax.adapter import abstract_adapter
@@ -67,6 +68,10 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
         params, cfg, meta = load_params(workdir, step)
         return LoadedModel(workdir, params, cfg, meta, {})
     recorded = meta["base"]
+    if not os.path.isdir(recorded["workdir"]):
+        raise CheckpointError(f"the adapter in {workdir} was trained on the model in "
+                              f"{recorded['workdir']}, which no longer exists: move that workdir "
+                              "back, or train the adapter again on the model where it is now")
     try:
         base = load_base(recorded["workdir"], recorded["step"])
     except CheckpointError:  # that step was rotated out: the latest must be the same weights

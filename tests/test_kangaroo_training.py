@@ -97,6 +97,8 @@ def test_a_missing_or_changed_base_is_refused(base, tmp_path):
     assert params_checksum(load_model(adapter).params) == recorded
     Trainer(adapter_run(moved, total_steps=4, warmup_steps=1), adapter).fit()  # on step 4
     shutil.rmtree(moved)
+    with pytest.raises(CheckpointError, match="which no longer exists: move that workdir back"):
+        load_model(adapter)
     Trainer(tiny_run(model=dict(init_std=0.3), train={**BASE_RUN["train"], "seed": 1}),
             moved).fit()
     with pytest.raises(CheckpointError, match="is not the one this adapter was trained on"):

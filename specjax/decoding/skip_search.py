@@ -90,9 +90,8 @@ def measure_costs(generator: Generator, context: int, max_draft: int) -> SkipCos
     pairs = [(pass_seconds(generator, (0, 1), [1], context)[0],
               pass_seconds(generator, (0, num_layers), [1], context)[0]) for _ in range(5)]
     one, full_one = min(p[0] for p in pairs), min(p[1] for p in pairs)
-    sizes = measured_sizes(max_draft + 1)
-    full = pass_seconds(generator, (0, num_layers), sizes, context)
-    full[0] = full_one
+    sizes = measured_sizes(max_draft + 1)  # 1 first: timed above
+    full = [full_one, *pass_seconds(generator, (0, num_layers), sizes[1:], context)]
     layer = max(full[0] - one, 0.0) / (num_layers - 1)
     ar_step = ar_round_seconds(generator, context)
     return SkipCosts(num_layers, layer, max(one - layer, 0.0),

@@ -21,6 +21,7 @@ setup(
         "absl-py>=2.0",
         "ml_collections>=1.0",
         "numpy>=1.26",
+        "scipy>=1.11",
         "tqdm>=4.66",
         "safetensors>=0.4",
         "tokenizers>=0.20",

@@ -41,8 +41,10 @@ from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_string("draft_workdir", None, "Strategy draft: the workdir of a smaller model with "
-                    "the same tokenizer (trained or imported) that drafts for this one.")
+flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model (repeat "
+                          "the flag): a smaller model with the same tokenizer (strategy draft; "
+                          "trained or imported) or heads trained on this model (kangaroo, "
+                          "specdec).")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the "
                   f"baseline); available: {', '.join(sorted(STRATEGIES))}.")

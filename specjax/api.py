@@ -76,10 +76,10 @@ class LanguageModel:
 
 
 def load(workdir: str, step: int | None = None,
-         draft_workdir: str | None = None) -> LanguageModel:
+         draft_workdir: str | Sequence[str] | None = None) -> LanguageModel:
     """The model of a training or import workdir: its latest checkpoint (or `step`), falling
-    back to the newest readable one; `draft_workdir`, a model that drafts for it (strategy
-    "draft")."""
+    back to the newest readable one; `draft_workdir`, one or several workdirs of drafters for
+    it: a model (strategy "draft") or heads trained on it ("kangaroo", "specdec")."""
     return LanguageModel(load_model(workdir, step, draft_workdir))
 
 

@@ -139,15 +139,18 @@ class DecodingConfig:
     """Decoding defaults stored with a trained model for the inference entry points (whose flags
     of the same names override them): draft with layers [0, exit_layer); a chain of up to
     `num_draft` tokens per round, a row stopping early at a draft whose probability is below
-    `draft_threshold` (0: never); or, when `tree` is set, a token tree: children per depth
-    ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2: `tree_nodes` nodes, `tree_top_k`
-    children per expanded node, `tree_depth` levels) or "auto" (shaped from measurements).
+    `draft_threshold` (0: never), or once an acceptance head (strategy specdec) predicts that
+    some draft so far is rejected with probability above `draft_risk`; or, when `tree` is set, a
+    token tree: children per depth ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2:
+    `tree_nodes` nodes, `tree_top_k` children per expanded node, `tree_depth` levels) or "auto"
+    (shaped from measurements).
     `tree_children`: how a static tree's sampled children are drawn. `skip_layers`: the layers
     (0-based, comma-separated) the `skip` strategy's draft passes over."""
 
     exit_layer: int = 1
     num_draft: int = 4
     draft_threshold: float = 0.0
+    draft_risk: float = 0.0
     tree: str = ""
     tree_nodes: int = 16
     tree_top_k: int = 4
@@ -161,8 +164,10 @@ class DecodingConfig:
                  f"must lie in [1, num_layers - 1 = {model.num_layers - 1}]")
         _require(isinstance(self.num_draft, int) and self.num_draft >= 1, "decoding.num_draft",
                  self.num_draft, "must be an int >= 1")
-        _require(isinstance(self.draft_threshold, (int, float)) and 0 <= self.draft_threshold < 1,
-                 "decoding.draft_threshold", self.draft_threshold, "must lie in [0, 1)")
+        for name in ("draft_threshold", "draft_risk"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and 0 <= value < 1, f"decoding.{name}",
+                     value, "must lie in [0, 1)")
         for name in ("tree", "skip_layers"):
             _require(isinstance(getattr(self, name), str), f"decoding.{name}",
                      getattr(self, name), "must be a string")

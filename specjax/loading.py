@@ -1,19 +1,21 @@
 """Loading a workdir for decoding: a model, or a head trained on a frozen base model, and
-optionally a separate draft model.
+optionally more drafters' workdirs.
 
-A model's workdir (trained or imported) gives its params. A Kangaroo adapter's workdir names its
-base: the base's params are loaded from there (refused if its weights changed since) and the
-adapter's weights become the `kangaroo` strategy's draft params. A draft workdir's model (same
-tokenizer) becomes the `draft` strategy's.
+A model's workdir (trained or imported) gives its params. A head's workdir (Kangaroo's adapter,
+SpecDec++'s acceptance head) names its base: the base's params are loaded from there (refused
+if its weights changed since) and the head's weights become the draft params of the strategy
+of the head's name. Draft workdirs add drafters: a model with the same tokenizer becomes the
+`draft` strategy's draft model, a head trained on this very model (same weights) its
+strategy's head, so every drafter can run in one process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
-from specjax.adapter import abstract_adapter
 from specjax.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -23,7 +25,8 @@ from specjax.checkpoint import (
 from specjax.config import ModelConfig
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.model import Params, unstack_layers
-from specjax.training.frozen_base import load_base
+from specjax.training.frozen_base import load_base, params_checksum
+from specjax.training.objectives import HEADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +46,40 @@ class LoadedModel:
 
 
 def load_model(workdir: str, step: int | None = None,
-               draft_workdir: str | None = None) -> LoadedModel:
-    """The workdir's latest checkpoint (or `step`) ready for decoding, with the model in
-    `draft_workdir` (its latest checkpoint) as the `draft` strategy's draft model."""
+               draft_workdir: str | Sequence[str] | None = None) -> LoadedModel:
+    """The workdir's latest checkpoint (or `step`) ready for decoding, with the drafters in
+    `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
+    strategy's draft model) or a head trained on this model."""
     loaded = _load_target(workdir, step)
-    if not draft_workdir:
-        return loaded
-    params, cfg, meta = load_params(draft_workdir)
-    tokenizers = (loaded.meta.get("tokenizer", "bytes"), meta.get("tokenizer", "bytes"))
-    if tokenizers[0] != tokenizers[1] or cfg.vocab_size != loaded.cfg.vocab_size:
-        raise ValueError(f"the draft model in {draft_workdir} has tokenizer {tokenizers[1]!r} "
+    extra = [draft_workdir] if isinstance(draft_workdir, str) else list(draft_workdir or [])
+    for path in extra:
+        added = _drafter(loaded, path)
+        clash = sorted(set(added) & set(loaded.draft_weights))
+        if clash:
+            raise ValueError(f"{path} adds a second {clash[0]!r} drafter; give one per strategy")
+        loaded = dataclasses.replace(loaded, draft_weights={**loaded.draft_weights, **added})
+    return loaded
+
+
+def _drafter(target: LoadedModel, workdir: str) -> dict[str, DraftWeights]:
+    """The draft weights in `workdir`, by strategy, checked to fit the `target` model."""
+    try:
+        meta = Checkpointer(workdir, create=False).read_meta()
+    except UnreadableCheckpointError:
+        meta = {}
+    if "base" in meta:  # a head: it must have been trained on exactly these weights
+        if meta["base"].get("checksum") != params_checksum(target.params):
+            raise CheckpointError(f"the {meta.get('objective')} head in {workdir} was trained "
+                                  f"on the model in {meta['base']['workdir']}, not on the "
+                                  f"weights of {target.workdir}")
+        return _load_head(workdir, None, meta)[1]
+    params, cfg, meta = load_params(workdir)
+    tokenizers = (target.meta.get("tokenizer", "bytes"), meta.get("tokenizer", "bytes"))
+    if tokenizers[0] != tokenizers[1] or cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"the draft model in {workdir} has tokenizer {tokenizers[1]!r} "
                          f"with {cfg.vocab_size} ids, the target {tokenizers[0]!r} with "
-                         f"{loaded.cfg.vocab_size}: a draft model must share the target's")
-    return dataclasses.replace(loaded, draft_weights={
-        **loaded.draft_weights, "draft": DraftWeights(unstack_layers(params), cfg=cfg)})
+                         f"{target.cfg.vocab_size}: a draft model must share the target's")
+    return {"draft": DraftWeights(unstack_layers(params), cfg=cfg)}
 
 
 def _load_target(workdir: str, step: int | None) -> LoadedModel:
@@ -69,14 +92,24 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
         return LoadedModel(workdir, params, cfg, meta, {})
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
-        raise CheckpointError(f"the adapter in {workdir} was trained on the model in "
-                              f"{recorded['workdir']}, which no longer exists: move that workdir "
-                              "back, or train the adapter again on the model where it is now")
+        raise CheckpointError(f"the {meta['objective']} head in {workdir} was trained on the "
+                              f"model in {recorded['workdir']}, which no longer exists: move "
+                              "that workdir back, or train the head again on the model where it "
+                              "is now")
     try:
         base = load_base(recorded["workdir"], recorded["step"])
     except CheckpointError:  # that step was rotated out: the latest must be the same weights
         base = load_base(recorded["workdir"])
     base.check_unchanged(recorded, workdir)
-    adapter, cfg, meta = load_params(workdir, step, abstract=abstract_adapter)
-    return LoadedModel(workdir, base.params, cfg, meta,
-                       {"kangaroo": DraftWeights(adapter, meta["adapter"]["exit_layer"])})
+    meta, weights = _load_head(workdir, step, meta)
+    return LoadedModel(workdir, base.params, base.cfg, meta, weights)
+
+
+def _load_head(workdir: str, step: int | None,
+               meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, DraftWeights]]:
+    """A head's checkpoint metadata and weights (by strategy name), given its metadata."""
+    head = HEADS[meta["objective"]]
+    settings = meta[head.record_key]
+    params, _, meta = load_params(workdir, step, abstract=lambda cfg: head.abstract_params(
+        cfg, settings))
+    return meta, {head.name: DraftWeights(params, settings["exit_layer"])}

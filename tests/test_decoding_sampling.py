@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specjax import model as M
+from specjax.acceptance_head import init_acceptance_head
 from specjax.adapter import init_adapter
 from specjax.config import ModelConfig
 from specjax.decoding import acceptance, loop
@@ -24,6 +25,7 @@ from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
+from specjax.decoding.specdec import SpecDecHead
 from specjax.decoding.static_tree import StaticTree
 
 VOCAB, NEW, ROWS, SEEDS = 8, 3, 2000, 6
@@ -57,13 +59,15 @@ def _noisy(tree, scale):
 
 
 def generator_with_drafters(params):
-    """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise and whose
-    draft model is the target's first two layers plus noise."""
+    """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise, whose draft
+    model is the target's first two layers plus noise and whose acceptance head is random."""
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
                                                                params["layers"])})
     return Generator(params, CFG, draft_weights={
         "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
-        "draft": DraftWeights(_noisy(draft, 0.1), cfg=dataclasses.replace(CFG, num_layers=2))})
+        "draft": DraftWeights(_noisy(draft, 0.1), cfg=dataclasses.replace(CFG, num_layers=2)),
+        "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
+                                exit_layer=1)})
 
 
 def empirical_counts(params, strategy, sampling):
@@ -108,11 +112,19 @@ STRATEGIES = {
     "kangaroo-tree": Kangaroo(1, StaticTree.from_branching((2, 1))),
     "draft-chain": DraftModel(Chain(3, stop_below=0.3)),
     "draft-tree": DraftModel(StaticTree.from_branching((2, 1))),
+    "specdec-chain": SpecDecHead(1, Chain(3, stop_risk=0.6)),
 }
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+# Acceptance rules run at both settings; a drafter that only changes where drafts come from
+# (whose rule is a chain's or a tree's above) at the harder, filtered one.
+RULES = ("ar", "chain", "chain-threshold", "dynamic-tree",
+         *(f"tree-{rule}" for rule in ("without_replacement", "iid", "top_k")))
+CASES = [(name, setting) for name in sorted(STRATEGIES) for setting in sorted(SETTINGS)
+         if name in RULES or setting == "filtered"]
+
+
+@pytest.mark.parametrize("name,setting", CASES)
 def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     """Catches any rule or residual that is not exactly lossless, end to end: drafting, tree
     verification, acceptance and commit across three tokens."""
@@ -121,10 +133,11 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     rejected, stat, critical = chi_square_p_below(
         empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
-    if getattr(strategy.shape, "stop_below", 0):  # the confidence stop really cut drafts short
+    shape = strategy.shape
+    if getattr(shape, "stop_below", 0) or getattr(shape, "stop_risk", 0):  # stops really cut
         total = generator_with_drafters(params).generate([PROMPT] * 100, max_new_tokens=NEW,
                                                 strategy=strategy, sampling=sampling).total
-        assert total.rounds <= total.drafted < strategy.shape.num_draft * total.rounds
+        assert total.rounds <= total.drafted < shape.num_draft * total.rounds
 
 
 def _resample_from_target(key, draft, draft_probs, target_probs, num_valid):

@@ -1,18 +1,21 @@
-"""Chains: a drafter proposes up to K tokens one after another, with a confidence stop.
+"""Chains: a drafter proposes up to K tokens one after another, with optional stop rules.
 
-The drafting is one `lax.while_loop` of at most K steps that ends early once every row's
-latest draft is unconfident: its probability under the draft distribution is below
-`stop_below` (HF's `assistant_confidence_threshold`, Kangaroo's η). A row that stops keeps
-being computed with the batch but its later drafts do not count (`valid`), so shapes stay
-static and the verifier sees K nodes whatever happened.
+The drafting is one `lax.while_loop` of at most K steps that ends early once every row has
+stopped. A row stops after a draft that is unconfident: its probability under the draft
+distribution is below `stop_below` (HF's `assistant_confidence_threshold`, Kangaroo's η); or,
+with an acceptance model (SpecDec++'s head), once the predicted probability that some draft so
+far is rejected, 1 - prod(accept), exceeds `stop_risk` (h). A row that stops keeps being
+computed with the batch but its later drafts do not count (`valid`), so shapes stay static and
+the verifier sees K nodes whatever happened.
 
-Stopping on the draft's own confidence keeps sampling lossless: the decision depends only on the
-drafted prefix, and the verifier draws the token after the last valid draft from the target.
+Both rules keep sampling lossless: the decision depends only on the drafted prefix, and the
+verifier draws the token after the last valid draft from the target.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.struct
@@ -23,14 +26,20 @@ from specjax.decoding.proposal import DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.tree import chain_layout
 
+# accept(what the step kept at the draft's input position [B, ...], the draft distribution
+# [B, V] (greedy: softmax at temperature 1), the drawn tokens [B]) -> P(accepted) [B]
+AcceptModel = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
 
 @dataclasses.dataclass(frozen=True)
 class Chain:
     """Up to `num_draft` = K tokens in a row; a row stops after a draft whose draft probability
-    is below `stop_below` (0: always K)."""
+    is below `stop_below`, or once 1 - prod(predicted acceptance) exceeds `stop_risk` (0: rule
+    off; `stop_risk` needs the drafter's acceptance model)."""
 
     num_draft: int
     stop_below: float = 0.0
+    stop_risk: float = 0.0
 
     is_chain: ClassVar[bool] = True
     max_children: ClassVar[int] = 1
@@ -49,14 +58,21 @@ class Chain:
             raise ValueError(f"num_draft={self.num_draft} must be >= 1")
         if not 0 <= self.stop_below < 1:
             raise ValueError(f"draft_threshold={self.stop_below} must lie in [0, 1)")
+        if not 0 <= self.stop_risk < 1:
+            raise ValueError(f"draft_risk={self.stop_risk} must lie in [0, 1)")
 
     def label(self) -> str:
-        return f"K={self.num_draft}" + (f" eta={self.stop_below:g}" if self.stop_below else "")
+        return (f"K={self.num_draft}" + (f" eta={self.stop_below:g}" if self.stop_below else "")
+                + (f" h={self.stop_risk:g}" if self.stop_risk else ""))
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
-              key: jax.Array, sampling: SamplingParams | None,
-              max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+              key: jax.Array, sampling: SamplingParams | None, max_len: int,
+              accept: AcceptModel | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+        """As `Shape.draft`; `accept` is the acceptance model `stop_risk` reads."""
         batch, num_draft, threshold = pending.shape[0], self.num_draft, self.stop_below
+        if self.stop_risk and accept is None:
+            raise ValueError("draft_risk (SpecDec++'s stop) needs an acceptance head: use "
+                             "strategy specdec on a head's workdir, or set draft_risk to 0")
 
         def one_step(carry, token, k):
             logits, kept, carry = step(carry, token[:, None], chain_layout(lengths + k, 1,
@@ -74,20 +90,27 @@ class Chain:
             logits, kept, carry = one_step(s.carry, s.token, s.k)
             if sampling is None:
                 token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-                probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if threshold else None
+                probs = (jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+                         if threshold or self.stop_risk else None)
             else:
                 probs = probabilities(logits, sampling)
                 token = sample(jax.random.fold_in(key, s.k), probs)
             update = {"tokens": token, "kept": kept, "probs": probs}
             confident = (jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0] >= threshold
                          if threshold else jnp.ones((batch,), bool))
+            survive, within = s.survive, True
+            if self.stop_risk:
+                survive = survive * accept(kept, probs, token)
+                within = 1 - survive <= self.stop_risk
             return _State(k=s.k + 1, carry=carry, token=token,
                           chain={name: s.chain[name].at[s.k].set(update[name])
                                  for name in s.chain},
-                          num_valid=s.num_valid + s.drafting, drafting=s.drafting & confident)
+                          num_valid=s.num_valid + s.drafting, survive=survive,
+                          drafting=s.drafting & confident & within)
 
         start = _State(k=jnp.zeros((), jnp.int32), carry=carry, token=pending, chain=chain,
                        num_valid=jnp.zeros((batch,), jnp.int32),
+                       survive=jnp.ones((batch,), jnp.float32),
                        drafting=jnp.ones((batch,), bool))
         end = jax.lax.while_loop(lambda s: (s.k < num_draft) & jnp.any(s.drafting), body, start)
         probs = end.chain.get("probs")
@@ -110,4 +133,5 @@ class _State:
     token: jax.Array
     chain: Any
     num_valid: jax.Array
+    survive: jax.Array  # prod of the predicted acceptance of the row's drafts so far
     drafting: jax.Array

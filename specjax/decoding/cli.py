@@ -23,6 +23,9 @@ DECODING_FLAGS = {
     "num_draft": "Drafts per round K of a chain.",
     "draft_threshold": "A chain row stops drafting after a draft whose draft probability is "
                        "below this (0: always K drafts).",
+    "draft_risk": "Strategy specdec: a chain row stops drafting once its acceptance head "
+                  "predicts that some draft so far is rejected with probability above this "
+                  "(SpecDec++'s h; K is the longest chain). Other strategies ignore it.",
     "tree": "A token tree instead of a chain: children per depth (2,2,1,1), a parents list "
             "([-1,0,0]) or JSON file of one, 'dynamic' (EAGLE-2) or 'auto' (a Sequoia tree "
             "shaped from measurements); 'chain' for a chain.",

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from specjax.adapter import run_adapter_cached
 from specjax.cache import Cache, LayerKV
 from specjax.decoding.drafter import DraftContext, Prefilled, Round
-from specjax.decoding.engine import DraftWeights
-from specjax.decoding.layerskip import SelfSpeculative, draft_with_layers
+from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
@@ -31,30 +30,16 @@ from specjax.model import unembed
 
 
 @dataclasses.dataclass(frozen=True)
-class Kangaroo(SelfSpeculative):
+class Kangaroo(HeadDrafter):
     """exit_layer = E, the exit the adapter was trained on; shape as for `SelfSpeculative`
     (Kangaroo's own: a chain with `stop_below` = η). Its params are the adapter's."""
 
     name: ClassVar[str] = "kangaroo"
-    needs_weights: ClassVar[bool] = True
-    weights_hint: ClassVar[str] = (
-        "train an adapter (python train/train.py --config configs/kangaroo.py "
-        "--config.base_workdir=<this model's workdir> --workdir runs/kangaroo) and decode from "
-        "its workdir")
+    head_kind: ClassVar[str] = "an adapter"
 
     @property
     def prefill_exits(self) -> tuple[int, ...]:
         return (self.exit_layer,)
-
-    def bind(self, weights: DraftWeights) -> Kangaroo:
-        """This drafter, checked against the adapter it is given."""
-        if weights.exit_layer != self.exit_layer:
-            raise ValueError(f"the kangaroo adapter was trained at exit_layer="
-                             f"{weights.exit_layer}, not {self.exit_layer}")
-        return self
-
-    def hf_options(self) -> None:
-        return None  # transformers has no Kangaroo
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> LayerKV:
         batch, width = prefilled.prompts.shape

@@ -22,8 +22,9 @@ import jax
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
+from specjax.decoding.chain import AcceptModel, Chain
 from specjax.decoding.drafter import DraftContext, Stateless
+from specjax.decoding.engine import DraftWeights
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
@@ -41,12 +42,13 @@ def shared_head(ctx: DraftContext, hidden: jax.Array, layout: Layout,
 
 def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: jax.Array,
                       key: jax.Array, ranges: tuple[tuple[int, int], ...],
-                      head: DraftHead = shared_head, head_state: Any = ()
-                      ) -> tuple[Proposal, Cache, Any]:
+                      head: DraftHead = shared_head, head_state: Any = (),
+                      accept: AcceptModel | None = None) -> tuple[Proposal, Cache, Any]:
     """A proposal of `shape` drafted by the layer ranges `ranges` (ascending, disjoint; the
     layers between them pass their input through) and `head`. The first range starts at layer
-    0; its end is the exit whose hidden states verification reuses. Returns the proposal, the
-    target cache and the head's state."""
+    0; its end is the exit whose hidden states verification reuses, and which a chain's
+    acceptance model `accept` reads. Returns the proposal, the target cache and the head's
+    state."""
     reuse_exit = ranges[0][1]
 
     def step(carry: tuple[Cache, Any], tokens: jax.Array, layout: Layout):
@@ -63,8 +65,10 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
         logits, head_state = head(ctx, hidden, layout, head_state)
         return logits, kept, (cache, head_state)
 
+    stop_model = {} if accept is None else {"accept": accept}  # chains only take one
     proposal, kept, missing, (cache, head_state) = shape.draft(
-        step, (cache, head_state), cache.lengths, pending, key, ctx.sampling, cache.max_len)
+        step, (cache, head_state), cache.lengths, pending, key, ctx.sampling, cache.max_len,
+        **stop_model)
     return proposal.replace(reuse=Reuse(kept, missing, reuse_exit)), cache, head_state
 
 
@@ -136,3 +140,29 @@ class SkipLayers(Stateless):
         proposal, cache, _ = draft_with_layers(ctx, self.shape, cache, pending, key,
                                                self.ranges(ctx.cfg.num_layers))
         return proposal, cache, state
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadDrafter(SelfSpeculative):
+    """Self-speculation at exit E with a head trained there on the frozen target (Kangaroo's
+    adapter, SpecDec++'s acceptance head): its params are the head's, trained by
+    `configs/<name>.py` and loaded from the head's workdir."""
+
+    needs_weights: ClassVar[bool] = True
+    head_kind: ClassVar[str]  # what the head is, for messages
+
+    @property
+    def weights_hint(self) -> str:
+        return (f"train {self.head_kind} (python train/train.py --config configs/{self.name}.py "
+                f"--config.base_workdir=<this model's workdir> --workdir runs/{self.name}) and "
+                "decode from its workdir, or add it with --draft_workdir")
+
+    def bind(self, weights: DraftWeights) -> HeadDrafter:
+        """This drafter, checked against the head it is given."""
+        if weights.exit_layer != self.exit_layer:
+            raise ValueError(f"the {self.name} head was trained at exit_layer="
+                             f"{weights.exit_layer}, not {self.exit_layer}")
+        return self
+
+    def hf_options(self) -> None:
+        return None  # transformers has neither head

@@ -18,6 +18,7 @@ from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Shape
+from specjax.decoding.specdec import SpecDecHead
 from specjax.decoding.static_tree import StaticTree
 
 STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
@@ -26,6 +27,8 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
     "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
     "draft": lambda options: DraftModel(shape_for(options)),
+    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(options,
+                                                                         options.draft_risk)),
 }
 
 CHAIN_SPECS = ("", "chain")
@@ -38,14 +41,15 @@ def make_strategy(name: str, options: DecodingConfig) -> Drafter:
     return STRATEGIES[name](options)
 
 
-def shape_for(options: DecodingConfig) -> Shape:
-    """The proposal shape the options describe: a chain unless `tree` is set."""
+def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:
+    """The proposal shape the options describe: a chain unless `tree` is set. `stop_risk`: a
+    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on."""
     tree = options.tree.strip()
     if tree in CHAIN_SPECS:
-        return Chain(options.num_draft, options.draft_threshold)
-    if options.draft_threshold:
-        raise ValueError("draft_threshold (a chain's confidence stop) does not apply to trees; "
-                         "set it to 0")
+        return Chain(options.num_draft, options.draft_threshold, stop_risk)
+    if options.draft_threshold or stop_risk:
+        raise ValueError("draft_threshold and draft_risk (a chain's stop rules) do not apply to "
+                         "trees; set them to 0")
     if tree == "auto" or tree.startswith("auto:"):
         raise ValueError(f"tree {tree!r} must be resolved from measurements first "
                          "(infer/generate.py and infer/bench.py do)")

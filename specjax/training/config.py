@@ -102,6 +102,32 @@ class KangarooConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpecDecConfig:
+    """SpecDec++'s acceptance head (`specjax.acceptance_head`) on exit `exit_layer` of the frozen
+    model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to predict
+    whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0: greedy
+    drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
+    on the head's workdir."""
+
+    exit_layer: int = 1
+    width: int = 128
+    temperature: float = 0.8
+    top_p: float = 0.95
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "specdec.exit_layer",
+               self.exit_layer, "must be an int >= 1")
+        _check(isinstance(self.width, int) and self.width >= 1, "specdec.width", self.width,
+               "must be an int >= 1")
+        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+               "specdec.temperature", self.temperature, "must be >= 0 (0: greedy)")
+        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "specdec.top_p",
+               self.top_p, "must lie in (0, 1]")
+        _check(self.temperature > 0 or self.top_p == 1, "specdec.top_p", self.top_p,
+               "filters sampled drafts: set specdec.temperature > 0 (0 is greedy)")
+
+
+@dataclasses.dataclass(frozen=True)
 class DistillConfig:
     """DistillSpec-style training of a draft model: with `teacher_workdir` set, the model is
     trained to the teacher's next-token distribution on the corpus (soft cross-entropy, i.e.
@@ -123,7 +149,8 @@ def _check(ok: bool, field: str, value: Any, why: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A whole training run: the model, its data, optimisation and the LayerSkip recipe; or,
-    with `base_workdir` set, a head trained on that frozen model (the `kangaroo` section)."""
+    with `base_workdir` set, a head trained on that frozen model (the `kangaroo` or `specdec`
+    section)."""
 
     model: ModelConfig
     data: DataConfig
@@ -131,11 +158,12 @@ class RunConfig:
     layerskip: LayerSkipConfig
     decoding: DecodingConfig
     kangaroo: KangarooConfig
+    specdec: SpecDecConfig
     distill: DistillConfig
     base_workdir: str = ""
 
 
-SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "distill")
+SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "distill")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -145,7 +173,7 @@ def config_reference() -> str:
     for section in dataclasses.fields(RunConfig):
         if section.name in SETTINGS:
             lines.append(f"  {section.name}={section.default!r}: the frozen model a head is "
-                         "trained on (with the kangaroo section)")
+                         "trained on (with the kangaroo or specdec section)")
             continue
         cls = section.type if isinstance(section.type, type) else globals()[section.type]
         described = []
@@ -179,6 +207,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
                                          "layerskip"),
         decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"),
         kangaroo=dataclass_from_mapping(KangarooConfig, values.get("kangaroo", {}), "kangaroo"),
+        specdec=dataclass_from_mapping(SpecDecConfig, values.get("specdec", {}), "specdec"),
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)

@@ -1,6 +1,7 @@
-"""A trained model that a run builds on without changing it (Kangaroo's adapter, and later
-draft-length or confidence heads): loaded from its workdir, fingerprinted, and checked to be
-the same model whenever the run resumes or its weights are used for decoding."""
+"""A trained model that a run builds on without changing it (Kangaroo's adapter, SpecDec++'s
+acceptance head, a distilled draft's teacher): loaded from its workdir, fingerprinted, and
+checked to be the same model whenever the run resumes or its weights are used for decoding;
+and what every head trained on such a base shares (`HeadOnBase`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
 from specjax.checkpoint import CheckpointError, load_params
-from specjax.config import ModelConfig
-from specjax.model import Params
+from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.training.config import RunConfig
+from specjax.training.optimizer import make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +89,74 @@ def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any
                          f"{tokenizer!r}")
     out["data"]["tokenizer"] = tokenizer
     return out
+
+
+def base_pass(base: Params, cfg: ModelConfig, exit_layer: int,
+              inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The frozen base on `inputs` [B, T]: hidden states at exit E [B, T, D] and the final
+    layer's logits [B, T, V]."""
+    shallow = run_layers(base, cfg, embed(base, cfg, inputs), layers=(0, exit_layer))[-1]
+    final = run_layers(base, cfg, shallow, layers=(exit_layer, cfg.num_layers))[-1]
+    return shallow, exit_logits(base, cfg, final)
+
+
+class HeadOnBase:
+    """What every objective training a head at an exit of a frozen base shares: the exit as the
+    decoding default, the checkpoint record (the base's fingerprint and the head's `settings`)
+    and the resume checks. A head sets `name` (its objective, its config section, read as the
+    dataclass `config_class` with an `exit_layer`, and the decoding strategy that reads its
+    weights), `record_key` (where checkpoints record its settings) and
+    `abstract_params(cfg, settings)` (restore targets)."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    record_key: ClassVar[str]
+
+    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
+        self.run, self.config, self.base = run, config, base
+        self.section = getattr(run, self.name)  # the head's config section
+        self.exit_layer = self.section.exit_layer
+        if self.exit_layer >= run.model.num_layers:
+            raise ValueError(f"{self.name}.exit_layer={self.exit_layer} must lie in [1, "
+                             f"num_layers - 1 = {run.model.num_layers - 1}]")
+        self.optimizer = make_optimizer(run.train)
+
+    def settings(self) -> dict[str, Any]:
+        """The head's config section: its shape and training settings, fixed for a workdir's
+        life."""
+        return dataclasses.asdict(self.section)
+
+    @staticmethod
+    def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
+        raise NotImplementedError
+
+    @classmethod
+    def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """The run config with the head's exit as the decoding default: decoding from the
+        head's workdir drafts where the head was trained."""
+        section = dataclass_from_mapping(cls.config_class, config.get(cls.name) or {},
+                                         cls.name)
+        config["decoding"] = {**config["decoding"], "exit_layer": section.exit_layer}
+        return config
+
+    def meta(self) -> dict[str, Any]:
+        return {"base": self.base.record(), self.record_key: self.settings()}
+
+    def check_resume(self, meta: dict[str, Any]) -> None:
+        if meta.get("objective") != self.name:
+            raise CheckpointError(f"the workdir holds a {meta.get('objective', 'layerskip')} "
+                                  f"run, not a {self.name} head; use a new --workdir")
+        recorded = meta["base"]
+        if self.base.checksum != recorded.get("checksum"):
+            try:  # the base trained on since: continue on the step this head started on
+                self.base = load_base(recorded["workdir"], recorded["step"])
+                print(f"resuming on step {recorded['step']} of the base, the one this head "
+                      "started on")
+            except CheckpointError:
+                pass
+        self.base.check_unchanged(recorded, f"this {self.name} head")
+        for key, value in self.settings().items():
+            if meta[self.record_key].get(key) != value:
+                raise CheckpointError(f"{self.name}.{key}={value!r} differs from the "
+                                      f"checkpoint's {meta[self.record_key].get(key)!r}; use a "
+                                      "new --workdir")

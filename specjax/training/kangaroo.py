@@ -10,7 +10,7 @@ sampled draft at temperature 1, sum_v min(p, q) (Kangaroo's "Accept").
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -18,14 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.adapter import adapter_logits, init_adapter
-from specjax.checkpoint import CheckpointError
+from specjax.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.config import ModelConfig
-from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.model import Params, exit_logits
 from specjax.training.config import KangarooConfig, RunConfig
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import FrozenBase, load_base
-from specjax.training.optimizer import make_optimizer
+from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
 from specjax.training.train_step import TrainState
 
 DRAFTS = ("shared head", "adapter")
@@ -58,15 +56,6 @@ class AdapterReport:
                                           ("agreement", self.agreement),
                                           ("expected_accept", self.expected_accept))
                    for i, name in enumerate(DRAFTS)}}
-
-
-def base_pass(base: Params, cfg: ModelConfig, exit_layer: int,
-              inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The frozen base on `inputs` [B, T]: hidden states at exit E [B, T, D] and the final
-    layer's logits [B, T, V]."""
-    shallow = run_layers(base, cfg, embed(base, cfg, inputs), layers=(0, exit_layer))[-1]
-    final = run_layers(base, cfg, shallow, layers=(exit_layer, cfg.num_layers))[-1]
-    return shallow, exit_logits(base, cfg, final)
 
 
 def make_adapter_step(cfg: ModelConfig, exit_layer: int,
@@ -107,30 +96,22 @@ def make_adapter_eval_step(cfg: ModelConfig, exit_layer: int) -> Callable:
     return eval_step
 
 
-class KangarooAdapter:
+class KangarooAdapter(HeadOnBase):
     """The adapter at exit `kangaroo.exit_layer` of the frozen `base`."""
 
     name: ClassVar[str] = "kangaroo"
+    config_class: ClassVar[type] = KangarooConfig
+    record_key: ClassVar[str] = "adapter"
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
-        self.run, self.config, self.base = run, config, base
-        self.exit_layer = run.kangaroo.exit_layer
-        if self.exit_layer >= run.model.num_layers:
-            raise ValueError(f"kangaroo.exit_layer={self.exit_layer} must lie in [1, num_layers "
-                             f"- 1 = {run.model.num_layers - 1}]")
-        self.optimizer = make_optimizer(run.train)
+        super().__init__(run, config, base)
         self._train_step = jax.jit(make_adapter_step(run.model, self.exit_layer, self.optimizer),
                                    donate_argnums=0)
         self._eval_step = jax.jit(make_adapter_eval_step(run.model, self.exit_layer))
 
     @staticmethod
-    def on_base(config: dict[str, Any]) -> dict[str, Any]:
-        """The run config with the adapter's exit as the decoding default: `--strategy
-        kangaroo` on this workdir drafts where the adapter was trained."""
-        exit_layer = dict(config.get("kangaroo") or {}).get("exit_layer",
-                                                             KangarooConfig.exit_layer)
-        config["decoding"] = {**config["decoding"], "exit_layer": exit_layer}
-        return config
+    def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
+        return abstract_adapter(cfg)
 
     def init_state(self) -> TrainState:
         adapter = init_adapter(self.base.params, self.run.model, self.exit_layer)
@@ -148,24 +129,3 @@ class KangarooAdapter:
         per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
         return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
                              per_token["accept"], tokens)
-
-    def meta(self) -> dict[str, Any]:
-        return {"base": self.base.record(), "adapter": {"exit_layer": self.exit_layer}}
-
-    def check_resume(self, meta: dict[str, Any]) -> None:
-        if meta.get("objective") != self.name:
-            raise CheckpointError(f"the workdir holds a {meta.get('objective', 'layerskip')} "
-                                  "run, not a Kangaroo adapter; use a new --workdir")
-        recorded = meta["base"]
-        if self.base.checksum != recorded.get("checksum"):
-            try:  # the base trained on since: continue on the step this adapter started on
-                self.base = load_base(recorded["workdir"], recorded["step"])
-                print(f"resuming on step {recorded['step']} of the base, the one this adapter "
-                      "started on")
-            except CheckpointError:
-                pass
-        self.base.check_unchanged(recorded, "this adapter")
-        trained = meta["adapter"]["exit_layer"]
-        if trained != self.exit_layer:
-            raise CheckpointError(f"kangaroo.exit_layer={self.exit_layer} differs from the "
-                                  f"checkpoint's {trained}; use a new --workdir")

@@ -2,9 +2,9 @@
 
 A config with none of the head sections trains a model (LayerSkip), or, with
 `distill.teacher_workdir` set, distils a frozen teacher into it (a draft model). A config with a
-head section (`kangaroo`) trains that head on the frozen model in `base_workdir`: the model, its
-tokenizer and the data and decoding defaults come from the base, the config's sections override
-the last two.
+head section (`kangaroo`, `specdec`) trains that head on the frozen model in `base_workdir`: the
+model, its tokenizer and the data and decoding defaults come from the base, the config's
+sections override the last two.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from typing import Any
 
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
-from specjax.training.frozen_base import config_on_base, load_base
+from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
 from specjax.training.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective
+from specjax.training.specdec import AcceptanceHeadObjective
 
-HEADS = {"kangaroo": KangarooAdapter}  # trained on a frozen base, by config section
+# Heads trained on a frozen base, by name: config section, objective and decoding strategy.
+HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (KangarooAdapter,
+                                                                     AcceptanceHeadObjective)}
 
 
 def make_objective(config: Mapping[str, Any]) -> Objective:

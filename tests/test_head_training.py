@@ -1,4 +1,5 @@
-"""Training Kangaroo's adapter on a frozen base, and decoding from the adapter's workdir."""
+"""Training heads on a frozen base (Kangaroo's adapter, SpecDec++'s acceptance head), and
+decoding from a head's workdir."""
 
 import json
 import os
@@ -12,6 +13,8 @@ import pytest
 
 import specjax
 from specjax.checkpoint import Checkpointer, CheckpointError
+from specjax.decoding.chain import Chain
+from specjax.decoding.specdec import SpecDecHead
 from specjax.loading import load_model
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.metrics_log import MetricsLog
@@ -32,10 +35,26 @@ def base(tmp_path_factory):
     return path
 
 
-def adapter_run(base, **train):
-    return {"base_workdir": base, "kangaroo": {"exit_layer": 1},
+HEADS = {"kangaroo": {"exit_layer": 1}, "specdec": {"exit_layer": 1, "width": 16}}
+
+
+def head_run(base, name, **train):
+    return {"base_workdir": base, name: dict(HEADS[name]),
             "train": {**TINY_RUN["train"], "total_steps": 10, "eval_every": 10,
                       "save_every": 10, "weight_decay": 0.0, **train}}
+
+
+def adapter_run(base, **train):
+    return head_run(base, "kangaroo", **train)
+
+
+@pytest.fixture(scope="module")
+def trained_heads(base, tmp_path_factory):
+    """Each head trained 10 steps on `base` (read only by the tests that share them)."""
+    heads = {name: str(tmp_path_factory.mktemp(name)) for name in HEADS}
+    for name, workdir in heads.items():
+        Trainer(head_run(base, name), workdir).fit()
+    return heads
 
 
 def _losses(workdir):
@@ -61,14 +80,36 @@ def test_the_adapter_learns_and_the_base_stays_bit_identical(base, tmp_path):
     assert meta["config"]["decoding"]["exit_layer"] == 1
 
 
-def test_an_interrupted_adapter_run_resumes_exactly(base, tmp_path):
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    Trainer(adapter_run(base), straight).fit()
-    first = Trainer(adapter_run(base), resumed).fit(stop_requested=lambda step: step == 4)
+def test_the_acceptance_head_learns_and_the_base_stays_bit_identical(base, tmp_path):
+    """Catches a head that does not learn (its cross-entropy on validation drafts must fall),
+    gradients reaching the base, and settings missing from the checkpoint."""
+    before = load_base(base).checksum
+    trainer = Trainer(head_run(base, "specdec", total_steps=30, eval_every=30, save_every=30,
+                               learning_rate=1e-2), str(tmp_path))
+    untrained = trainer.objective.evaluate(trainer.fresh_state(), trainer.eval_batches)
+    result = trainer.fit()
+    assert result.report.bce < untrained.bce - 0.02
+    assert 0 < result.report.acceptance < 1 and result.report.auc > 0.5
+    assert load_base(base).checksum == before
+    meta = Checkpointer(str(tmp_path)).read_meta()
+    assert meta["objective"] == "specdec" and meta["base"]["checksum"] == before
+    assert meta["acceptance_head"] == {"exit_layer": 1, "width": 16, "temperature": 0.8,
+                                       "top_p": 0.95}
+    assert meta["config"]["decoding"]["exit_layer"] == 1
+    with pytest.raises(CheckpointError, match="specdec.width=32 differs from the checkpoint's 16"):
+        Trainer({**head_run(base, "specdec"), "specdec": {"width": 32}}, str(tmp_path)).fit()
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_an_interrupted_head_run_resumes_exactly(base, trained_heads, tmp_path, name):
+    """Catches a resume that loses optimizer state or (for the sampled acceptance labels) the
+    per-step randomness."""
+    straight, resumed = trained_heads[name], str(tmp_path / "resumed")
+    first = Trainer(head_run(base, name), resumed).fit(stop_requested=lambda step: step == 4)
     assert first.interrupted and first.step == 4
-    Trainer(adapter_run(base), resumed).fit()
+    Trainer(head_run(base, name), resumed).fit()
     assert _losses(straight) == _losses(resumed)
-    a, b = (load_model(w).draft_weights["kangaroo"].params for w in (straight, resumed))
+    a, b = (load_model(w).draft_weights[name].params for w in (straight, resumed))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -101,24 +142,25 @@ def test_a_missing_or_changed_base_is_refused(base, tmp_path):
         load_model(adapter)
     Trainer(tiny_run(model=dict(init_std=0.3), train={**BASE_RUN["train"], "seed": 1}),
             moved).fit()
-    with pytest.raises(CheckpointError, match="is not the one this adapter was trained on"):
+    with pytest.raises(CheckpointError, match="is not the one this kangaroo head was trained on"):
         Trainer(adapter_run(moved, total_steps=6, warmup_steps=1), adapter).fit()
     with pytest.raises(CheckpointError, match=f"is not the one {adapter} was trained on"):
         load_model(adapter)
 
 
-def test_generate_kangaroo_from_the_adapter_workdir(base, tmp_path):
-    """The CLI as the README runs it: greedy Kangaroo output is the base's `ar` output; a
-    model without an adapter says how to train one."""
-    adapter = str(tmp_path / "adapter")
-    Trainer(adapter_run(base), adapter).fit()
+@pytest.mark.parametrize("name,flag", [("kangaroo", "--draft_threshold=0.3"),
+                                       ("specdec", "--draft_risk=0.8")])
+def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, flag):
+    """The CLI as the README runs it: greedy output drafted with the head is the base's `ar`
+    output; a model without the head says how to train one."""
+    adapter = trained_heads[name]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "import os\\n"}\n{"prompt": "def f(x):"}\n')
     out = tmp_path / "out.jsonl"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", adapter,
-         "--strategy", "kangaroo", "--draft_threshold", "0.3", "--prompts_file", str(prompts),
+         "--strategy", name, flag, "--prompts_file", str(prompts),
          "--max_new_tokens", "24", "--output", str(out)],
         env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -128,4 +170,22 @@ def test_generate_kangaroo_from_the_adapter_workdir(base, tmp_path):
     assert [r["completion"] for r in rows] == [c.text for c in plain]
     assert all(r["drafted"] > 0 for r in rows)
     with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
-        specjax.load(base).generate("x", strategy="kangaroo")
+        specjax.load(base).generate("x", strategy=name)
+
+
+def test_heads_on_the_same_model_join_it_as_draft_workdirs(base, trained_heads, tmp_path):
+    """Every drafter in one process: heads trained on the target load next to it (and next to
+    each other). Catches a head attached to a model it was not trained on, and two heads
+    silently taking one strategy's place."""
+    heads = trained_heads
+    loaded = load_model(base, draft_workdir=list(heads.values()))
+    assert sorted(loaded.draft_weights) == sorted(HEADS)
+    out = loaded.generator().generate([[5, 6, 7]], max_new_tokens=8,
+                                      strategy=SpecDecHead(1, Chain(4, stop_risk=0.5)))
+    assert out.tokens == loaded.generator().generate([[5, 6, 7]], max_new_tokens=8).tokens
+    with pytest.raises(ValueError, match="adds a second 'kangaroo' drafter"):
+        load_model(heads["kangaroo"], draft_workdir=heads["kangaroo"])
+    other = str(tmp_path / "other")
+    Trainer(tiny_run(train={**BASE_RUN["train"], "total_steps": 2, "seed": 3}), other).fit()
+    with pytest.raises(CheckpointError, match="was trained on the model in .* not on the weights"):
+        load_model(other, draft_workdir=heads["specdec"])

@@ -1,0 +1,27 @@
+"""SpecDec++'s acceptance head on a trained model (its base, frozen): an MLP on exit 1's hidden
+state and the draft distribution, trained to predict whether the final layer accepts the
+draft. Decoding with it stops a chain once the predicted probability that some draft so far is
+rejected exceeds h (--draft_risk). The model, tokenizer and data come from the base.
+    python train/train.py --config configs/specdec.py --config.base_workdir=runs/tiny \\
+        --workdir runs/specdec
+    python infer/generate.py --workdir runs/specdec --strategy specdec --temperature 0.8 \\
+        --top_p 0.95 --prompt "def main("
+Train for the decoding mode you use: the default is sampled drafts at T 0.8, top-p 0.95;
+--config.specdec.temperature=0 trains for greedy decoding.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.base_workdir = ""  # required: the trained model's workdir
+    config.specdec = ml_collections.ConfigDict(dict(exit_layer=1, width=128, temperature=0.8,
+                                                    top_p=0.95))
+    config.train = ml_collections.ConfigDict(dict(
+        batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
+        weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
+        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat=False))
+    # K is the longest chain; a row stops once P(some draft rejected) > h.
+    config.decoding = ml_collections.ConfigDict(dict(num_draft=12, draft_risk=0.5))
+    return config

@@ -1,0 +1,48 @@
+"""SpecDec++ (Huang et al. 2024): self-speculation at exit E whose chain length a trained
+acceptance head decides. After each draft the head predicts the probability that the target
+accepts it (`specjax.acceptance_head`, from exit E's hidden state and the draft distribution);
+a row stops drafting once the predicted probability that some draft so far is rejected,
+1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound.
+
+The drafts are `selfspec`'s (the shared head at exit E), so verification reuses the shallow
+layers the same way; the head only decides where a row's chain ends, which depends on the
+drafted prefix alone: sampled decoding stays lossless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+
+from specjax.acceptance_head import acceptance_probability
+from specjax.cache import Cache
+from specjax.config import ModelConfig
+from specjax.decoding.drafter import DraftContext
+from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
+from specjax.decoding.proposal import Proposal
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecHead(HeadDrafter):
+    """exit_layer = E, the exit the head was trained on; shape: a `Chain` with `stop_risk` = h
+    (and `num_draft` = K, the longest chain). Its params are the head's."""
+
+    name: ClassVar[str] = "specdec"
+    head_kind: ClassVar[str] = "an acceptance head"
+
+    def validate(self, cfg: ModelConfig) -> None:
+        super().validate(cfg)
+        if not self.shape.is_chain or not self.shape.stop_risk:
+            raise ValueError("strategy specdec drafts a chain whose length the acceptance head "
+                             "decides: set draft_risk (h) in (0, 1) and no tree")
+
+    def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, Any]:
+        def accept(hidden: jax.Array, probs: jax.Array, token: jax.Array) -> jax.Array:
+            return acceptance_probability(ctx.draft_params, ctx.cfg, hidden, probs, token)
+
+        proposal, cache, _ = draft_with_layers(ctx, self.shape, cache, pending, key,
+                                               ((0, self.exit_layer),), accept=accept)
+        return proposal, cache, state

@@ -1,0 +1,185 @@
+"""Training SpecDec++'s acceptance head on a frozen base model.
+
+Every corpus position is a draft: the shared head at exit E proposes a token (drawn from its
+distribution q at the configured temperature / top-p, or its argmax when greedy), the base's
+final layer is the target p. The label is the probability that speculative sampling accepts
+that token, min(1, p(y) / q(y)) (greedy: 1 if the target's argmax is the token, else 0); the
+head (`specjax.acceptance_head`) learns it by binary cross-entropy, the base runs forward only.
+Evaluation compares the head with a constant predictor and with the signal η reads, q(y):
+cross-entropy, calibration and AUC (how well each ranks accepted drafts above rejected ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.acceptance_head import (
+    abstract_acceptance_head,
+    acceptance_logits,
+    init_acceptance_head,
+)
+from specjax.config import ModelConfig
+from specjax.decoding.sampling import SamplingParams, probabilities, sample
+from specjax.model import Params, exit_logits
+from specjax.training.config import RunConfig, SpecDecConfig
+from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
+from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceReport:
+    """Validation metrics per draft token: the acceptance rate (mean label), the head's mean
+    prediction, binary cross-entropy of the head and of a constant (the rate), and the AUC of
+    the head and of q(y)."""
+
+    exit_layer: int
+    acceptance: float
+    predicted: float
+    bce: float
+    bce_constant: float
+    auc: float
+    auc_draft_prob: float
+    tokens: int
+
+    def table(self) -> str:
+        return "\n".join([
+            f"acceptance head at exit {self.exit_layer}: acceptance {self.acceptance:.3f}, "
+            f"predicted {self.predicted:.3f}",
+            f"{'predictor':<17}  {'BCE':>7}  {'AUC':>6}",
+            f"{'head':<17}  {self.bce:7.4f}  {self.auc:6.3f}",
+            f"{'constant':<17}  {self.bce_constant:7.4f}  {0.5:6.3f}",
+            f"{'q(y) (eta)':<17}  {'':>7}  {self.auc_draft_prob:6.3f}",
+            f"over {self.tokens} validation tokens"])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def sampling_of(section: SpecDecConfig) -> SamplingParams | None:
+    """The draft distribution the head is trained for (None: greedy)."""
+    if not section.temperature:
+        return None
+    return SamplingParams.create(section.temperature, top_p=section.top_p)
+
+
+def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
+                 sampling: SamplingParams | None, inputs: jax.Array,
+                 key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """For every position of `inputs` [B, T]: exit E's hidden state [B, T, D], the draft
+    distribution [B, T, V], a drawn draft token [B, T] and its acceptance probability [B, T]."""
+    hidden, final_logits = base_pass(base, cfg, exit_layer, inputs)
+    draft_logits = exit_logits(base, cfg, hidden)
+    if sampling is None:
+        q = jax.nn.softmax(draft_logits, axis=-1)
+        token = jnp.argmax(draft_logits, axis=-1)
+        label = (jnp.argmax(final_logits, axis=-1) == token).astype(jnp.float32)
+    else:
+        q, p = probabilities(draft_logits, sampling), probabilities(final_logits, sampling)
+        token = sample(key, q)
+        p_y, q_y = (jnp.take_along_axis(x, token[..., None], axis=-1)[..., 0] for x in (p, q))
+        label = jnp.minimum(1.0, p_y / q_y)
+    return hidden, q, token.astype(jnp.int32), label
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Probability that a random accepted draft scores above a random rejected one, with soft
+    labels (an acceptance probability a is a weight a accepted and 1 - a rejected); ties count
+    half."""
+    order = np.argsort(scores, kind="stable")
+    scores, positive = scores[order], labels[order].astype(np.float64)
+    negative = 1.0 - positive
+    _, starts, counts = np.unique(scores, return_index=True, return_counts=True)
+    ends = starts + counts
+    cum_negative = np.concatenate([[0.0], np.cumsum(negative)])
+    below = cum_negative[starts]                 # rejected drafts scoring lower, per tie group
+    tied = cum_negative[ends] - cum_negative[starts]
+    group_positive = np.add.reduceat(positive, starts)
+    pairs = positive.sum() * negative.sum()
+    return float(np.sum(group_positive * (below + tied / 2)) / pairs) if pairs else 0.5
+
+
+class AcceptanceHeadObjective(HeadOnBase):
+    """SpecDec++'s acceptance head at exit `specdec.exit_layer` of the frozen `base`."""
+
+    name: ClassVar[str] = "specdec"
+    config_class: ClassVar[type] = SpecDecConfig
+    record_key: ClassVar[str] = "acceptance_head"
+
+    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
+        super().__init__(run, config, base)
+        sampling = sampling_of(run.specdec)
+        self._train_step = jax.jit(_make_train_step(run.model, self.exit_layer, sampling,
+                                                    self.optimizer), donate_argnums=0)
+        self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling))
+        self._key = jax.random.PRNGKey(run.train.seed + 1)
+
+    @staticmethod
+    def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
+        return abstract_acceptance_head(cfg, settings["width"])
+
+    def init_state(self) -> TrainState:
+        head = init_acceptance_head(self.run.model, self.section.width,
+                                    jax.random.PRNGKey(self.run.train.seed))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=head,
+                          opt_state=self.optimizer.init(head))
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._train_step(state, self.base.params, batch,
+                                jax.random.fold_in(self._key, step))
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AcceptanceReport:
+        key = jax.random.PRNGKey(self.run.train.seed + 2)  # the same drafts at every evaluation
+        parts = [jax.device_get(self._eval_step(state.params, self.base.params, batch,
+                                                jax.random.fold_in(key, i)))
+                 for i, batch in enumerate(batches)]
+        logit, label, draft_prob = (np.concatenate([p[name].ravel() for p in parts])
+                                    for name in ("logit", "label", "draft_prob"))
+        rate = float(label.mean())
+        constant = np.full_like(label, np.log(rate / (1 - rate)) if 0 < rate < 1 else 0.0)
+        bce = lambda x: float(np.mean(optax.sigmoid_binary_cross_entropy(x, label)))  # noqa: E731
+        return AcceptanceReport(
+            exit_layer=self.exit_layer, acceptance=rate,
+            predicted=float(np.mean(1 / (1 + np.exp(-logit)))), bce=bce(logit),
+            bce_constant=bce(constant), auc=auc(logit, label),
+            auc_draft_prob=auc(draft_prob, label), tokens=label.size)
+
+
+def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams | None,
+                     optimizer: optax.GradientTransformation) -> Callable:
+    def train_step(state: TrainState, base: Params, batch: jax.Array,
+                   key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        hidden, q, token, label = draft_labels(base, cfg, exit_layer, sampling, batch[:, :-1],
+                                               key)
+
+        def loss_fn(head):
+            logits = acceptance_logits(head, cfg, hidden, q, token)
+            return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, label))
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return (TrainState(step=state.step + 1, params=params, opt_state=opt_state),
+                {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                 "acceptance": jnp.mean(label)})
+
+    return train_step
+
+
+def _make_eval_step(cfg: ModelConfig, exit_layer: int,
+                    sampling: SamplingParams | None) -> Callable:
+    def eval_step(head: Params, base: Params, batch: jax.Array,
+                  key: jax.Array) -> dict[str, jax.Array]:
+        hidden, q, token, label = draft_labels(base, cfg, exit_layer, sampling, batch[:, :-1],
+                                               key)
+        return {"logit": acceptance_logits(head, cfg, hidden, q, token), "label": label,
+                "draft_prob": jnp.take_along_axis(q, token[..., None], axis=-1)[..., 0]}
+
+    return eval_step

@@ -1,0 +1,129 @@
+"""SpecDec++: an acceptance head decides where each row's chain ends. The stop rule against a
+plain reference, lossless greedy decoding at several h, the head's evaluation metric, export.
+
+The heads here are random (their output layer scaled up, so predictions spread over (0, 1) and
+rows stop after different numbers of drafts)."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.acceptance_head import init_acceptance_head
+from specjax.config import DecodingConfig, ModelConfig
+from specjax.decoding import loop
+from specjax.decoding.chain import Chain
+from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.registry import make_strategy
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.specdec import SpecDecHead
+from specjax.training.specdec import auc
+from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
+NEW = 23
+PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+
+
+def random_head(cfg=CFG, key=1, scale=5.0):
+    head = init_acceptance_head(cfg, 16, jax.random.PRNGKey(key))
+    return {**head, "out": {**head["out"], "kernel": head["out"]["kernel"] * scale}}
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(PARAMS, CFG, draft_weights={"specdec": DraftWeights(random_head(), 1)})
+
+
+def test_a_chain_stops_where_the_predicted_risk_first_exceeds_h():
+    """Catches a stop that drops the draft that crossed h (or keeps one more), a risk from
+    the latest draft alone instead of the product over the chain, and rows stopping together.
+    The reference is the rule written out per row in numpy."""
+    batch, num_draft, vocab = 5, 6, 7
+    table = np.asarray(jax.random.uniform(jax.random.PRNGKey(0), (batch, num_draft),
+                                          minval=0.4, maxval=1.0))
+
+    def step(k, tokens, layout):  # the carry counts steps; `kept` hands k to the model
+        logits = jnp.zeros((batch, 1, vocab)).at[:, 0, (k + 1) % vocab].set(1.0)
+        return logits, jnp.full((batch, 1, 1), k), k + 1
+
+    def accept(kept, probs, token):
+        return jnp.asarray(table)[jnp.arange(batch), kept[:, 0]]
+
+    for h in (0.05, 0.3, 0.6, 0.9):
+        proposal, *_ = Chain(num_draft, stop_risk=h).draft(
+            step, jnp.int32(0), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32),
+            jax.random.PRNGKey(0), None, 64, accept=accept)
+        expected = []
+        for row in table:
+            survive = np.cumprod(row)
+            over = np.nonzero(1 - survive > h)[0]
+            expected.append(over[0] + 1 if over.size else num_draft)
+        np.testing.assert_array_equal(np.asarray(proposal.valid).sum(1), expected)
+        assert np.all(np.asarray(proposal.valid) == (np.arange(num_draft) <
+                                                     np.asarray(expected)[:, None]))
+
+
+@pytest.mark.parametrize("h", [0.3, 0.7])
+def test_greedy_specdec_equals_autoregressive(generator, h):
+    """Catches a stop wired so that rows never stop early or always stop after the first
+    draft, and a stop that corrupts what is committed (ragged prompts, batch 3)."""
+    reference = generator.generate(PROMPTS, max_new_tokens=NEW)
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SpecDecHead(1, Chain(8, 0.0,
+                                                                                        h)))
+    assert out.tokens == reference.tokens
+    for stats in out.stats:
+        assert stats.accepted + stats.rounds == NEW - 1
+    assert out.total.rounds < out.total.drafted < 8 * out.total.rounds
+
+
+def test_eos_inside_a_specdec_draft_ends_the_row_like_autoregressive(generator):
+    check_eos_mid_draft(generator, PROMPTS, SpecDecHead(1, Chain(8, 0.0, 0.7)), NEW)
+
+
+def test_specdec_refuses_what_it_cannot_run(generator):
+    with pytest.raises(ValueError, match="set draft_risk"):
+        generator.generate([[1]], max_new_tokens=4, strategy=SpecDecHead(1, Chain(4)))
+    with pytest.raises(ValueError, match="needs an acceptance head"):
+        generator.generate([[1]], max_new_tokens=4, strategy=SelfSpeculative(1, Chain(4, 0, .5)))
+    with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):
+        generator.generate([[1]], max_new_tokens=4, strategy=SpecDecHead(2, Chain(4, 0, .5)))
+    with pytest.raises(ValueError, match="draft_risk .* do not apply to trees"):
+        make_strategy("specdec", DecodingConfig(tree="2,1", draft_risk=0.5))
+    with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
+        Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4,
+                                        strategy=SpecDecHead(1, Chain(4, 0, .5)))
+
+
+def test_soft_label_auc_equals_counting_pairs():
+    """Catches ties counted as wins (or losses) and soft labels treated as hard ones."""
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, 60).astype(float)  # many ties
+    labels = np.where(rng.random(60) < 0.3, 1.0, rng.random(60))
+    wins = total = 0.0
+    for i, j in itertools.product(range(60), repeat=2):
+        weight = labels[i] * (1 - labels[j])
+        total += weight
+        wins += weight * (1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0)
+    assert auc(scores, labels) == pytest.approx(wins / total, rel=1e-12)
+    assert auc(np.arange(4.0), np.array([0, 0, 1, 1.0])) == 1.0
+
+
+def test_specdec_loop_exports_for_tpu_and_cuda(generator):
+    params, head = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+                    for tree in (generator.params, random_head()))
+    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            SamplingParams.create())
+    fn = jax.jit(lambda p, h, prompts, lengths, key, sp, eos: loop.generate_tokens(
+        p, h, prompts, lengths, key, sp, eos, cfg=CFG,
+        drafter=SpecDecHead(1, Chain(6, 0.0, 0.5)), max_new_tokens=32, cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, head, jax.ShapeDtypeStruct((2, 16), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.uint32), sampling,
+        jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")
+    assert exported.mlir_module().count("stablehlo.while") >= 2

@@ -12,8 +12,9 @@ strategy's head, so every drafter can run in one process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from specjax.checkpoint import (
@@ -50,25 +51,27 @@ def load_model(workdir: str, step: int | None = None,
     """The workdir's latest checkpoint (or `step`) ready for decoding, with the drafters in
     `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
     strategy's draft model) or a head trained on this model."""
-    loaded = _load_target(workdir, step)
+    target = _load_target(workdir, step)
+    checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
+                               else params_checksum(target.params))  # hashed once, if needed
+    weights = dict(target.draft_weights)
     extra = [draft_workdir] if isinstance(draft_workdir, str) else list(draft_workdir or [])
     for path in extra:
-        added = _drafter(loaded, path)
-        clash = sorted(set(added) & set(loaded.draft_weights))
+        added = _drafter(target, checksum, path)
+        clash = sorted(set(added) & set(weights))
         if clash:
             raise ValueError(f"{path} adds a second {clash[0]!r} drafter; give one per strategy")
-        loaded = dataclasses.replace(loaded, draft_weights={**loaded.draft_weights, **added})
-    return loaded
+        weights.update(added)
+    return dataclasses.replace(target, draft_weights=weights)
 
 
-def _drafter(target: LoadedModel, workdir: str) -> dict[str, DraftWeights]:
-    """The draft weights in `workdir`, by strategy, checked to fit the `target` model."""
-    try:
-        meta = Checkpointer(workdir, create=False).read_meta()
-    except UnreadableCheckpointError:
-        meta = {}
+def _drafter(target: LoadedModel, target_checksum: Callable[[], str],
+             workdir: str) -> dict[str, DraftWeights]:
+    """The draft weights in `workdir`, by strategy, checked to fit the `target` model (whose
+    weights' checksum `target_checksum` gives)."""
+    meta = _read_meta(workdir, None)
     if "base" in meta:  # a head: it must have been trained on exactly these weights
-        if meta["base"].get("checksum") != params_checksum(target.params):
+        if meta["base"].get("checksum") != target_checksum():
             raise CheckpointError(f"the {meta.get('objective')} head in {workdir} was trained "
                                   f"on the model in {meta['base']['workdir']}, not on the "
                                   f"weights of {target.workdir}")
@@ -82,11 +85,17 @@ def _drafter(target: LoadedModel, workdir: str) -> dict[str, DraftWeights]:
     return {"draft": DraftWeights(unstack_layers(params), cfg=cfg)}
 
 
-def _load_target(workdir: str, step: int | None) -> LoadedModel:
+def _read_meta(workdir: str, step: int | None) -> dict[str, Any]:
+    """A checkpoint's metadata; {} when unreadable (`load_params` then falls back to a readable
+    step, if any)."""
     try:
-        meta = Checkpointer(workdir, create=False).read_meta(step)
-    except UnreadableCheckpointError:  # load_params falls back to a readable step, if any
-        meta = {}
+        return Checkpointer(workdir, create=False).read_meta(step)
+    except UnreadableCheckpointError:
+        return {}
+
+
+def _load_target(workdir: str, step: int | None) -> LoadedModel:
+    meta = _read_meta(workdir, step)
     if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step)
         return LoadedModel(workdir, params, cfg, meta, {})

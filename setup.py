@@ -22,6 +22,7 @@ setup(
         "ml_collections>=1.0",
         "numpy>=1.26",
         "scipy>=1.11",
+        "matplotlib>=3.8",  # benchmark curves (infer/calm_bench.py)
         "tqdm>=4.66",
         "safetensors>=0.4",
         "tokenizers>=0.20",

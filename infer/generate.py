@@ -81,16 +81,19 @@ def run() -> None:
         out = generator.generate(encoded[batch], max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
                                  eos_id=tokenizer.eos_id)
-        for prompt, tokens, stats in zip(prompts[batch], out.tokens, out.stats, strict=True):
+        for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
+                                                out.trace, strict=True):
             record = {"prompt": prompt, "completion": tokenizer.decode(tokens),
-                      **stats.to_dict()}
+                      **stats.to_dict(), **_exits(trace)}
             if output:
                 output.write(json.dumps(record) + "\n")
                 output.flush()
             else:
                 acceptance = (f"{record['acceptance_rate']:.2f}" if record["drafted"] else "n/a")
                 print(record["prompt"] + record["completion"])
-                print(f"--- tau={record['tau']:.2f} acceptance={acceptance}")
+                exits = (f" mean_exit={record['mean_exit']:.2f}"
+                         if record.get("mean_exit") is not None else "")
+                print(f"--- tau={record['tau']:.2f} acceptance={acceptance}{exits}")
             rounds += stats.rounds
             committed += stats.accepted + stats.rounds
     if output:
@@ -99,6 +102,15 @@ def run() -> None:
     if plan is not None:
         print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
               f"{plan.expected_tau:.2f})")
+
+
+def _exits(trace: dict[str, list]) -> dict:
+    """CALM's per-token exits (the first token's, from the full prefill, left out) and their
+    mean; nothing for strategies without exits."""
+    if "exit" not in trace:
+        return {}
+    exits = trace["exit"][1:]
+    return {"exits": exits, "mean_exit": sum(exits) / len(exits) if exits else None}
 
 
 def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[list[int]]:

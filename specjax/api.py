@@ -28,11 +28,14 @@ from specjax.tokenizer import Tokenizer, get_tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """One prompt's generated text and its decoding statistics (tau, acceptance_rate...)."""
+    """One prompt's generated text, its decoding statistics (tau, acceptance_rate...) and its
+    per-token trace (strategy calm: {"exit": [...], "confidence": [...]}, -1 for the first
+    token; empty otherwise)."""
 
     prompt: str
     text: str
     stats: RowStats
+    trace: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
 class LanguageModel:
@@ -70,8 +73,9 @@ class LanguageModel:
             [self.tokenizer.encode(text, add_bos=True) for text in texts],
             max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
             eos_id=self.tokenizer.eos_id)
-        completions = [Completion(text, self.tokenizer.decode(tokens), stats)
-                       for text, tokens, stats in zip(texts, out.tokens, out.stats, strict=True)]
+        completions = [Completion(text, self.tokenizer.decode(tokens), stats, trace)
+                       for text, tokens, stats, trace in zip(texts, out.tokens, out.stats,
+                                                             out.trace, strict=True)]
         return completions[0] if isinstance(prompts, str) else completions
 
 

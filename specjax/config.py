@@ -145,7 +145,11 @@ class DecodingConfig:
     `tree_nodes` nodes, `tree_top_k` children per expanded node, `tree_depth` levels) or "auto"
     (shaped from measurements).
     `tree_children`: how a static tree's sampled children are drawn. `skip_layers`: the layers
-    (0-based, comma-separated) the `skip` strategy's draft passes over."""
+    (0-based, comma-separated) the `skip` strategy's draft passes over.
+    CALM (strategies calm, calmdraft): a token leaves at the first of the candidate exits
+    `calm_exits` ("2,4,6"; empty: the model's trained exits below the last) whose confidence
+    (`calm_measure`: softmax, state or classifier) reaches lambda_t = `calm_threshold` *
+    (0.9 + 0.1 exp(-`calm_decay` t / N)); `calm_threshold` 1 never exits early."""
 
     exit_layer: int = 1
     num_draft: int = 4
@@ -157,6 +161,10 @@ class DecodingConfig:
     tree_depth: int = 4
     tree_children: str = "without_replacement"
     skip_layers: str = ""
+    calm_exits: str = ""
+    calm_measure: str = "softmax"
+    calm_threshold: float = 0.9
+    calm_decay: float = 4.0
 
     def check(self, model: ModelConfig) -> None:
         _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
@@ -168,7 +176,11 @@ class DecodingConfig:
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and 0 <= value < 1, f"decoding.{name}",
                      value, "must lie in [0, 1)")
-        for name in ("tree", "skip_layers"):
+        _require(isinstance(self.calm_threshold, (int, float)) and 0 <= self.calm_threshold <= 1,
+                 "decoding.calm_threshold", self.calm_threshold, "must lie in [0, 1]")
+        _require(isinstance(self.calm_decay, (int, float)) and self.calm_decay >= 0,
+                 "decoding.calm_decay", self.calm_decay, "must be >= 0")
+        for name in ("tree", "skip_layers", "calm_exits", "calm_measure"):
             _require(isinstance(getattr(self, name), str), f"decoding.{name}",
                      getattr(self, name), "must be a string")
         for name in ("tree_nodes", "tree_top_k", "tree_depth"):

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specjax.calibrated import with_calibrated
 from specjax.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -95,10 +96,12 @@ def _read_meta(workdir: str, step: int | None) -> dict[str, Any]:
 
 
 def _load_target(workdir: str, step: int | None) -> LoadedModel:
+    """The model (or a head's base and the head) in `workdir`, its metadata carrying the
+    workdir's calibrated decoding defaults."""
     meta = _read_meta(workdir, step)
     if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step)
-        return LoadedModel(workdir, params, cfg, meta, {})
+        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir), {})
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
         raise CheckpointError(f"the {meta['objective']} head in {workdir} was trained on the "
@@ -111,7 +114,7 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
         base = load_base(recorded["workdir"])
     base.check_unchanged(recorded, workdir)
     meta, weights = _load_head(workdir, step, meta)
-    return LoadedModel(workdir, base.params, base.cfg, meta, weights)
+    return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights)
 
 
 def _load_head(workdir: str, step: int | None,

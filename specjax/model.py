@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.nn import DecoderBlock
+from specjax.nn.block import propagate_state
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
@@ -157,6 +158,20 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
                                        cache.layers[index], write_pos)
         new_layers.append(layer_kv)
     return hidden, cache.with_layers(start, tuple(new_layers))
+
+
+def propagate_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
+                     write_pos: jax.Array, positions: jax.Array, *,
+                     layers: tuple[int, int]) -> Cache:
+    """Writes into each layer of the range the K/V it projects from the same hidden states
+    [B, T, D] at slots `write_pos` ([B] or [B, T]) and RoPE `positions` [B, T], running no
+    attention or MLP: the layers a token skipped after exiting early (CALM)."""
+    start, stop = layers
+    _check_range(cfg, start, stop)
+    rope = rope_tables(cfg, positions)
+    return cache.with_layers(start, tuple(
+        propagate_state(cfg, layer_params(params, index), hidden, rope, cache.layers[index],
+                        write_pos) for index in range(start, stop)))
 
 
 def chain_mask(write_pos: jax.Array, steps: int, max_len: int) -> jax.Array:

@@ -18,9 +18,11 @@ from specjax.config import ModelConfig
 from specjax.decoding import acceptance, loop
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.calm import CalmDraft
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.early_exit import EarlyExit
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
@@ -113,6 +115,7 @@ STRATEGIES = {
     "draft-chain": DraftModel(Chain(3, stop_below=0.3)),
     "draft-tree": DraftModel(StaticTree.from_branching((2, 1))),
     "specdec-chain": SpecDecHead(1, Chain(3, stop_risk=0.6)),
+    "calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
 }
 
 

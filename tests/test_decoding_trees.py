@@ -81,8 +81,9 @@ def test_tree_verification_equals_each_path_run_as_a_plain_chain():
     proposal = Proposal(tokens=jnp.asarray(tokens, jnp.int32), parents=jnp.asarray(parents),
                         valid=valid, q=None, reuse=None, stats={},
                         shape=StaticTree.from_branching((size,)))
-    logits, _, _ = jax.jit(verify, static_argnames="cfg")(generator.params, CFG, cache,
-                                                       jnp.asarray(pending, jnp.int32), proposal)
+    logits = jax.jit(verify, static_argnames="cfg")(generator.params, CFG, cache,
+                                                    jnp.asarray(pending, jnp.int32),
+                                                    proposal).logits
     sequences = []
     for b in range(batch):
         for position in range(size + 1):

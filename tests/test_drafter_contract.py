@@ -11,6 +11,7 @@ import pytest
 
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import FullVerification
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Shape
@@ -22,7 +23,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
 
 
 @dataclasses.dataclass(frozen=True)
-class BigramDrafter:
+class BigramDrafter(FullVerification):
     """Drafts from a [V, V] table of next-token logits (its params). State: the target's
     committed lengths as the drafter last saw them (from prefill, then commit), the prompt's
     mean hidden state at exit 1 (from the prefill hook) and the rounds it has seen."""

@@ -169,7 +169,7 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, flag)
                                         strategy="ar")
     assert [r["completion"] for r in rows] == [c.text for c in plain]
     assert all(r["drafted"] > 0 for r in rows)
-    with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
+    with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         specjax.load(base).generate("x", strategy=name)
 
 

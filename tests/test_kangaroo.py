@@ -129,7 +129,7 @@ def test_an_untrained_adapter_drafts_exactly_like_the_shared_head(name):
 
 
 def test_kangaroo_needs_its_weights_for_its_exit(generator):
-    with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
+    with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4, strategy=Kangaroo(1))
     with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):
         generator.generate([[1]], max_new_tokens=4, strategy=Kangaroo(2))

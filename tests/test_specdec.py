@@ -94,7 +94,7 @@ def test_specdec_refuses_what_it_cannot_run(generator):
         generator.generate([[1]], max_new_tokens=4, strategy=SpecDecHead(2, Chain(4, 0, .5)))
     with pytest.raises(ValueError, match="draft_risk .* do not apply to trees"):
         make_strategy("specdec", DecodingConfig(tree="2,1", draft_risk=0.5))
-    with pytest.raises(ValueError, match="drafts with weights of its own and this model has none"):
+    with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4,
                                         strategy=SpecDecHead(1, Chain(4, 0, .5)))
 

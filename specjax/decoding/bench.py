@@ -62,24 +62,29 @@ class StrategyResult:
         return (self.tokens - self.rows) / decode_seconds if decode_seconds > 0 else None
 
 
-def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int,
-                    length: int) -> list[list[int]]:
+def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: int, *,
+                    skip_documents: int = 0, per_document: int = 1) -> list[list[int]]:
     """`length`-token windows from the middle of held-out validation documents, starting at the
     first line break after the middle (or the middle itself if the tokenizer merges newlines
-    into other tokens): unseen text in the middle of real files."""
+    into other tokens): unseen text in the middle of real files. Up to `per_document`
+    consecutive windows per document, after the first `skip_documents` documents (which a
+    benchmark keeps for itself when a calibration runs on the rest)."""
     _, validation = split_documents(load_documents(data), data.val_fraction)
     newline = tokenizer.encode("\n")[-1]
     prompts = []
-    for text in validation["text"]:
+    for text in validation["text"][skip_documents:]:
         ids = tokenizer.encode(text)
         breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
         start = len(ids) // 2 + (int(breaks[0]) + 1 if len(breaks) else 0)
-        if start + length <= len(ids):
-            prompts.append(ids[start:start + length].tolist())
-        if len(prompts) == count:
-            return prompts
-    raise ValueError(f"only {len(prompts)} validation documents are long enough for "
-                     f"{count} prompts of {length} tokens")
+        for begin in range(start, start + per_document * length, length):
+            if begin + length > len(ids):
+                break
+            prompts.append(ids[begin:begin + length].tolist())
+            if len(prompts) == count:
+                return prompts
+    raise ValueError(f"the validation documents after the first {skip_documents} hold only "
+                     f"{len(prompts)} windows of {length} tokens ({per_document} per document), "
+                     f"not {count}")
 
 
 def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> tuple[float, float]:
@@ -209,4 +214,5 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
 
 def _merge(generations: Sequence[Generation]) -> Generation:
     return Generation(tokens=[t for g in generations for t in g.tokens],
-                      stats=[s for g in generations for s in g.stats])
+                      stats=[s for g in generations for s in g.stats],
+                      trace=[t for g in generations for t in g.trace])

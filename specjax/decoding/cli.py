@@ -36,10 +36,18 @@ DECODING_FLAGS = {
                      "or top_k (deterministic).",
     "skip_layers": "Strategy skip: the layers its draft passes over (0-based, comma-separated, "
                    "e.g. 2,3,5).",
+    "calm_exits": "Strategies calm and calmdraft: the candidate exits (comma-separated, e.g. "
+                  "2,4,6); empty: the model's trained exits below the last.",
+    "calm_measure": "CALM's confidence measure: softmax (top-1 minus top-2 probability), state "
+                    "(cosine of consecutive hidden states) or classifier (trained by "
+                    "configs/calm.py).",
+    "calm_threshold": "CALM's threshold lambda in [0, 1]: a token leaves at the first candidate "
+                      "exit with confidence >= lambda_t (1: never early).",
+    "calm_decay": "CALM's threshold decay tau: lambda_t = lambda (0.9 + 0.1 exp(-tau t / N)).",
 }
 
 
-LISTED_FLAGS = ("tree", "skip_layers")  # hold commas: swept by repeating the flag
+LISTED_FLAGS = ("tree", "skip_layers", "calm_exits")  # hold commas: swept by repeating the flag
 
 
 def define_decoding_flags(sweep: bool = False) -> None:

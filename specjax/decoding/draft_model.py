@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
-from specjax.decoding.drafter import DraftContext, Prefilled, Round
+from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round
 from specjax.decoding.engine import DraftWeights
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.tree import Layout
@@ -27,7 +27,7 @@ from specjax.model import embed, exit_logits, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel:
+class DraftModel(FullVerification):
     """shape: the proposals' shape; cfg: the draft model's config (bound from its weights,
     `bind`). Its params are the draft model's (layers unstacked, as for decoding)."""
 

@@ -8,12 +8,13 @@ LayerSkip). The loop calls its hooks:
   prefill   once, after the target's prefill: the initial state;
   propose   every round: a `Proposal` (a token tree of the static `shape`), the target cache
             (a drafter may write the target's K/V for layers it ran) and the new state;
+  verify    every round: the target's logits at the pending token and every node
+            (`FullVerification`: the full model; CALM's own strategy exits early instead);
   commit    every round, after acceptance: the state with the accepted path kept (`Round`:
             what the round proposed, accepted and verified).
 
-The loop owns verification, acceptance, the target cache's commit, EOS, budgets and statistics.
-New ideas (Kangaroo, a draft model, CALM as a drafter) are new drafters, registered once in
-`decoding.registry`.
+The loop owns acceptance, the target cache's commit, EOS, budgets and statistics. New ideas
+(Kangaroo, a draft model, CALM) are new drafters, registered once in `decoding.registry`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.verify import Verified, verify
 from specjax.model import Params
 
 
@@ -46,12 +48,13 @@ class DraftContext:
 class Prefilled:
     """What the target's prefill hands a drafter: prompts [B, P] (right-padded), their lengths
     [B], the target's hidden states after each layer count in the drafter's `prefill_exits`
-    ({exit: [B, P, D]}) and the cache size of the run."""
+    ({exit: [B, P, D]}), the cache size and the generation budget of the run."""
 
     prompts: jax.Array
     lengths: jax.Array
     exit_hidden: dict[int, jax.Array]
     cache_len: int = flax.struct.field(pytree_node=False)
+    max_new_tokens: int = flax.struct.field(pytree_node=False)
 
 
 @flax.struct.dataclass
@@ -86,11 +89,23 @@ class Drafter(Protocol):
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
         """Proposes nodes after `pending` [B] (the last emitted token, not yet in the cache)."""
 
+    def verify(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
+               proposal: Proposal) -> Verified:
+        """The target's pass over `pending` and the proposal's nodes."""
+
     def commit(self, ctx: DraftContext, state: Any, done: Round) -> Any:
         """The state after the round `done`."""
 
 
-class Stateless:
+class FullVerification:
+    """Verification by the full target model: every drafter's but CALM's."""
+
+    def verify(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
+               proposal: Proposal) -> Verified:
+        return verify(ctx.params, ctx.cfg, cache, pending, proposal)
+
+
+class Stateless(FullVerification):
     """Hooks of a drafter that needs no state across rounds (LayerSkip, autoregressive)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()

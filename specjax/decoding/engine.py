@@ -64,10 +64,13 @@ class DraftWeights:
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
-    """Generated token ids per row (EOS included when it ended the row) and per-row stats."""
+    """Generated token ids per row (EOS included when it ended the row), per-row stats and the
+    per-token trace of each row (CALM: {"exit": [...], "confidence": [...]}, -1 for the first
+    token, which the prefill's full pass produced; empty for other strategies)."""
 
     tokens: list[list[int]]
     stats: list[RowStats]
+    trace: list[dict[str, list]] = dataclasses.field(default_factory=list)
 
     @property
     def total(self) -> RowStats:
@@ -142,15 +145,19 @@ class Generator:
 
     def with_weights(self, strategy: Drafter, draft_params: Any) -> tuple[Drafter, Any]:
         """`strategy` bound to the weights it drafts with (`draft_weights[name]`, checked by its
-        `bind`) and their params; given `draft_params` are used as they are; a clear error when
-        a drafter that needs weights has none."""
-        if not getattr(strategy, "needs_weights", False) or draft_params is not None:
+        `bind`) and their params, with the strategy's traced settings when it has some
+        (`runtime_params`: CALM's thresholds); given `draft_params` are used as they are; a
+        clear error when a drafter that needs weights has none."""
+        if draft_params is not None:
             return strategy, draft_params
-        weights = self.draft_weights.get(strategy.name)
-        if weights is None:
-            raise ValueError(f"strategy {strategy.name!r} drafts with weights of its own and "
-                             f"this model has none: {strategy.weights_hint}")
-        return strategy.bind(weights), weights.params
+        if getattr(strategy, "needs_weights", False):
+            weights = self.draft_weights.get(strategy.name)
+            if weights is None:
+                raise ValueError(f"strategy {strategy.name!r} needs weights of its own and "
+                                 f"this model has none: {strategy.weights_hint}")
+            strategy, draft_params = strategy.bind(weights), weights.params
+        runtime = getattr(strategy, "runtime_params", None)
+        return strategy, draft_params if runtime is None else runtime(draft_params)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""
@@ -180,11 +187,14 @@ class Generator:
 
     @staticmethod
     def unpack(output: DecodeOutput) -> Generation:
-        tokens, counts, stats = jax.device_get((output.tokens, output.num_tokens, output.stats))
+        tokens, counts, stats, trace = jax.device_get((output.tokens, output.num_tokens,
+                                                       output.stats, output.trace))
         return Generation(
             tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
             stats=[RowStats(int(stats.rounds[i]), int(stats.drafted[i]), int(stats.accepted[i]),
                             {name: int(values[i]) for name, values in stats.extra.items()})
+                   for i in range(len(counts))],
+            trace=[{name: values[i, :counts[i]].tolist() for name, values in trace.items()}
                    for i in range(len(counts))])
 
 

@@ -22,7 +22,6 @@ from specjax.config import ModelConfig
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.decoding.verify import verify
 from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 
@@ -39,11 +38,14 @@ class DecodeStats:
 
 @flax.struct.dataclass
 class DecodeOutput:
-    """tokens [B, max_new_tokens + D + 1] (row b valid up to num_tokens[b]) and statistics."""
+    """tokens [B, max_new_tokens + D + 1] (row b valid up to num_tokens[b]), statistics, and
+    the verifier's per-token trace ({name: [B, same width]}, e.g. CALM's exit and confidence of
+    each token; -1 for the prefill's token)."""
 
     tokens: jax.Array
     num_tokens: jax.Array
     stats: DecodeStats
+    trace: dict[str, jax.Array]
 
 
 @flax.struct.dataclass
@@ -58,6 +60,7 @@ class LoopState:
     num_tokens: jax.Array  # [B]
     done: jax.Array     # [B]
     stats: DecodeStats
+    trace: dict[str, jax.Array]  # [B, N] per emitted token, see DecodeOutput
     round: jax.Array    # scalar, folds into the PRNG key
 
 
@@ -84,7 +87,8 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
         lambda s: ~jnp.all(s.done),
         lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, max_new_tokens=max_new_tokens),
         state)
-    return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats)
+    return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats,
+                        trace=final.trace)
 
 
 def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,
@@ -104,8 +108,11 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
     cache = cache.commit(prompt_lengths)
     draft_state = drafter.prefill(ctx, Prefilled(
         prompts=prompts, lengths=prompt_lengths, cache_len=cache_len,
-        exit_hidden={e: exit_hidden[e] for e in drafter.prefill_exits}))
+        exit_hidden={e: exit_hidden[e] for e in drafter.prefill_exits},
+        max_new_tokens=max_new_tokens))
     proposal_like = jax.eval_shape(drafter.propose, ctx, draft_state, cache, first, key)[0]
+    trace_like = jax.eval_shape(drafter.verify, ctx, draft_state, cache, first,
+                                proposal_like).trace
     zeros = jnp.zeros((batch,), jnp.int32)
     width = max_new_tokens + drafter.shape.depth + 1
     return LoopState(
@@ -116,6 +123,8 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
+        trace={name: jnp.full((batch, width), -1, like.dtype)
+               for name, like in trace_like.items()},
         round=jnp.zeros((), jnp.int32))
 
 
@@ -125,23 +134,28 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
     proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
                                                    draft_key)
-    target_logits, cache, reused_hidden = verify(ctx.params, ctx.cfg, cache, s.pending, proposal)
-    accepted = accept(accept_key, proposal, target_logits, ctx.sampling)
+    verified = drafter.verify(ctx, draft_state, cache, s.pending, proposal)
+    accepted = accept(accept_key, proposal, verified.logits, ctx.sampling)
     active = ~s.done
     count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
                                     max_new_tokens - s.num_tokens)
     count = jnp.where(active, count, 0)
-    written = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))(
-        s.tokens, accepted.emitted, s.num_tokens)
+    write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
+    written = write(s.tokens, accepted.emitted, s.num_tokens)
+    traced = {name: write(s.trace[name], _along_emitted(values, accepted.path), s.num_tokens)
+              for name, values in verified.trace.items()}
     num_tokens = s.num_tokens + count
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
     return LoopState(
-        cache=cache.commit(lengths, accepted.path),
-        drafter=drafter.commit(ctx, draft_state, Round(proposal, accepted, reused_hidden,
-                                                       s.cache.lengths, lengths)),
+        cache=verified.cache.commit(lengths, accepted.path),
+        drafter=drafter.commit(ctx, draft_state, Round(proposal, accepted,
+                                                       verified.reused_hidden, s.cache.lengths,
+                                                       lengths)),
         pending=jnp.where(active, jnp.take_along_axis(
             accepted.emitted, accepted.num_accepted[:, None], 1)[:, 0], s.pending),
         tokens=jnp.where(active[:, None], written, s.tokens),
+        trace={name: jnp.where(active[:, None], values, s.trace[name])
+               for name, values in traced.items()},
         num_tokens=num_tokens,
         done=s.done | hit_eos | (num_tokens >= max_new_tokens),
         stats=DecodeStats(
@@ -151,6 +165,16 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
         round=s.round + 1)
+
+
+def _along_emitted(values: jax.Array, path: jax.Array | None) -> jax.Array:
+    """Per-position values [B, 1+T] at the positions whose logits produced each emitted token
+    [B, D+1]: emitted token j comes from the pending token (j = 0) or the j-th accepted node's
+    position (a chain's node j - 1; a tree's path[j - 1])."""
+    if path is None:  # a chain's emitted tokens come from positions 0 .. T in order
+        return values
+    positions = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
+    return jnp.take_along_axis(values, positions, axis=1)
 
 
 def _pick(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None) -> jax.Array:

@@ -11,10 +11,12 @@ from collections.abc import Callable
 
 from specjax.config import DecodingConfig
 from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.calm import Calm, CalmDraft
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.early_exit import EarlyExit
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Shape
@@ -29,6 +31,10 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "draft": lambda options: DraftModel(shape_for(options)),
     "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(options,
                                                                          options.draft_risk)),
+    "calm": lambda options: Calm(early_exit(options), options.calm_threshold,
+                                 options.calm_decay),
+    "calmdraft": lambda options: CalmDraft(early_exit(options), options.calm_threshold,
+                                           options.calm_decay, shape_for(options)),
 }
 
 CHAIN_SPECS = ("", "chain")
@@ -58,13 +64,23 @@ def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:
     return StaticTree.parse(tree, options.tree_children)
 
 
+def early_exit(options: DecodingConfig) -> EarlyExit:
+    """CALM's early exit as the options describe it."""
+    return EarlyExit(layer_list(options.calm_exits, "calm_exits"), options.calm_measure)
+
+
 def skip_set(options: DecodingConfig) -> tuple[int, ...]:
     """The layers `skip_layers` names ("2,3,5"), as sorted indices."""
-    try:
-        layers = tuple(int(part) for part in options.skip_layers.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"skip_layers={options.skip_layers!r}: expected comma-separated layer "
-                         "indices, e.g. 2,3,5") from None
+    layers = layer_list(options.skip_layers, "skip_layers")
     if not layers:
         raise ValueError("strategy 'skip' needs --skip_layers (comma-separated layer indices)")
     return layers
+
+
+def layer_list(value: str, flag: str) -> tuple[int, ...]:
+    """Comma-separated layer numbers ("2,3,5") as a tuple; a one-line error naming `flag`."""
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{flag}={value!r}: expected comma-separated layer numbers, e.g. "
+                         "2,3,5") from None

@@ -12,6 +12,7 @@ those layers here, and the deeper layers run once over all positions.
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -22,11 +23,23 @@ from specjax.decoding.tree import Layout, ancestor_matrix, chain_layout, tree_la
 from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 
+@flax.struct.dataclass
+class Verified:
+    """A verification pass: the logits [B, 1+T, V] at the pending token and each node; the
+    cache with every layer's K/V written for them (lengths unchanged); when the proposal reuses
+    the draft's layers, every position's hidden state at the reuse exit [B, 1+T, D] (else
+    None); `trace`, per-position values [B, 1+T] reported with the token each position's
+    logits produce (CALM's exit and confidence; empty for the full model)."""
+
+    logits: jax.Array
+    cache: Cache
+    reused_hidden: jax.Array | None
+    trace: dict[str, jax.Array]
+
+
 def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
-           proposal: Proposal) -> tuple[jax.Array, Cache, jax.Array | None]:
-    """Target logits [B, 1+T, V] at the pending token [B] and each node, the cache with every
-    layer's K/V written for them (lengths unchanged) and, when the proposal reuses the draft's
-    layers, every position's hidden state at the reuse exit [B, 1+T, D] (else None)."""
+           proposal: Proposal) -> Verified:
+    """The full target over the pending token [B] and every node of `proposal`."""
     tokens = jnp.concatenate([pending[:, None], proposal.tokens], axis=1)
     layout = proposal_layout(cache.lengths, proposal, cache.max_len)
     reuse, start, reused = proposal.reuse, 0, None
@@ -40,7 +53,7 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
         rows = jnp.arange(tokens.shape[0])[:, None]
         hidden = reused = reuse.hidden.at[rows, missing].set(ran)
     hidden, cache = _run(params, cfg, hidden, cache, layout, (start, cfg.num_layers))
-    return exit_logits(params, cfg, hidden), cache, reused
+    return Verified(exit_logits(params, cfg, hidden), cache, reused, {})
 
 
 def proposal_layout(lengths: jax.Array, proposal: Proposal, max_len: int) -> Layout:

@@ -39,21 +39,9 @@ class Attention(nn.Module):
         out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
                          (kv_heads, group, head_dim, cfg.d_model), cfg.weight_dtype)
 
-        # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
-        # make XLA re-lay the weight out in memory on every decode step.
-        y = matmul(x, qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
-            batch, steps, kv_heads, group + 2, head_dim)
-        if cfg.attention_bias:
-            y = y + self.param("qkv_bias", nn.initializers.zeros,
-                               (kv_heads, group + 2, head_dim), cfg.weight_dtype).astype(y.dtype)
-        q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
-        k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
-        v = y[:, :, :, group + 1]
-
-        # Merge batch and kv heads into one leading axis (the cache layout, see cache.py).
-        q = q.transpose(0, 2, 3, 1, 4).reshape(batch * kv_heads, group * steps, head_dim)
-        k = k.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
-        v = v.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
+        bias = (self.param("qkv_bias", nn.initializers.zeros, (kv_heads, group + 2, head_dim),
+                           cfg.weight_dtype) if cfg.attention_bias else None)
+        q, k, v = project(cfg, x, qkv, bias, rope)
         if kv is not None:
             kv = _write(kv, k, v, write_pos, kv_heads)
             k, v = kv.k, kv.v
@@ -68,6 +56,36 @@ class Attention(nn.Module):
         attended = attended.transpose(0, 3, 1, 2, 4)
         out = out.reshape(-1, cfg.d_model).astype(cfg.compute_dtype)
         return matmul(attended.reshape(batch, steps, -1), out), kv
+
+
+def project(cfg: ModelConfig, x: jax.Array, qkv: jax.Array, bias: jax.Array | None,
+            rope: Rope) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries [B*K, G*T, Dh] and keys, values [B*K, T, Dh] of normalised inputs x [B, T, D],
+    rotated and in the cache's merged batch-and-kv-head layout (see cache.py). Shared by the
+    layer and by CALM's state propagation (`project_kv`), so both write the same K/V."""
+    batch, steps, _ = x.shape
+    kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+    # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
+    # make XLA re-lay the weight out in memory on every decode step.
+    y = matmul(x, qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
+        batch, steps, kv_heads, group + 2, head_dim)
+    if bias is not None:
+        y = y + bias.astype(y.dtype)
+    q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
+    k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
+    v = y[:, :, :, group + 1]
+    q = q.transpose(0, 2, 3, 1, 4).reshape(batch * kv_heads, group * steps, head_dim)
+    k = k.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
+    v = v.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
+    return q, k, v
+
+
+def write_kv(cfg: ModelConfig, attn_params: dict, x: jax.Array, rope: Rope, kv: LayerKV,
+             write_pos: jax.Array) -> LayerKV:
+    """The cache after writing the K/V an attention layer (params `attn_params`) projects from
+    normalised inputs x [B, T, D], without attending: CALM's state propagation."""
+    _, k, v = project(cfg, x, attn_params["qkv"], attn_params.get("qkv_bias"), rope)
+    return _write(kv, k, v, write_pos, cfg.num_kv_heads)
 
 
 def _write(kv: LayerKV, k: jax.Array, v: jax.Array, write_pos: jax.Array,

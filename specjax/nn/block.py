@@ -5,9 +5,9 @@ import jax
 
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
-from specjax.nn.attention import Attention
+from specjax.nn.attention import Attention, write_kv
 from specjax.nn.mlp import MLP
-from specjax.nn.norm import RMSNorm
+from specjax.nn.norm import RMSNorm, apply_rms_norm
 from specjax.nn.rope import Rope
 
 
@@ -24,3 +24,12 @@ class DecoderBlock(nn.Module):
         x = x + attended
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
         return x, kv
+
+
+def propagate_state(cfg: ModelConfig, params: dict, x: jax.Array, rope: Rope, kv: LayerKV,
+                    write_pos: jax.Array) -> LayerKV:
+    """The K/V the layer with `params` writes for inputs x [B, T, D], and nothing else: the
+    cache of a layer that a token skipped after an early exit (CALM's state propagation: later
+    tokens attend to K/V projected from the exited hidden state, not copied from below)."""
+    return write_kv(cfg, params["attn"], apply_rms_norm(x, params["attn_norm"]["scale"], cfg),
+                    rope, kv, write_pos)

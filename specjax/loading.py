@@ -119,9 +119,11 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
 
 def _load_head(workdir: str, step: int | None,
                meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, DraftWeights]]:
-    """A head's checkpoint metadata and weights (by strategy name), given its metadata."""
+    """A head's checkpoint metadata and weights (for each strategy that reads them), given its
+    metadata."""
     head = HEADS[meta["objective"]]
     settings = meta[head.record_key]
     params, _, meta = load_params(workdir, step, abstract=lambda cfg: head.abstract_params(
         cfg, settings))
-    return meta, {head.name: DraftWeights(params, settings["exit_layer"])}
+    weights = DraftWeights(params, settings.get("exit_layer"))
+    return meta, {name: weights for name in head.strategies()}

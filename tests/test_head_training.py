@@ -35,7 +35,8 @@ def base(tmp_path_factory):
     return path
 
 
-HEADS = {"kangaroo": {"exit_layer": 1}, "specdec": {"exit_layer": 1, "width": 16}}
+HEADS = {"kangaroo": {"exit_layer": 1}, "specdec": {"exit_layer": 1, "width": 16},
+         "calm": {"exits": (1, 2)}}
 
 
 def head_run(base, name, **train):
@@ -148,11 +149,13 @@ def test_a_missing_or_changed_base_is_refused(base, tmp_path):
         load_model(adapter)
 
 
-@pytest.mark.parametrize("name,flag", [("kangaroo", "--draft_threshold=0.3"),
-                                       ("specdec", "--draft_risk=0.8")])
-def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, flag):
+@pytest.mark.parametrize("name,strategy,flag", [
+    ("kangaroo", "kangaroo", "--draft_threshold=0.3"), ("specdec", "specdec", "--draft_risk=0.8"),
+    ("calm", "calmdraft", "--calm_threshold=0.5")])
+def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, strategy, flag):
     """The CLI as the README runs it: greedy output drafted with the head is the base's `ar`
-    output; a model without the head says how to train one."""
+    output (the CALM classifier's workdir defaults to its measure); a model without the head
+    says how to train one."""
     adapter = trained_heads[name]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "import os\\n"}\n{"prompt": "def f(x):"}\n')
@@ -160,7 +163,7 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, flag)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", adapter,
-         "--strategy", name, flag, "--prompts_file", str(prompts),
+         "--strategy", strategy, flag, "--prompts_file", str(prompts),
          "--max_new_tokens", "24", "--output", str(out)],
         env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -169,8 +172,9 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, flag)
                                         strategy="ar")
     assert [r["completion"] for r in rows] == [c.text for c in plain]
     assert all(r["drafted"] > 0 for r in rows)
+    options = {"calm_measure": "classifier"} if name == "calm" else {}
     with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
-        specjax.load(base).generate("x", strategy=name)
+        specjax.load(base).generate("x", strategy=strategy, **options)
 
 
 def test_heads_on_the_same_model_join_it_as_draft_workdirs(base, trained_heads, tmp_path):
@@ -179,7 +183,7 @@ def test_heads_on_the_same_model_join_it_as_draft_workdirs(base, trained_heads, 
     silently taking one strategy's place."""
     heads = trained_heads
     loaded = load_model(base, draft_workdir=list(heads.values()))
-    assert sorted(loaded.draft_weights) == sorted(HEADS)
+    assert sorted(loaded.draft_weights) == ["calm", "calmdraft", "kangaroo", "specdec"]
     out = loaded.generator().generate([[5, 6, 7]], max_new_tokens=8,
                                       strategy=SpecDecHead(1, Chain(4, stop_risk=0.5)))
     assert out.tokens == loaded.generator().generate([[5, 6, 7]], max_new_tokens=8).tokens

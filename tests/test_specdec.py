@@ -20,7 +20,7 @@ from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.specdec import SpecDecHead
-from specjax.training.specdec import auc
+from specjax.training.ranking import auc
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

@@ -31,9 +31,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax.cache import Cache
+from specjax.confidence_head import confidence
 from specjax.config import ModelConfig
 from specjax.decoding.tree import Layout
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
+from specjax.nn.confidence_head import top_two_margin
 
 # measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
 # [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]
@@ -43,13 +45,8 @@ T = TypeVar("T")
 
 def softmax_response(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
                      logits: jax.Array) -> jax.Array:
-    """Top-1 minus top-2 probability of the exit's distribution (CALM's `softmax_diff`). Two
-    maxima rather than `lax.top_k`, which costs 6x as much on XLA:CPU (13 vs 2 us a call)."""
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top = jnp.argmax(probs, axis=-1, keepdims=True)
-    first = jnp.take_along_axis(probs, top, axis=-1)[..., 0]
-    others = jnp.where(jnp.arange(probs.shape[-1]) == top, -1.0, probs)
-    return first - jnp.max(others, axis=-1)
+    """Top-1 minus top-2 probability of the exit's distribution (CALM's `softmax_diff`)."""
+    return top_two_margin(jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
 
 
 def saturation(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
@@ -61,7 +58,15 @@ def saturation(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Arr
     return jnp.maximum(jnp.sum(a * b, axis=-1) / jnp.maximum(norms, 1e-12), 0.0)
 
 
-MEASURES: dict[str, Measure] = {"softmax": softmax_response, "state": saturation}
+def learned(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
+            logits: jax.Array) -> jax.Array:
+    """The trained classifier's P(this exit's argmax equals the final layer's) from the exit's
+    hidden state and distribution (CALM's `meta`; `configs/calm.py` trains it)."""
+    return confidence(head, cfg, hidden, logits)
+
+
+MEASURES: dict[str, Measure] = {"softmax": softmax_response, "state": saturation,
+                                "classifier": learned}
 
 
 @flax.struct.dataclass

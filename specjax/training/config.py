@@ -128,6 +128,25 @@ class SpecDecConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CalmConfig:
+    """CALM's confidence classifier (`specjax.confidence_head`) on the frozen model in
+    `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
+    whether an exit's argmax equals the final layer's (class-balanced binary cross-entropy,
+    averaged over the exits). Decoding with it: `--strategy calm --calm_measure classifier` on
+    the head's workdir."""
+
+    exits: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        exits = tuple(self.exits)
+        _check(all(isinstance(e, int) and e >= 1 for e in exits)
+               and list(exits) == sorted(set(exits)), "calm.exits", self.exits,
+               "must be distinct exits >= 1 in ascending order (empty: every exit below the "
+               "last)")
+        object.__setattr__(self, "exits", exits)
+
+
+@dataclasses.dataclass(frozen=True)
 class DistillConfig:
     """DistillSpec-style training of a draft model: with `teacher_workdir` set, the model is
     trained to the teacher's next-token distribution on the corpus (soft cross-entropy, i.e.
@@ -149,8 +168,8 @@ def _check(ok: bool, field: str, value: Any, why: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A whole training run: the model, its data, optimisation and the LayerSkip recipe; or,
-    with `base_workdir` set, a head trained on that frozen model (the `kangaroo` or `specdec`
-    section)."""
+    with `base_workdir` set, a head trained on that frozen model (the `kangaroo`, `specdec` or
+    `calm` section)."""
 
     model: ModelConfig
     data: DataConfig
@@ -159,11 +178,13 @@ class RunConfig:
     decoding: DecodingConfig
     kangaroo: KangarooConfig
     specdec: SpecDecConfig
+    calm: CalmConfig
     distill: DistillConfig
     base_workdir: str = ""
 
 
-SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "distill")
+SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
+            "distill")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -173,7 +194,7 @@ def config_reference() -> str:
     for section in dataclasses.fields(RunConfig):
         if section.name in SETTINGS:
             lines.append(f"  {section.name}={section.default!r}: the frozen model a head is "
-                         "trained on (with the kangaroo or specdec section)")
+                         "trained on (with the kangaroo, specdec or calm section)")
             continue
         cls = section.type if isinstance(section.type, type) else globals()[section.type]
         described = []
@@ -208,6 +229,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"),
         kangaroo=dataclass_from_mapping(KangarooConfig, values.get("kangaroo", {}), "kangaroo"),
         specdec=dataclass_from_mapping(SpecDecConfig, values.get("specdec", {}), "specdec"),
+        calm=dataclass_from_mapping(CalmConfig, values.get("calm") or {}, "calm"),
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)

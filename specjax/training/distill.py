@@ -58,9 +58,7 @@ def make_distill_step(cfg: ModelConfig, teacher_cfg: ModelConfig,
             return jnp.mean(optax.softmax_cross_entropy(forward(params, cfg, inputs), target))
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return (TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                           opt_state=opt_state),
+        return (state.apply_gradients(grads, optimizer),
                 {"loss": loss, "grad_norm": optax.tree.norm(grads)})
 
     return train_step

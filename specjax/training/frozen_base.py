@@ -101,12 +101,13 @@ def base_pass(base: Params, cfg: ModelConfig, exit_layer: int,
 
 
 class HeadOnBase:
-    """What every objective training a head at an exit of a frozen base shares: the exit as the
-    decoding default, the checkpoint record (the base's fingerprint and the head's `settings`)
-    and the resume checks. A head sets `name` (its objective, its config section, read as the
-    dataclass `config_class` with an `exit_layer`, and the decoding strategy that reads its
-    weights), `record_key` (where checkpoints record its settings) and
-    `abstract_params(cfg, settings)` (restore targets)."""
+    """What every objective training a head on a frozen base shares: the head's exit as the
+    decoding default (a head trained at one exit, its section's `exit_layer`), the checkpoint
+    record (the base's fingerprint and the head's `settings`) and the resume checks. A head
+    sets `name` (its objective, its config section, read as the dataclass `config_class`, and
+    the decoding strategy that reads its weights; `strategies()` when several do),
+    `record_key` (where checkpoints record its settings) and `abstract_params(cfg, settings)`
+    (restore targets)."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
@@ -115,8 +116,8 @@ class HeadOnBase:
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base
         self.section = getattr(run, self.name)  # the head's config section
-        self.exit_layer = self.section.exit_layer
-        if self.exit_layer >= run.model.num_layers:
+        self.exit_layer = getattr(self.section, "exit_layer", None)
+        if self.exit_layer is not None and self.exit_layer >= run.model.num_layers:
             raise ValueError(f"{self.name}.exit_layer={self.exit_layer} must lie in [1, "
                              f"num_layers - 1 = {run.model.num_layers - 1}]")
         self.optimizer = make_optimizer(run.train)
@@ -131,12 +132,18 @@ class HeadOnBase:
         raise NotImplementedError
 
     @classmethod
+    def strategies(cls) -> tuple[str, ...]:
+        """The decoding strategies that read this head's weights."""
+        return (cls.name,)
+
+    @classmethod
     def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
-        """The run config with the head's exit as the decoding default: decoding from the
-        head's workdir drafts where the head was trained."""
+        """The run config with the head's exit (if it has one) as the decoding default:
+        decoding from the head's workdir drafts where the head was trained."""
         section = dataclass_from_mapping(cls.config_class, config.get(cls.name) or {},
                                          cls.name)
-        config["decoding"] = {**config["decoding"], "exit_layer": section.exit_layer}
+        if hasattr(section, "exit_layer"):
+            config["decoding"] = {**config["decoding"], "exit_layer": section.exit_layer}
         return config
 
     def meta(self) -> dict[str, Any]:

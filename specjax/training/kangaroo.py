@@ -72,9 +72,7 @@ def make_adapter_step(cfg: ModelConfig, exit_layer: int,
             return jnp.mean(optax.softmax_cross_entropy(logits, teacher))
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        return (TrainState(step=state.step + 1, params=params, opt_state=opt_state),
+        return (state.apply_gradients(grads, optimizer),
                 {"loss": loss, "grad_norm": optax.tree.norm(grads)})
 
     return train_step

@@ -2,9 +2,9 @@
 
 A config with none of the head sections trains a model (LayerSkip), or, with
 `distill.teacher_workdir` set, distils a frozen teacher into it (a draft model). A config with a
-head section (`kangaroo`, `specdec`) trains that head on the frozen model in `base_workdir`: the
-model, its tokenizer and the data and decoding defaults come from the base, the config's
-sections override the last two.
+head section (`kangaroo`, `specdec`, `calm`) trains that head on the frozen model in
+`base_workdir`: the model, its tokenizer and the data and decoding defaults come from the base,
+the config's sections override the last two.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from specjax.training.calm import ConfidenceClassifier
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
@@ -20,8 +21,8 @@ from specjax.training.objective import LayerSkip, Objective
 from specjax.training.specdec import AcceptanceHeadObjective
 
 # Heads trained on a frozen base, by name: config section, objective and decoding strategy.
-HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (KangarooAdapter,
-                                                                     AcceptanceHeadObjective)}
+HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (
+    KangarooAdapter, AcceptanceHeadObjective, ConfidenceClassifier)}
 
 
 def make_objective(config: Mapping[str, Any]) -> Objective:

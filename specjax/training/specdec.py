@@ -30,6 +30,7 @@ from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.model import Params, exit_logits
 from specjax.training.config import RunConfig, SpecDecConfig
 from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
+from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
 
@@ -86,23 +87,6 @@ def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
         p_y, q_y = (jnp.take_along_axis(x, token[..., None], axis=-1)[..., 0] for x in (p, q))
         label = jnp.minimum(1.0, p_y / q_y)
     return hidden, q, token.astype(jnp.int32), label
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Probability that a random accepted draft scores above a random rejected one, with soft
-    labels (an acceptance probability a is a weight a accepted and 1 - a rejected); ties count
-    half."""
-    order = np.argsort(scores, kind="stable")
-    scores, positive = scores[order], labels[order].astype(np.float64)
-    negative = 1.0 - positive
-    _, starts, counts = np.unique(scores, return_index=True, return_counts=True)
-    ends = starts + counts
-    cum_negative = np.concatenate([[0.0], np.cumsum(negative)])
-    below = cum_negative[starts]                 # rejected drafts scoring lower, per tie group
-    tied = cum_negative[ends] - cum_negative[starts]
-    group_positive = np.add.reduceat(positive, starts)
-    pairs = positive.sum() * negative.sum()
-    return float(np.sum(group_positive * (below + tied / 2)) / pairs) if pairs else 0.5
 
 
 class AcceptanceHeadObjective(HeadOnBase):
@@ -164,9 +148,7 @@ def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams
             return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, label))
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        return (TrainState(step=state.step + 1, params=params, opt_state=opt_state),
+        return (state.apply_gradients(grads, optimizer),
                 {"loss": loss, "grad_norm": optax.tree.norm(grads),
                  "acceptance": jnp.mean(label)})
 

@@ -23,6 +23,13 @@ class TrainState:
     params: Params
     opt_state: optax.OptState
 
+    def apply_gradients(self, grads: Params,
+                        optimizer: optax.GradientTransformation) -> "TrainState":
+        """The state one optimizer step later."""
+        updates, opt_state = optimizer.update(grads, self.opt_state, self.params)
+        return TrainState(step=self.step + 1, params=optax.apply_updates(self.params, updates),
+                          opt_state=opt_state)
+
 
 @flax.struct.dataclass
 class StepSchedule:
@@ -56,11 +63,9 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *
             return jnp.sum(ce * schedule.exit_weights), ce
 
         (loss, exit_ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         final_ce = exit_ce[jnp.argmax(schedule.exit_layers == cfg.num_layers)]
         metrics = {"loss": loss, "final_ce": final_ce, "exit_ce": exit_ce,
                    "grad_norm": optax.tree.norm(grads)}
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return state.apply_gradients(grads, optimizer), metrics
 
     return train_step

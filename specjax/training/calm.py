@@ -1,0 +1,170 @@
+"""Training CALM's confidence classifier on a frozen base model.
+
+At every corpus position and every trained exit, the label is whether the shared head's argmax
+there equals the final layer's: a token leaving at that exit would be the one the full model
+emits. The classifier (`specjax.confidence_head`, one for all exits, on the exit's hidden state
+and three numbers about its distribution) learns it by binary
+cross-entropy, class-balanced per exit (each class weighted by half over its frequency in the
+batch, so the rare class counts as much as the common one; CALM §3.3) and averaged over the
+exits; the base runs forward only. Evaluation compares it, per exit, with CALM's softmax
+response (top-1 minus top-2 probability), the measure that needs no training: AUC, how well
+each ranks exits that agree above exits that do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.confidence_head import (
+    abstract_confidence_head,
+    confidence_logits,
+    init_confidence_head,
+)
+from specjax.config import ModelConfig
+from specjax.decoding.early_exit import softmax_response
+from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.training.config import CalmConfig, RunConfig
+from specjax.training.frozen_base import FrozenBase, HeadOnBase
+from specjax.training.ranking import auc
+from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfidenceReport:
+    """Validation metrics: the classifier's class-balanced cross-entropy (its training loss),
+    and per exit how often it agrees with the final layer and the AUC of the classifier and of
+    the softmax response at telling agreeing exits from the rest."""
+
+    loss: float
+    exits: tuple[int, ...]
+    agreement: tuple[float, ...]
+    auc: tuple[float, ...]
+    auc_softmax: tuple[float, ...]
+    tokens: int
+
+    def table(self) -> str:
+        lines = [f"{'exit':>4}  {'agree':>6}  {'AUC head':>8}  {'AUC softmax':>11}"]
+        for row in zip(self.exits, self.agreement, self.auc, self.auc_softmax, strict=True):
+            lines.append(f"{row[0]:>4}  {row[1]:6.3f}  {row[2]:8.3f}  {row[3]:11.3f}")
+        return "\n".join([*lines, f"class-balanced cross-entropy {self.loss:.4f} over "
+                                  f"{self.tokens} validation tokens per exit"])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def trained_exits(section: CalmConfig, num_layers: int) -> tuple[int, ...]:
+    """The exits a classifier trains at: the section's, or every exit below the last."""
+    exits = section.exits or tuple(range(1, num_layers))
+    if exits[-1] >= num_layers:
+        raise ValueError(f"calm.exits={list(exits)} must lie below num_layers={num_layers}")
+    return exits
+
+
+def exit_labels(base: Params, cfg: ModelConfig, exits: tuple[int, ...],
+                inputs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """For every exit in `exits` and position of `inputs` [B, T]: its hidden state
+    [X, B, T, D], its logits [X, B, T, V] and whether its argmax equals the final layer's
+    [X, B, T]."""
+    per_layer = run_layers(base, cfg, embed(base, cfg, inputs))
+    final = jnp.argmax(exit_logits(base, cfg, per_layer[-1]), axis=-1)
+    hidden = per_layer[jnp.asarray(exits) - 1]
+    logits = exit_logits(base, cfg, hidden)
+    return hidden, logits, (jnp.argmax(logits, axis=-1) == final).astype(jnp.float32)
+
+
+def balanced_bce(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Binary cross-entropy over the last two axes of [X, ...], each class weighted by 0.5 /
+    its frequency at its exit, averaged over the exits."""
+    axes = tuple(range(1, labels.ndim))
+    positive = jnp.mean(labels, axis=axes, keepdims=True)
+    weights = jnp.where(labels > 0, 0.5 / jnp.maximum(positive, 1e-6),
+                        0.5 / jnp.maximum(1 - positive, 1e-6))
+    return jnp.mean(weights * optax.sigmoid_binary_cross_entropy(logits, labels))
+
+
+class ConfidenceClassifier(HeadOnBase):
+    """CALM's confidence classifier at the exits `calm.exits` of the frozen `base`."""
+
+    name: ClassVar[str] = "calm"
+    config_class: ClassVar[type] = CalmConfig
+    record_key: ClassVar[str] = "confidence_head"
+
+    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
+        super().__init__(run, config, base)
+        self.exits = trained_exits(run.calm, run.model.num_layers)
+        self._train_step = jax.jit(_make_train_step(run.model, self.exits, self.optimizer),
+                                   donate_argnums=0)
+        self._eval_step = jax.jit(_make_eval_step(run.model, self.exits))
+
+    @classmethod
+    def strategies(cls) -> tuple[str, ...]:
+        return ("calm", "calmdraft")
+
+    @classmethod
+    def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """Decoding from the head's workdir exits early with its measure by default."""
+        config["decoding"] = {**config["decoding"], "calm_measure": "classifier"}
+        return config
+
+    def settings(self) -> dict[str, Any]:
+        return {"exits": list(self.exits)}
+
+    @staticmethod
+    def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
+        return abstract_confidence_head(cfg)
+
+    def init_state(self) -> TrainState:
+        head = init_confidence_head(self.run.model, jax.random.PRNGKey(self.run.train.seed))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=head,
+                          opt_state=self.optimizer.init(head))
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._train_step(state, self.base.params, batch)
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ConfidenceReport:
+        parts = [jax.device_get(self._eval_step(state.params, self.base.params, batch))
+                 for batch in batches]
+        logit, label, softmax = (np.concatenate([p[name].reshape(len(self.exits), -1)
+                                                 for p in parts], axis=1)
+                                 for name in ("logit", "label", "softmax"))
+        return ConfidenceReport(
+            loss=float(balanced_bce(jnp.asarray(logit), jnp.asarray(label))), exits=self.exits,
+            agreement=tuple(float(x) for x in label.mean(axis=1)),
+            auc=tuple(auc(s, y) for s, y in zip(logit, label, strict=True)),
+            auc_softmax=tuple(auc(s, y) for s, y in zip(softmax, label, strict=True)),
+            tokens=label.shape[1])
+
+
+def _make_train_step(cfg: ModelConfig, exits: tuple[int, ...],
+                     optimizer: optax.GradientTransformation) -> Callable:
+    def train_step(state: TrainState, base: Params,
+                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        hidden, logits, label = exit_labels(base, cfg, exits, batch[:, :-1])
+
+        def loss_fn(head):
+            return balanced_bce(confidence_logits(head, cfg, hidden, logits), label)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        return (state.apply_gradients(grads, optimizer),
+                {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                 "agreement": jnp.mean(label)})
+
+    return train_step
+
+
+def _make_eval_step(cfg: ModelConfig, exits: tuple[int, ...]) -> Callable:
+    def eval_step(head: Params, base: Params, batch: jax.Array) -> dict[str, jax.Array]:
+        hidden, logits, label = exit_labels(base, cfg, exits, batch[:, :-1])
+        return {"logit": confidence_logits(head, cfg, hidden, logits), "label": label,
+                "softmax": softmax_response({}, cfg, hidden, hidden, logits)}
+
+    return eval_step

@@ -1,0 +1,102 @@
+"""Mamba-2's state-space duality (SSD) core: the selective scan three ways, as pure functions.
+
+Per head h, with a scalar decay A_h < 0, step sizes dt_t > 0, inputs x_t [P] and the head's
+group's B_t, C_t [N]:
+
+    state_t = exp(dt_t A_h) state_{t-1} + dt_t x_t B_t^T      ([P, N])
+    y_t     = state_t C_t                                      ([P])
+
+Shapes: x [b, l, h, p], dt [b, l, h] (after softplus and bias), A [h], B and C [b, l, g, n]
+with h a multiple of g (heads h*g/h .. share group g's B and C, as HF's `n_groups`), states
+[b, h, p, n]. The skip term D x, the gate and the projections belong to the layer, not here.
+
+  `ssd_step`      the recurrence, one token (decoding).
+  `ssd_chunked`   the chunked scan (training, prefill): within a chunk the quadratic form, across
+                  chunks the recurrence on chunk states; any length (padded with dt = 0, which
+                  leaves the state unchanged); returns the final state for the cache.
+  `ssd_reference` the quadratic form over the whole sequence at once, after
+                  state-spaces/mamba `ssd_minimal.py`: short, O(l^2), for tests.
+
+Segment sums (`segsum`) are formed from masked cumulative sums and masked to -inf before `exp`,
+never as differences of long cumulative sums, which lose precision and overflow off the mask.
+"""
+
+from __future__ import annotations
+
+import einops
+import jax
+import jax.numpy as jnp
+
+
+def segsum(a: jax.Array) -> jax.Array:
+    """[..., T] log-decays -> [..., T, T]: entry (i, j) = a_{j+1} + ... + a_i for j <= i
+    (0 on the diagonal), -inf above it."""
+    steps = a.shape[-1]
+    a = einops.repeat(a, "... i -> ... i j", j=steps)
+    a = jnp.where(jnp.tril(jnp.ones((steps, steps), bool), -1), a, 0.0)
+    sums = jnp.cumsum(a, axis=-2)
+    return jnp.where(jnp.tril(jnp.ones((steps, steps), bool)), sums, -jnp.inf)
+
+
+def heads_of_groups(bc: jax.Array, num_heads: int) -> jax.Array:
+    """B or C [b, l, g, n] -> [b, l, h, n]: each head reads its group's."""
+    return jnp.repeat(bc, num_heads // bc.shape[2], axis=2)
+
+
+def ssd_step(state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array,
+             C: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One token: x [b, h, p], dt [b, h], B and C [b, g, n], state [b, h, p, n] -> (y
+    [b, h, p], the next state)."""
+    heads = x.shape[1]
+    B, C = (jnp.repeat(t, heads // t.shape[1], axis=1) for t in (B, C))
+    decay = jnp.exp(dt * A)[..., None, None]
+    state = decay * state + jnp.einsum("bh,bhp,bhn->bhpn", dt, x, B)
+    return jnp.einsum("bhpn,bhn->bhp", state, C), state
+
+
+def ssd_chunked(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array, *,
+                chunk: int, initial_state: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array]:
+    """The scan over a sequence in chunks of `chunk` tokens: (y [b, l, h, p], final state
+    [b, h, p, n]); `initial_state` defaults to zeros."""
+    batch, length, heads, width = x.shape
+    pad = -length % chunk
+    if pad:
+        x, dt, B, C = (jnp.pad(t, [(0, 0), (0, pad)] + [(0, 0)] * (t.ndim - 2))
+                       for t in (x, dt, B, C))
+    B, C = heads_of_groups(B, heads), heads_of_groups(C, heads)
+    X = einops.rearrange(x * dt[..., None], "b (c s) h p -> b c s h p", s=chunk)
+    B, C = (einops.rearrange(t, "b (c s) h n -> b c s h n", s=chunk) for t in (B, C))
+    log_decay = einops.rearrange(dt * A, "b (c s) h -> b h c s", s=chunk)
+    cumulative = jnp.cumsum(log_decay, axis=-1)
+
+    within = jnp.exp(segsum(log_decay))                                     # [b h c s s]
+    y_diag = jnp.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, within, X)
+    to_end = jnp.exp(cumulative[..., -1:] - cumulative)                     # [b h c s]
+    chunk_states = jnp.einsum("bclhn,bhcl,bclhp->bchpn", B, to_end, X)
+    if initial_state is None:
+        initial_state = jnp.zeros((batch, heads, width, B.shape[-1]), x.dtype)
+    chunk_states = jnp.concatenate([initial_state[:, None], chunk_states], axis=1)
+    across = jnp.exp(segsum(jnp.pad(cumulative[..., -1], [(0, 0), (0, 0), (1, 0)])))
+    states = jnp.einsum("bhzc,bchpn->bzhpn", across, chunk_states)
+    y_off = jnp.einsum("bclhn,bchpn,bhcl->bclhp", C, states[:, :-1], jnp.exp(cumulative))
+    y = einops.rearrange(y_diag + y_off, "b c s h p -> b (c s) h p")[:, :length]
+    return y, states[:, -1]
+
+
+def ssd_reference(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,
+                  initial_state: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """The whole sequence as one quadratic form (y_i = sum_j C_i.B_j exp(a_{j+1..i}) dt_j x_j
+    plus the decayed initial state read by C_i): (y, final state). O(l^2); for tests."""
+    heads = x.shape[2]
+    B, C = heads_of_groups(B, heads), heads_of_groups(C, heads)
+    log_decay = einops.rearrange(dt * A, "b l h -> b h l")
+    mixing = jnp.exp(segsum(log_decay))                                     # [b h l l]
+    X = x * dt[..., None]
+    y = jnp.einsum("blhn,bshn,bhls,bshp->blhp", C, B, mixing, X)
+    state = jnp.einsum("bshn,bhs,bshp->bhpn", B, mixing[:, :, -1], X)
+    if initial_state is not None:
+        decay = jnp.exp(jnp.cumsum(log_decay, axis=-1))                     # [b h l]
+        y = y + jnp.einsum("blhn,bhpn,bhl->blhp", C, initial_state, decay)
+        state = state + decay[..., -1, None, None] * initial_state
+    return y, state

@@ -21,7 +21,7 @@ import numpy as np
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.calm import Calm
-from specjax.decoding.engine import PAD_MULTIPLE, Generator
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.forced import forced_losses
 from specjax.tokenizer import Tokenizer
 
@@ -88,8 +88,8 @@ def measure_quality(generator: Generator, strategy: Calm, thresholds: Sequence[f
     def decode(calm: Calm | None) -> tuple[list[list[int]], list[list[int]]]:
         tokens, exits = [], []
         for batch in batches:
-            out = (generator.generate(prompts[batch], max_new_tokens=steps) if calm is None else
-                   generator.generate(prompts[batch], max_new_tokens=steps, strategy=calm))
+            out = generator.generate(prompts[batch], max_new_tokens=steps,
+                                     strategy=AUTOREGRESSIVE if calm is None else calm)
             tokens += out.tokens
             exits += [t.get("exit", [])[1:] for t in out.trace]
         return tokens, exits
@@ -100,11 +100,10 @@ def measure_quality(generator: Generator, strategy: Calm, thresholds: Sequence[f
         losses, exits = [], []
         for batch in batches:
             padded, lengths = generator.pad(prompts[batch])
-            cache_len = -(-(padded.shape[1] + steps) // PAD_MULTIPLE) * PAD_MULTIPLE
             loss, exit_ = forced_losses(generator.params, params, padded, lengths,
                                         np.asarray(references[batch], np.int32),
                                         cfg=generator.cfg, early_exit=calm.early_exit,
-                                        cache_len=cache_len)
+                                        cache_len=generator.cache_len(padded.shape[1], steps, 0))
             losses.append(np.asarray(loss))
             exits.append(np.asarray(exit_)[:, 1:])
         return np.concatenate(losses), np.concatenate(exits)

@@ -8,7 +8,7 @@ per token: a token that has left keeps its hidden state frozen while the others 
 next segments still run on it, masked, and write the K/V each skipped layer projects from the
 exited hidden state (CALM's state propagation; copying the exit layer's K/V instead is much
 worse, per the paper). Once every token of the pass has left, the remaining segments run only
-those K/V projections (`lax.cond`), skipping attention and MLP. A token's exit therefore never
+those K/V projections (`either`), skipping attention and MLP. A token's exit therefore never
 depends on the other rows of its batch.
 
 Thresholds decay with the position of the generated token (t5x `contrib/calm`):
@@ -185,14 +185,12 @@ class EarlyExit:
             return s.replace(cache=propagate_cached(params, cfg, s.hidden, s.cache, layout.slots,
                                                     layout.positions, layers=(start, stop)))
 
-        first = None
-        for start, stop in itertools.pairwise((0, *candidates, num_layers)):
-            if first is None:  # every token runs the layers up to the first candidate
-                state = advance(state, start, stop)
-                first = state.hidden
-            else:
-                state = either(jnp.all(state.done),
-                               functools.partial(propagate, start=start, stop=stop),
-                               functools.partial(advance, start=start, stop=stop), state)
+        segments = list(itertools.pairwise((0, *candidates, num_layers)))
+        state = advance(state, *segments[0])  # every token runs up to the first candidate
+        first = state.hidden
+        for start, stop in segments[1:]:
+            state = either(jnp.all(state.done),
+                           functools.partial(propagate, start=start, stop=stop),
+                           functools.partial(advance, start=start, stop=stop), state)
         return Exited(logits=state.logits, exit=state.exit, confidence=state.confidence,
                       first=first), state.cache

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.loop import prefill_target
 from specjax.decoding.tree import chain_layout
-from specjax.model import Params, embed, exit_logits, run_layers_cached
+from specjax.model import Params
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "early_exit", "cache_len"))
@@ -26,12 +27,8 @@ def forced_losses(params: Params, exit_params: ExitParams, prompts: jax.Array,
     target before it, whose threshold decays over the T targets as over a T-token generation.
     `params` has its layers unstacked; cache_len >= P + T."""
     batch, steps = targets.shape
-    cache = Cache.allocate(cfg, batch, cache_len)
-    hidden, cache = run_layers_cached(params, cfg, embed(params, cfg, prompts), cache,
-                                      jnp.zeros((batch,), jnp.int32))
-    last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-    first_loss = _log_loss(exit_logits(params, cfg, last), targets[:, 0])
-    cache = cache.commit(prompt_lengths)
+    cache, last_logits, _ = prefill_target(params, cfg, prompts, prompt_lengths, cache_len)
+    first_loss = _log_loss(last_logits, targets[:, 0])
 
     def step(cache: Cache, t: jax.Array):
         layout = chain_layout(cache.lengths, 1, cache.max_len)

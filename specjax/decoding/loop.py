@@ -95,20 +95,14 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
             key: jax.Array, eos_id: jax.Array, *, max_new_tokens: int,
             cache_len: int) -> LoopState:
     """The target's prefill over the prompts, the first token, then the drafter's prefill."""
-    params, cfg = ctx.params, ctx.cfg
     batch = prompts.shape[0]
-    cache = Cache.allocate(cfg, batch, cache_len)
-    hidden, exit_hidden, start = embed(params, cfg, prompts), {}, 0
-    for stop in sorted({*drafter.prefill_exits, cfg.num_layers}):
-        hidden, cache = run_layers_cached(params, cfg, hidden, cache,
-                                          jnp.zeros((batch,), jnp.int32), layers=(start, stop))
-        exit_hidden[stop], start = hidden, stop
-    last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-    first = _pick(key, exit_logits(params, cfg, last), ctx.sampling)
-    cache = cache.commit(prompt_lengths)
+    cache, last_logits, exit_hidden = prefill_target(ctx.params, ctx.cfg, prompts,
+                                                     prompt_lengths, cache_len,
+                                                     drafter.prefill_exits)
+    first = _pick(key, last_logits, ctx.sampling)
     draft_state = drafter.prefill(ctx, Prefilled(
         prompts=prompts, lengths=prompt_lengths, cache_len=cache_len,
-        exit_hidden={e: exit_hidden[e] for e in drafter.prefill_exits},
+        exit_hidden=exit_hidden,
         max_new_tokens=max_new_tokens))
     proposal_like = jax.eval_shape(drafter.propose, ctx, draft_state, cache, first, key)[0]
     trace_like = jax.eval_shape(drafter.verify, ctx, draft_state, cache, first,
@@ -126,6 +120,24 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         trace={name: jnp.full((batch, width), -1, like.dtype)
                for name, like in trace_like.items()},
         round=jnp.zeros((), jnp.int32))
+
+
+def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
+                   prompt_lengths: jax.Array, cache_len: int,
+                   exits: tuple[int, ...] = ()) -> tuple[Cache, jax.Array, dict[int, jax.Array]]:
+    """The target model over right-padded prompts [B, P]: a cache of `cache_len` slots with the
+    prompts committed, the logits after each prompt's last token [B, V] and the hidden states
+    after each layer count in `exits` ({exit: [B, P, D]})."""
+    batch = prompts.shape[0]
+    cache = Cache.allocate(cfg, batch, cache_len)
+    hidden, exit_hidden, start = embed(params, cfg, prompts), {}, 0
+    for stop in sorted({*exits, cfg.num_layers}):
+        hidden, cache = run_layers_cached(params, cfg, hidden, cache,
+                                          jnp.zeros((batch,), jnp.int32), layers=(start, stop))
+        exit_hidden[stop], start = hidden, stop
+    last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    return (cache.commit(prompt_lengths), exit_logits(params, cfg, last),
+            {e: exit_hidden[e] for e in exits})
 
 
 def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: jax.Array,

@@ -12,14 +12,24 @@ Variant `draft`: a separate draft model for the default (`--strategy draft --dra
     python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft
     python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft_distilled \
         --config.distill.teacher_workdir=runs/tiny
+
+Variant `hybrid`: Mamba-2 and attention layers (three Mamba-2 layers, then one attention layer,
+twice; Bamba-style layers with an MLP each), the default's width, exits and training.
+    python train/train.py --config configs/tiny_code.py:hybrid --workdir runs/hybrid
+
+Variant `mamba2`: eight Mamba-2 layers without MLPs (Mamba2ForCausalLM's layout, expand 2).
+    python train/train.py --config configs/tiny_code.py:mamba2 --workdir runs/mamba2
 """
 
 import ml_collections
 
+VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2")
+
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-    if variant not in ("", "peer25m", "draft"):
-        raise ValueError(f"unknown config variant {variant!r}; available: 'peer25m', 'draft'")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown config variant {variant!r}; available: "
+                         + ", ".join(repr(v) for v in VARIANTS if v))
     config = ml_collections.ConfigDict()
     config.model = ml_collections.ConfigDict(dict(
         vocab_size=259, d_model=256, num_layers=8, num_heads=4, num_kv_heads=2, mlp_dim=704,
@@ -51,6 +61,16 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         # DistillSpec: --config.distill.teacher_workdir=runs/tiny trains it to the target's
         # distribution instead of the corpus' tokens.
         config.distill = ml_collections.ConfigDict(dict(teacher_workdir=""))
+    if variant == "hybrid":
+        config.model.update(layer_pattern=("mamba2", "mamba2", "mamba2", "attention") * 2,
+                            ssm=ml_collections.ConfigDict(dict(
+                                num_heads=8, head_dim=32, state_size=16, groups=1, conv_width=4,
+                                chunk_size=64, mlp=True)))
+    if variant == "mamba2":
+        config.model.update(layer_pattern=("mamba2",) * 8,
+                            ssm=ml_collections.ConfigDict(dict(
+                                num_heads=16, head_dim=32, state_size=16, groups=1, conv_width=4,
+                                chunk_size=64, mlp=False)))
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

@@ -22,7 +22,7 @@ def init_adapter(params: Params, cfg: ModelConfig, exit_layer: int) -> Params:
     """An adapter for exit `exit_layer` equal to the shared head there: attention weights and
     input norm from the target's layer `exit_layer`, a zero output projection, the final norm
     (copies: training may donate the adapter's buffers, never the target's)."""
-    layer = layer_params(params, exit_layer)
+    layer = layer_params(params, cfg, exit_layer)
     attn = dict(layer["attn"])
     attn["out"] = jnp.zeros_like(attn["out"])
     adapter = {"in_norm": layer["attn_norm"], "attn": attn, "out_norm": params["final_norm"]}

@@ -37,13 +37,55 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class SsmConfig:
+    """The sizes of Mamba-2 layers (HF `Mamba2Config` names in brackets): `num_heads`
+    [num_heads] x `head_dim` [head_dim] inner channels, `state_size` [state_size], `groups`
+    [n_groups] of heads sharing B and C (and one gated-norm group each), the causal conv's
+    `conv_width` [conv_kernel], the scan's `chunk_size` [chunk_size]; `mlp`: a SwiGLU MLP
+    after the mixer (Bamba's layers) or none (Mamba2ForCausalLM's); dt_bias initialised for
+    steps log-uniform in [`dt_min`, `dt_max`]."""
+
+    num_heads: int
+    head_dim: int = 16
+    state_size: int = 16
+    groups: int = 1
+    conv_width: int = 4
+    chunk_size: int = 64
+    mlp: bool = True
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "head_dim", "state_size", "groups", "conv_width", "chunk_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, f"ssm.{name}", value,
+                     "must be a positive int")
+        _require(self.conv_width >= 2, "ssm.conv_width", self.conv_width, "must be >= 2")
+        _require(self.num_heads % self.groups == 0, "ssm.groups", self.groups,
+                 f"must divide num_heads={self.num_heads}")
+        _require(0 < self.dt_min < self.dt_max, "ssm.dt_min", self.dt_min,
+                 f"must lie in (0, dt_max={self.dt_max})")
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """x, B and C, the channels the conv mixes."""
+        return self.inner_dim + 2 * self.groups * self.state_size
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A Llama-style decoder with a shared multi-exit head.
 
     Exits are numbered by how many layers ran: exit `e` in [1, num_layers] is the hidden state after
     layer `e` (1-based), so exit `num_layers` is the ordinary final output. `exit_layers` lists the
     exits that training supervises (default: all of them). `attention_bias` adds biases to the
-    query/key/value projections (Qwen2-style checkpoints).
+    query/key/value projections (Qwen2-style checkpoints). `layer_pattern` names each layer's
+    kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2 layers take
+    their sizes from `ssm`.
     """
 
     vocab_size: int
@@ -62,6 +104,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     exit_layers: tuple[int, ...] | None = None
+    layer_pattern: tuple[str, ...] | None = None
+    ssm: SsmConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
@@ -91,6 +135,27 @@ class ModelConfig:
             _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
                      "must be strictly increasing")
             object.__setattr__(self, "exit_layers", exits)
+        self._check_layer_pattern()
+
+    def _check_layer_pattern(self) -> None:
+        from specjax.nn.layer_kinds import LAYER_KINDS  # the registry's modules import this one
+        if self.layer_pattern is not None:
+            pattern = tuple(self.layer_pattern)
+            _require(len(pattern) == self.num_layers, "layer_pattern", pattern,
+                     f"must name {self.num_layers} layers (num_layers)")
+            unknown = sorted(set(pattern) - set(LAYER_KINDS))
+            _require(not unknown, "layer_pattern", pattern,
+                     f"has unknown kinds {unknown}; known: {sorted(LAYER_KINDS)}")
+            # canonical form: an all-attention pattern is the default
+            object.__setattr__(self, "layer_pattern",
+                               None if set(pattern) == {"attention"} else pattern)
+        _require(self.ssm is not None or "mamba2" not in self.layer_kinds, "ssm", self.ssm,
+                 "must be set when layer_pattern has mamba2 layers")
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """Every layer's kind, in order."""
+        return self.layer_pattern or ("attention",) * self.num_layers
 
     @property
     def group_size(self) -> int:
@@ -112,8 +177,9 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict(to_dict())` round-trips."""
         out = dataclasses.asdict(self)
-        if self.exit_layers is not None:
-            out["exit_layers"] = list(self.exit_layers)
+        for name in ("exit_layers", "layer_pattern"):
+            if getattr(self, name) is not None:
+                out[name] = list(getattr(self, name))
         return out
 
     @classmethod
@@ -124,8 +190,12 @@ class ModelConfig:
         if scaling is not None and not isinstance(scaling, RopeScaling):
             values["rope_scaling"] = dataclass_from_mapping(RopeScaling, scaling,
                                                             "model.rope_scaling")
-        if values.get("exit_layers") is not None:
-            values["exit_layers"] = tuple(values["exit_layers"])
+        ssm = values.get("ssm")
+        if ssm is not None and not isinstance(ssm, SsmConfig):
+            values["ssm"] = dataclass_from_mapping(SsmConfig, ssm, "model.ssm")
+        for name in ("exit_layers", "layer_pattern"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
         return dataclass_from_mapping(cls, values, "model")
 
     def diff(self, other: ModelConfig) -> dict[str, tuple[Any, Any]]:

@@ -1,12 +1,15 @@
 """The multi-exit model as pure functions over a parameter pytree.
 
-    params = {"embed": [V, D], "layers": <DecoderBlock params>, "final_norm": {"scale": [D]},
-              "unembed": [D, V] (only when embeddings are untied)}
+    params = {"embed": [V, D], "layers": <attention layers>, "mamba2_layers": <Mamba-2 layers>,
+              "final_norm": {"scale": [D]}, "unembed": [D, V] (only when embeddings are untied)}
 
-`layers` is stacked on a leading layer axis for training (`run_layers`, a `lax.scan`); decoding
-takes it unstacked (`unstack_layers`, a tuple of per-layer pytrees) and runs the layer range in a
-Python loop (`run_layers_cached`). On XLA:CPU a slice of a stacked weight inside the decode loop is
-a copy; per-layer buffers are read in place. Both paths apply the same `DecoderBlock`.
+Layers are of the kinds `cfg.layer_pattern` names (`nn.layer_kinds`; all attention by default).
+For training each kind's layers are stacked on a leading axis under the kind's key (a kind the
+pattern lacks has no key), and `run_layers` scans each run of consecutive layers of one kind
+with `lax.scan`. Decoding takes the layers unstacked (`unstack_layers`: `layers` becomes a tuple
+of per-layer pytrees in model order) and runs the layer range in a Python loop
+(`run_layers_cached`). On XLA:CPU a slice of a stacked weight inside the decode loop is a copy;
+per-layer buffers are read in place. Both paths apply the same layer modules.
 
 A layer range is `(start, stop)`: layers start..stop-1, 0-based. Exit `e` is the hidden state after
 `e` layers, so drafting with layers [0, E) and verifying with [E, L) splits at exit E. One shared
@@ -22,8 +25,7 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.nn import DecoderBlock
-from specjax.nn.block import propagate_state
+from specjax.nn.layer_kinds import LAYER_KINDS, Step
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
@@ -32,21 +34,17 @@ Params = dict[str, Any]
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
-    """Random parameters with the layers stacked on a leading [num_layers] axis."""
+    """Random parameters, each kind's layers stacked on a leading axis (layer i drawn from the
+    i-th of `num_layers` keys, whatever its kind)."""
     k_embed, k_layers, k_unembed = jax.random.split(key, 3)
-    block = DecoderBlock(cfg)
-    x = jnp.zeros((1, 1, cfg.d_model), cfg.compute_dtype)
-    positions = jnp.zeros((1, 1), jnp.int32)
-    mask = jnp.ones((1, 1, 1), bool)
-
-    def init_layer(k):
-        return block.init(k, x, rope_tables(cfg, positions), mask)["params"]
-
-    params = {
-        "embed": _normal(k_embed, (cfg.vocab_size, cfg.d_model), cfg),
-        "layers": jax.vmap(init_layer)(jax.random.split(k_layers, cfg.num_layers)),
-        "final_norm": {"scale": jnp.ones((cfg.d_model,), cfg.weight_dtype)},
-    }
+    layer_keys = jax.random.split(k_layers, cfg.num_layers)
+    params = {"embed": _normal(k_embed, (cfg.vocab_size, cfg.d_model), cfg)}
+    for name in dict.fromkeys(cfg.layer_kinds):
+        kind = LAYER_KINDS[name]
+        indices = jnp.asarray([i for i, k in enumerate(cfg.layer_kinds) if k == name])
+        params[kind.params_key] = jax.vmap(lambda k, kind=kind: kind.init(cfg, k))(
+            layer_keys[indices])
+    params["final_norm"] = {"scale": jnp.ones((cfg.d_model,), cfg.weight_dtype)}
     if not cfg.tie_embeddings:
         params["unembed"] = _normal(k_unembed, (cfg.d_model, cfg.vocab_size), cfg)
     return params
@@ -101,22 +99,44 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(steps), (batch, steps))
     rope, mask = rope_tables(cfg, positions), causal_mask(steps)
-    stacked = params["layers"]
-    if (start, stop) != (0, cfg.num_layers):
-        stacked = jax.tree.map(lambda w: w[start:stop], stacked)
     if keep is None:
         keep = jnp.ones((stop - start, batch), bool)
+    per_layer = []
+    for name, first, last in layer_runs(cfg, start, stop):
+        kind = LAYER_KINDS[name]
+        rank = _rank(cfg, first)
+        stacked = jax.tree.map(lambda w, rank=rank, n=last - first: w[rank:rank + n],
+                               params[kind.params_key])
 
-    def layer(h, xs):
-        layer_params, keep_layer = xs
-        out, _ = DecoderBlock(cfg).apply({"params": layer_params}, h, rope, mask)
-        out = jnp.where(keep_layer[:, None, None], out, h)
-        return out, out
+        def layer(h, xs, kind=kind):
+            layer_params, keep_layer = xs
+            out = kind.forward(cfg, layer_params, h, rope, mask)
+            out = jnp.where(keep_layer[:, None, None], out, h)
+            return out, out
 
-    if remat:
-        layer = jax.checkpoint(layer)
-    _, per_layer = jax.lax.scan(layer, hidden, (stacked, keep))
-    return per_layer
+        if remat:
+            layer = jax.checkpoint(layer)
+        hidden, outs = jax.lax.scan(layer, hidden, (stacked, keep[first - start:last - start]))
+        per_layer.append(outs)
+    return jnp.concatenate(per_layer) if len(per_layer) > 1 else per_layer[0]
+
+
+def layer_runs(cfg: ModelConfig, start: int, stop: int) -> list[tuple[str, int, int]]:
+    """The maximal runs of consecutive layers of one kind in [start, stop): (kind, first,
+    stop)."""
+    runs: list[tuple[str, int, int]] = []
+    for index in range(start, stop):
+        name = cfg.layer_kinds[index]
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1], index + 1)
+        else:
+            runs.append((name, index, index + 1))
+    return runs
+
+
+def _rank(cfg: ModelConfig, index: int) -> int:
+    """Layer `index`'s position in its kind's stack."""
+    return cfg.layer_kinds[:index].count(cfg.layer_kinds[index])
 
 
 def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
@@ -141,8 +161,6 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
     Returns:
       The hidden state after layer stop-1, [B, T, D], and the updated cache.
     """
-    start, stop = layers or (0, cfg.num_layers)
-    _check_range(cfg, start, stop)
     steps = hidden.shape[1]
     if write_pos.ndim == 2 and (positions is None or mask is None):
         raise ValueError("per-token write slots need explicit positions and mask")
@@ -150,28 +168,61 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
         positions = write_pos[:, None] + jnp.arange(steps)[None, :]
     if mask is None:
         mask = chain_mask(write_pos, steps, cache.max_len)
-    rope = rope_tables(cfg, positions)
-    block = DecoderBlock(cfg)
+    step = Step(rope_tables(cfg, positions), mask, write_pos, cache.lengths)
+    return _run_cached(params, cfg, hidden, cache, step, layers or (0, cfg.num_layers))
+
+
+def prefill_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
+                   prompt_lengths: jax.Array, *,
+                   layers: tuple[int, int] | None = None) -> tuple[jax.Array, Cache]:
+    """Runs a layer range over right-padded prompts [B, P, D] from slot 0 of an empty cache,
+    each layer committing the first `prompt_lengths[b]` tokens of row b itself (attention
+    layers write every slot; state-space layers keep the state after the last real token);
+    `Cache.prefilled` then sets the lengths. Returns the hidden state after the range."""
+    batch, steps, _ = hidden.shape
+    write_pos = jnp.zeros((batch,), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(steps), (batch, steps))
+    step = Step(rope_tables(cfg, positions), chain_mask(write_pos, steps, cache.max_len),
+                write_pos, cache.lengths, prompt_lengths)
+    return _run_cached(params, cfg, hidden, cache, step, layers or (0, cfg.num_layers))
+
+
+def _run_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache, step: Step,
+                layers: tuple[int, int]) -> tuple[jax.Array, Cache]:
+    start, stop = layers
+    _check_range(cfg, start, stop)
     new_layers = []
     for index in range(start, stop):
-        hidden, layer_kv = block.apply({"params": layer_params(params, index)}, hidden, rope, mask,
-                                       cache.layers[index], write_pos)
-        new_layers.append(layer_kv)
+        kind = LAYER_KINDS[cfg.layer_kinds[index]]
+        hidden, layer_cache = kind.cached(cfg, layer_params(params, cfg, index), hidden,
+                                          cache.layers[index], step)
+        new_layers.append(layer_cache)
     return hidden, cache.with_layers(start, tuple(new_layers))
 
 
 def propagate_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
-                     write_pos: jax.Array, positions: jax.Array, *,
+                     write_pos: jax.Array, positions: jax.Array, mask: jax.Array, *,
                      layers: tuple[int, int]) -> Cache:
-    """Writes into each layer of the range the K/V it projects from the same hidden states
-    [B, T, D] at slots `write_pos` ([B] or [B, T]) and RoPE `positions` [B, T], running no
-    attention or MLP: the layers a token skipped after exiting early (CALM)."""
+    """Writes into each layer of the range the state it derives from the same hidden states
+    [B, T, D] at slots `write_pos` ([B] or [B, T]), RoPE `positions` [B, T] and visible slots
+    `mask` [B, T, max_len], running no attention or MLP: the layers a token skipped after
+    exiting early (CALM)."""
     start, stop = layers
     _check_range(cfg, start, stop)
-    rope = rope_tables(cfg, positions)
+    step = Step(rope_tables(cfg, positions), mask, write_pos, cache.lengths)
     return cache.with_layers(start, tuple(
-        propagate_state(cfg, layer_params(params, index), hidden, rope, cache.layers[index],
-                        write_pos) for index in range(start, stop)))
+        LAYER_KINDS[cfg.layer_kinds[index]].propagate(
+            cfg, layer_params(params, cfg, index), hidden, cache.layers[index], step)
+        for index in range(start, stop)))
+
+
+def allocate_cache(cfg: ModelConfig, batch: int, max_len: int, window: int = 1) -> Cache:
+    """Zero-filled caches for `batch` rows of at most `max_len` slots each, every layer's of its
+    kind; `window`: the most tokens a round puts after the committed length (1 + the proposal's
+    nodes), which state-space layers keep uncommitted."""
+    layers = tuple(LAYER_KINDS[name].allocate(cfg, batch, max_len, window)
+                   for name in cfg.layer_kinds)
+    return Cache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32), max_len=max_len)
 
 
 def chain_mask(write_pos: jax.Array, steps: int, max_len: int) -> jax.Array:
@@ -180,20 +231,21 @@ def chain_mask(write_pos: jax.Array, steps: int, max_len: int) -> jax.Array:
     return jnp.arange(max_len)[None, None, :] <= last_visible
 
 
-def layer_params(params: Params, index: int) -> Params:
+def layer_params(params: Params, cfg: ModelConfig, index: int) -> Params:
     """Parameters of layer `index`, from either the stacked or the unstacked layout."""
-    layers = params["layers"]
+    layers = params.get("layers")
     if isinstance(layers, (tuple, list)):
         return layers[index]
-    return jax.tree.map(lambda w: w[index], layers)
+    rank = _rank(cfg, index)
+    return jax.tree.map(lambda w: w[rank], params[LAYER_KINDS[cfg.layer_kinds[index]].params_key])
 
 
-def unstack_layers(params: Params) -> Params:
-    """The decoding layout: `layers` as a tuple of per-layer pytrees."""
-    stacked = params["layers"]
-    num_layers = jax.tree.leaves(stacked)[0].shape[0]
-    out = dict(params)
-    out["layers"] = tuple(jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(num_layers))
+def unstack_layers(params: Params, cfg: ModelConfig) -> Params:
+    """The decoding layout: `layers` as a tuple of per-layer pytrees in model order (and no
+    per-kind stacks)."""
+    out = {k: v for k, v in params.items()
+           if k not in {kind.params_key for kind in LAYER_KINDS.values()}}
+    out["layers"] = tuple(layer_params(params, cfg, i) for i in range(cfg.num_layers))
     return out
 
 

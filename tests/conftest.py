@@ -45,14 +45,24 @@ def tiny_params(tiny_cfg):
 def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
     """Random parameters whose layers after the first write less into the residual stream, so
     shallow exits agree with the final layer part of the time: speculation tests then see
-    rejections, long accepted runs and bonus tokens."""
-    params = init_params(cfg, key)
-    scale = jax.numpy.asarray([1.0] + [deep_scale] * (cfg.num_layers - 1))
-    layers = dict(params["layers"])
-    layers["attn"] = dict(layers["attn"],
-                          out=layers["attn"]["out"] * scale[:, None, None, None, None])
-    layers["mlp"] = dict(layers["mlp"], down=layers["mlp"]["down"] * scale[:, None, None])
-    return {**params, "layers": layers}
+    rejections, long accepted runs and bonus tokens. Every projection into the residual stream
+    (attention `out`, MLP `down`, Mamba-2 `out_proj`) of every kind's stack is scaled."""
+    from specjax.nn.layer_kinds import LAYER_KINDS
+
+    params = dict(init_params(cfg, key))
+    for name, kind in LAYER_KINDS.items():
+        if kind.params_key not in params:
+            continue
+        layers = [i for i, k in enumerate(cfg.layer_kinds) if k == name]
+        scale = jax.numpy.asarray([1.0 if i == 0 else deep_scale for i in layers])
+
+        def damp(path, w, scale=scale):
+            if path[-1].key in ("out", "down", "out_proj"):
+                return w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            return w
+
+        params[kind.params_key] = jax.tree_util.tree_map_with_path(damp, params[kind.params_key])
+    return params
 
 
 def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, lengths, *,

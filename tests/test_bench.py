@@ -15,7 +15,7 @@ from specjax.model import init_params, unstack_layers
 @pytest.mark.parametrize("tie", [True, False])
 def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
     cfg = dataclasses.replace(tiny_cfg, tie_embeddings=tie)
-    params = unstack_layers(init_params(cfg, jax.random.PRNGKey(0)))
+    params = unstack_layers(init_params(cfg, jax.random.PRNGKey(0)), cfg)
     products = decode_matrices(params, cfg)
     all_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     vector_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim == 1)
@@ -32,7 +32,7 @@ def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
 
 
 def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):
-    assert matvec_bandwidth(unstack_layers(tiny_params), tiny_cfg, steps=2, repeats=1) > 0
+    assert matvec_bandwidth(unstack_layers(tiny_params, tiny_cfg), tiny_cfg, steps=2, repeats=1) > 0
 
 
 def test_time_interleaved_runs_calls_in_turn_per_item_and_repeat():

@@ -19,7 +19,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
-from specjax.nn import DecoderBlock
+from specjax.nn.block import DecoderBlock
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import apply_rope, rope_tables
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
@@ -116,7 +116,7 @@ def test_skipped_layers_hold_the_k_v_projected_from_the_exit_state(references):
     token skipped). Catches propagation that writes the exit layer's K/V into the skipped ones,
     or none."""
     rounds, prompt = 6, PROMPTS[0]
-    state = decode_rounds(M.unstack_layers(PARAMS), calm().runtime_params(None), CFG, calm(),
+    state = decode_rounds(M.unstack_layers(PARAMS, CFG), calm().runtime_params(None), CFG, calm(),
                           jnp.asarray([prompt + [0] * (16 - len(prompt))]),
                           jnp.asarray([len(prompt)]), rounds=rounds, max_new_tokens=NEW,
                           cache_len=48)

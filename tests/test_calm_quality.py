@@ -53,7 +53,7 @@ def test_forced_losses_equal_the_models_log_loss_at_the_exit_taken(threshold, ex
         jnp.asarray([5, 8])
     targets = jnp.asarray([[9, 2, 6, 5, 3], [5, 9, 0, 4, 5]])
     calm = Calm(EarlyExit((1, 2, 3)), threshold)
-    losses, exits = forced_losses(M.unstack_layers(PARAMS), calm.runtime_params(None), prompts,
+    losses, exits = forced_losses(M.unstack_layers(PARAMS, CFG), calm.runtime_params(None), prompts,
                                   lengths, targets, cfg=CFG, early_exit=calm.early_exit,
                                   cache_len=16)
     for row in range(2):

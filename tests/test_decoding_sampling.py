@@ -63,11 +63,12 @@ def _noisy(tree, scale):
 def generator_with_drafters(params):
     """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise, whose draft
     model is the target's first two layers plus noise and whose acceptance head is random."""
+    draft_cfg = dataclasses.replace(CFG, num_layers=2)
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
-                                                               params["layers"])})
+                                                               params["layers"])}, draft_cfg)
     return Generator(params, CFG, draft_weights={
         "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
-        "draft": DraftWeights(_noisy(draft, 0.1), cfg=dataclasses.replace(CFG, num_layers=2)),
+        "draft": DraftWeights(_noisy(draft, 0.1), cfg=draft_cfg),
         "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
                                 exit_layer=1)})
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.cache import Cache, LayerKV
+from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
@@ -68,7 +68,7 @@ def test_tree_verification_equals_each_path_run_as_a_plain_chain():
     prompts = PROMPTS[:3]
     padded, lengths = generator.pad(prompts)
     batch = len(prompts)
-    cache = Cache.allocate(CFG, batch, 64)
+    cache = M.allocate_cache(CFG, batch, 64)
     run = jax.jit(M.run_layers_cached, static_argnames=("cfg", "layers"))
     _, cache = run(generator.params, CFG, M.embed(generator.params, CFG, padded), cache,
                    jnp.zeros((batch,), jnp.int32))
@@ -163,7 +163,7 @@ def test_the_cache_after_tree_commits_equals_one_token_at_a_time(name):
         committed = int(state.cache.lengths[b])
         emitted = state.tokens[b, :int(state.num_tokens[b])].tolist()
         sequence = (list(prompt) + emitted)[:committed]
-        cache = Cache.allocate(CFG, 1, 80)
+        cache = M.allocate_cache(CFG, 1, 80)
         for t, token in enumerate(sequence):
             _, cache = step(generator.params, CFG,
                             M.embed(generator.params, CFG, jnp.asarray([[token]])), cache,
@@ -208,8 +208,12 @@ def test_greedy_trees_never_propose_the_same_child_twice(shape):
 def test_a_chain_compiles_without_compaction(monkeypatch):
     """Chains keep their accepted drafts in place: lowering the chain's loop must never reach
     the attention cache's compaction. The positive control (a tree) shows the probe fires."""
-    def forbidden(self, lengths, path):
-        raise AssertionError("compaction traced")
+    original = LayerKV.commit
+
+    def forbidden(self, before, after, path):
+        if path is not None:
+            raise AssertionError("compaction traced")
+        return original(self, before, after, path)
 
     monkeypatch.setattr(LayerKV, "commit", forbidden)
     generator = _generator()

@@ -6,14 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.static_tree import StaticTree
-from specjax.model import embed, run_layers_cached, unstack_layers
+from specjax.model import allocate_cache, embed, run_layers_cached, unstack_layers
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -34,7 +33,7 @@ def draft_of(params, noise=0.0):
     keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
     draft = jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
                                       for w, k in zip(leaves, keys, strict=True)])
-    return unstack_layers(draft)
+    return unstack_layers(draft, DRAFT_CFG)
 
 
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
@@ -80,7 +79,7 @@ def test_the_draft_cache_equals_the_draft_model_run_alone_on_the_committed_token
                           rounds=4, max_new_tokens=NEW, cache_len=80)
     assert int(jnp.max(state.stats.accepted)) == 4 * drafter.shape.depth  # all accepted
     alone = jax.jit(lambda p, tokens: run_layers_cached(
-        p, DRAFT_CFG, embed(p, DRAFT_CFG, tokens), Cache.allocate(DRAFT_CFG, 1, 80),
+        p, DRAFT_CFG, embed(p, DRAFT_CFG, tokens), allocate_cache(DRAFT_CFG, 1, 80),
         jnp.zeros((1,), jnp.int32))[1])
     kv_heads = DRAFT_CFG.num_kv_heads
     for b, prompt in enumerate(PROMPTS):

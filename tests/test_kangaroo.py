@@ -10,7 +10,7 @@ import pytest
 
 from specjax import model as M
 from specjax.adapter import init_adapter, run_adapter_cached
-from specjax.cache import Cache, LayerKV
+from specjax.cache import LayerKV
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
@@ -99,7 +99,7 @@ def test_the_adapter_cache_equals_the_adapter_run_on_the_committed_tokens(name):
         width = tokens.shape[1]
         layout = chain_layout(jnp.zeros((1,), jnp.int32), width, 80)
         hidden, _ = M.run_layers_cached(params, CFG, M.embed(params, CFG, tokens),
-                                        Cache.allocate(CFG, 1, 80), jnp.zeros((1,), jnp.int32),
+                                        M.allocate_cache(CFG, 1, 80), jnp.zeros((1,), jnp.int32),
                                         layers=(0, 1))
         return run_adapter_cached(adapter, CFG, hidden, LayerKV.allocate(CFG, 1, 80),
                                   *layout)[1]

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from tests.conftest import TINY_MODEL
 
@@ -58,10 +57,10 @@ def test_incremental_decoding_matches_full_forward(name):
     """Ragged prefill (rows start at different lengths), then chunks of 1 and 3 tokens."""
     cfg, params, tokens = _setup(name)
     full = forward(params, cfg, tokens)
-    decode_params = M.unstack_layers(params)
+    decode_params = M.unstack_layers(params, cfg)
     hidden = M.embed(params, cfg, tokens)
     prefill = np.array([2, 5, 1])
-    cache = Cache.allocate(cfg, batch=3, max_len=16)
+    cache = M.allocate_cache(cfg, batch=3, max_len=16)
     _, cache = run_layers_cached(decode_params, cfg, hidden[:, :5], cache,
                                    jnp.zeros(3, jnp.int32))
     cache = cache.commit(jnp.asarray(prefill))
@@ -87,10 +86,10 @@ def test_cached_layer_ranges_compose(split, tiny_cfg, tiny_params):
     cfg = tiny_cfg
     tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 0, cfg.vocab_size)
     hidden = M.embed(tiny_params, cfg, tokens)
-    decode_params = M.unstack_layers(tiny_params)
+    decode_params = M.unstack_layers(tiny_params, cfg)
     start = jnp.zeros(2, jnp.int32)
-    whole, _ = run_layers_cached(decode_params, cfg, hidden, Cache.allocate(cfg, 2, 8), start)
-    cache = Cache.allocate(cfg, 2, 8)
+    whole, _ = run_layers_cached(decode_params, cfg, hidden, M.allocate_cache(cfg, 2, 8), start)
+    cache = M.allocate_cache(cfg, 2, 8)
     low, cache = run_layers_cached(decode_params, cfg, hidden, cache, start, layers=(0, split))
     high, _ = run_layers_cached(decode_params, cfg, low, cache, start,
                                   layers=(split, cfg.num_layers))
@@ -101,12 +100,12 @@ def test_cached_layer_ranges_compose(split, tiny_cfg, tiny_params):
 def test_stale_slots_beyond_the_committed_length_are_invisible(tiny_cfg, tiny_params):
     """Commit by length: garbage written past `write_pos` never changes the result."""
     cfg = tiny_cfg
-    decode_params = M.unstack_layers(tiny_params)
+    decode_params = M.unstack_layers(tiny_params, cfg)
     tokens = jax.random.randint(jax.random.PRNGKey(4), (1, 6), 0, cfg.vocab_size)
     hidden = M.embed(tiny_params, cfg, tokens)
-    clean = Cache.allocate(cfg, 1, 12)
+    clean = M.allocate_cache(cfg, 1, 12)
     junk = jax.random.normal(jax.random.PRNGKey(5), (1, 6, cfg.d_model))
-    _, dirty = run_layers_cached(decode_params, cfg, junk, Cache.allocate(cfg, 1, 12),
+    _, dirty = run_layers_cached(decode_params, cfg, junk, M.allocate_cache(cfg, 1, 12),
                                    jnp.array([6]))
     outs = [run_layers_cached(decode_params, cfg, hidden, cache, jnp.array([0]))[0]
             for cache in (clean, dirty)]

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DraftContext
@@ -23,7 +22,7 @@ from specjax.decoding.skip_search import (
     search,
 )
 from specjax.decoding.tree_search import child_acceptance
-from specjax.model import embed, exit_logits, run_layers_cached
+from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -62,7 +61,7 @@ def test_a_skip_set_is_accepted_as_decoding_drafts_it(skip):
 
     @jax.jit
     def draft_and_target(params, tokens, length):
-        cache = Cache.allocate(CFG, 1, width)
+        cache = allocate_cache(CFG, 1, width)
         hidden, cache = run_layers_cached(params, CFG, embed(params, CFG, tokens), cache,
                                           jnp.zeros((1,), jnp.int32))
         target = jnp.argmax(exit_logits(params, CFG, hidden)[0, length])

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.nn.ssd import segsum, ssd_chunked, ssd_reference, ssd_step
+from specjax.nn.ssd import segsum, ssd_chunked, ssd_fold, ssd_reference, ssd_step, ssd_tree
 
 BATCH, LENGTH, HEADS, WIDTH, GROUPS, STATE = 2, 13, 4, 3, 2, 5
 
@@ -82,3 +82,52 @@ def test_segment_sums_keep_their_precision_after_long_strong_decay():
 
     value, grad = jax.value_and_grad(loss)(dt)
     assert jnp.isfinite(value) and jnp.all(jnp.isfinite(grad))
+
+
+def random_tree(rng, size, padding):
+    """Parents [size] (-1: a root-level node; parents first) whose last `padding` nodes are
+    padding: they hang below node 0 as leaves and no query's path goes through them."""
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, size - padding)]
+    return np.array(parents + [0] * padding)
+
+
+def paths(parents):
+    """[size, size] bool: row i marks i and its ancestors."""
+    size = len(parents)
+    ancestry = np.zeros((size, size), bool)
+    for i in range(size):
+        j = i
+        while j >= 0:
+            ancestry[i, j], j = True, parents[j]
+    return ancestry
+
+
+def test_the_tree_scan_and_the_closed_form_state_equal_each_path_run_as_a_chain():
+    """Random trees with padding nodes, a different tree per row, groups shared by heads: each
+    node's output from the tree scan, and the state after each node from the closed form, equal
+    the float64 recurrence along that node's root-to-node path from the committed state. Catches
+    a decay summed over non-ancestors (siblings leaking in), a mask applied after exp, and a
+    closed form that decays from the wrong end."""
+    rng = np.random.default_rng(0)
+    x, dt, A, B, C, h0 = inputs(3, length=12)
+    trees = np.stack([paths(random_tree(rng, 12, padding)) for padding in (0, 3)])
+    y = ssd_tree(x, dt, dt * A, B, C, jnp.asarray(trees), h0)
+    for row in range(BATCH):
+        for node in range(12):
+            path = np.flatnonzero(trees[row, node])
+            take = (lambda t, path=path, row=row: t[row:row + 1, path])
+            expected_y, expected_state = numpy_recurrence(take(x), take(dt), A, take(B), take(C),
+                                                          h0[row:row + 1])
+            np.testing.assert_allclose(y[row, node], expected_y[0, -1], rtol=1e-4, atol=1e-4)
+            state = ssd_fold(h0[row:row + 1], take(x), take(dt), take(dt) * A, take(B))
+            np.testing.assert_allclose(state[0], expected_state[0], rtol=1e-4, atol=1e-4)
+
+
+def test_tokens_with_zero_step_leave_the_folded_state_unchanged():
+    """How commits drop tokens past the accepted count: dt = 0 must be an identity step."""
+    x, dt, A, B, C, h0 = inputs(4, length=6)
+    keep = jnp.arange(6) < 4
+    dropped = jnp.where(keep[None, :, None], dt, 0.0)
+    np.testing.assert_allclose(ssd_fold(h0, x, dropped, dropped * A, B),
+                               ssd_fold(h0, x[:, :4], dt[:, :4], dt[:, :4] * A, B[:, :4]),
+                               rtol=1e-5, atol=1e-5)

@@ -26,6 +26,7 @@ from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.timing import time_interleaved, timed
 from specjax.model import Params
+from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
 from specjax.tokenizer import Tokenizer
 
@@ -104,11 +105,13 @@ def decode_matrices(params: Params, cfg: ModelConfig) -> list[tuple[jax.Array, b
     axis?), contracted as the model contracts it: over a leading d_model axis (attention qkv,
     MLP gate/up, untied head), else onto a trailing d_model axis (attention out, MLP down); the
     tied embedding over its trailing d_model axis (as the head). Untied, the embedding is only
-    gathered from, so it is left out."""
+    gathered from, so it is left out; so are depthwise filters (Mamba-2's conv)."""
+    depthwise = {name for kind in LAYER_KINDS.values() for name in kind.depthwise}
     products = []
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         top = getattr(path[0], "key", None)
-        if leaf.ndim < 2 or (top == "embed" and not cfg.tie_embeddings):
+        if (leaf.ndim < 2 or (top == "embed" and not cfg.tie_embeddings)
+                or getattr(path[-1], "key", None) in depthwise):
             continue
         if top == "embed":
             products.append((leaf, False))
@@ -158,16 +161,13 @@ def distinct_ngram_fraction(rows: Sequence[Sequence[int]], n: int = 4) -> float:
 
 
 def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
-    """Bytes one decode step reads: every `decode_matrices` matrix and every weight vector, one
-    gathered embedding row when the embedding is untied, plus the live KV cache of `context`
-    tokens."""
-    weights = sum(matrix.nbytes for matrix, _ in decode_matrices(params, cfg))
-    weights += sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim < 2)
+    """Bytes one decode step moves: every weight (one gathered embedding row when the embedding
+    is untied) plus each layer's cache at `context` tokens (`LayerKind.step_bytes`: the live
+    K/V of attention layers, the state of Mamba-2 layers)."""
+    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     if not cfg.tie_embeddings:
-        weights += params["embed"][0].nbytes
-    kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-                    * jnp.dtype(cfg.compute_dtype).itemsize)
-    return weights + kv_per_token * context
+        weights += params["embed"][0].nbytes - params["embed"].nbytes
+    return weights + sum(LAYER_KINDS[name].step_bytes(cfg, context) for name in cfg.layer_kinds)
 
 
 def run_benchmark(generator: Generator, strategies: dict[str, Drafter],

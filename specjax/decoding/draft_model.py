@@ -23,7 +23,7 @@ from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, 
 from specjax.decoding.engine import DraftWeights
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.tree import Layout
-from specjax.model import embed, exit_logits, run_layers_cached
+from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,9 @@ class DraftModel(FullVerification):
     def validate(self, cfg: ModelConfig) -> None:
         if self.cfg is None:
             raise ValueError(f"strategy 'draft' needs a draft model: {self.weights_hint}")
+        if self.cfg.layer_pattern is not None:
+            raise ValueError("a draft model with state-space layers is not supported yet: its "
+                             "catch-up writes behind the committed length")
         if self.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({self.cfg.vocab_size} ids) differs "
                              f"from the target's ({cfg.vocab_size})")
@@ -59,11 +62,11 @@ class DraftModel(FullVerification):
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Cache:
         batch = prefilled.prompts.shape[0]
-        cache = Cache.allocate(self.cfg, batch, prefilled.cache_len)
-        _, cache = run_layers_cached(ctx.draft_params, self.cfg,
-                                     embed(ctx.draft_params, self.cfg, prefilled.prompts), cache,
-                                     jnp.zeros((batch,), jnp.int32))
-        return cache.commit(prefilled.lengths)
+        cache = allocate_cache(self.cfg, batch, prefilled.cache_len)
+        _, cache = prefill_cached(ctx.draft_params, self.cfg,
+                                  embed(ctx.draft_params, self.cfg, prefilled.prompts), cache,
+                                  prefilled.lengths)
+        return cache.prefilled(prefilled.lengths)
 
     def propose(self, ctx: DraftContext, state: Cache, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Cache]:

@@ -183,7 +183,8 @@ class EarlyExit:
 
         def propagate(s: _Pass, start: int, stop: int) -> _Pass:
             return s.replace(cache=propagate_cached(params, cfg, s.hidden, s.cache, layout.slots,
-                                                    layout.positions, layers=(start, stop)))
+                                                    layout.positions, layout.mask,
+                                                    layers=(start, stop)))
 
         segments = list(itertools.pairwise((0, *candidates, num_layers)))
         state = advance(state, *segments[0])  # every token runs up to the first candidate

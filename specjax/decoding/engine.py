@@ -91,8 +91,9 @@ class Generator:
         self.cfg = cfg
         self.max_cache_len = max_cache_len
         self.draft_weights = dict(draft_weights or {})
-        layers = params["layers"]
-        self.params = params if isinstance(layers, (tuple, list)) else unstack_layers(params)
+        layers = params.get("layers")
+        self.params = (params if isinstance(layers, (tuple, list))
+                       else unstack_layers(params, cfg))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,

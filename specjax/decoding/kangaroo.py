@@ -66,6 +66,6 @@ class Kangaroo(HeadDrafter):
         _, kv = run_adapter_cached(ctx.draft_params, ctx.cfg, hidden, state,
                                    *layout.take(missing))
         if done.acceptance.path is not None:
-            kv = kv.commit(done.lengths_before, done.acceptance.path)
+            kv = kv.commit(done.lengths_before, done.lengths_after, done.acceptance.path)
         return kv
 

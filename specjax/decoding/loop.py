@@ -22,7 +22,7 @@ from specjax.config import ModelConfig
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.model import Params, embed, exit_logits, run_layers_cached
+from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
 
 
 @flax.struct.dataclass
@@ -98,7 +98,8 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
     batch = prompts.shape[0]
     cache, last_logits, exit_hidden = prefill_target(ctx.params, ctx.cfg, prompts,
                                                      prompt_lengths, cache_len,
-                                                     drafter.prefill_exits)
+                                                     drafter.prefill_exits,
+                                                     window=1 + drafter.shape.num_nodes)
     first = _pick(key, last_logits, ctx.sampling)
     draft_state = drafter.prefill(ctx, Prefilled(
         prompts=prompts, lengths=prompt_lengths, cache_len=cache_len,
@@ -123,20 +124,20 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
 
 
 def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
-                   prompt_lengths: jax.Array, cache_len: int,
-                   exits: tuple[int, ...] = ()) -> tuple[Cache, jax.Array, dict[int, jax.Array]]:
-    """The target model over right-padded prompts [B, P]: a cache of `cache_len` slots with the
-    prompts committed, the logits after each prompt's last token [B, V] and the hidden states
-    after each layer count in `exits` ({exit: [B, P, D]})."""
-    batch = prompts.shape[0]
-    cache = Cache.allocate(cfg, batch, cache_len)
+                   prompt_lengths: jax.Array, cache_len: int, exits: tuple[int, ...] = (), *,
+                   window: int = 1) -> tuple[Cache, jax.Array, dict[int, jax.Array]]:
+    """The target model over right-padded prompts [B, P]: a cache of `cache_len` slots (and a
+    `window` of uncommitted tokens a round, see `model.allocate_cache`) with the prompts
+    committed, the logits after each prompt's last token [B, V] and the hidden states after
+    each layer count in `exits` ({exit: [B, P, D]})."""
+    cache = allocate_cache(cfg, prompts.shape[0], cache_len, window)
     hidden, exit_hidden, start = embed(params, cfg, prompts), {}, 0
     for stop in sorted({*exits, cfg.num_layers}):
-        hidden, cache = run_layers_cached(params, cfg, hidden, cache,
-                                          jnp.zeros((batch,), jnp.int32), layers=(start, stop))
+        hidden, cache = prefill_cached(params, cfg, hidden, cache, prompt_lengths,
+                                       layers=(start, stop))
         exit_hidden[stop], start = hidden, stop
     last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-    return (cache.commit(prompt_lengths), exit_logits(params, cfg, last),
+    return (cache.prefilled(prompt_lengths), exit_logits(params, cfg, last),
             {e: exit_hidden[e] for e in exits})
 
 

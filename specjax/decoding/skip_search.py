@@ -37,7 +37,7 @@ from specjax.decoding.tree_search import (
     measured_sizes,
     pass_seconds,
 )
-from specjax.model import Params, embed, exit_logits, run_layers_cached
+from specjax.model import Params, allocate_cache, embed, exit_logits, run_layers_cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _target(params: Params, cfg: ModelConfig, tokens: jax.Array,
     """The full model's argmax [B, T] (greedy) or processed distribution [B, T, V], and a
     cache of 2T slots holding every position's K/V in the first T."""
     batch, steps = tokens.shape
-    cache = Cache.allocate(cfg, batch, 2 * steps)
+    cache = allocate_cache(cfg, batch, 2 * steps)
     hidden, cache = run_layers_cached(params, cfg, embed(params, cfg, tokens), cache,
                                       jnp.zeros((batch,), jnp.int32))
     logits = exit_logits(params, cfg, hidden)

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.cache import Cache
 from specjax.decoding.acceptance import accept
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import CHILD_RULES, Proposal
@@ -33,7 +32,7 @@ from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.timing import timed
 from specjax.decoding.tree import chain_layout
-from specjax.model import embed, exit_logits, run_layers_cached
+from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
 
 MAX_CHILDREN = 8
 
@@ -229,7 +228,7 @@ def _teacher_forced(generator: Generator, exit_layer: int, texts: list[list[int]
     cfg = generator.cfg
     padded, lengths = generator.pad(texts)
     batch, width = padded.shape
-    cache = Cache.allocate(cfg, batch, width)
+    cache = allocate_cache(cfg, batch, width)
     zeros = jnp.zeros((batch,), jnp.int32)
     run = jax.jit(run_layers_cached, static_argnames=("cfg", "layers"))
     shallow, cache = run(generator.params, cfg, embed(generator.params, cfg, padded), cache,
@@ -274,7 +273,7 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
     cached ones, for each n in `sizes` (warm: compile time excluded). The cache is donated and
     written in place, as in the decode loop (a cache that is not would be copied per layer)."""
     cfg, params = generator.cfg, generator.params
-    cache = Cache.allocate(cfg, 1, context + max(sizes)).commit(jnp.asarray([context]))
+    cache = allocate_cache(cfg, 1, context + max(sizes)).commit(jnp.asarray([context]))
 
     @functools.partial(jax.jit, donate_argnums=1)
     def segment(hidden, cache):

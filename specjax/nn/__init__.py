@@ -1,5 +1,2 @@
-"""One layer's parameters and math, as Flax linen modules (pure `init` / `apply`)."""
-
-from specjax.nn.block import DecoderBlock
-
-__all__ = ["DecoderBlock"]
+"""One layer's parameters and math, as Flax linen modules (pure `init` / `apply`); the layer kinds
+a model can stack are listed in `layer_kinds`."""

@@ -100,3 +100,51 @@ def ssd_reference(x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: ja
         y = y + jnp.einsum("blhn,bhpn,bhl->blhp", C, initial_state, decay)
         state = state + decay[..., -1, None, None] * initial_state
     return y, state
+
+
+def ssd_fold(state: jax.Array, x: jax.Array, dt: jax.Array, log_decay: jax.Array,
+             B: jax.Array) -> jax.Array:
+    """The state after the tokens x [b, l, h, p], dt and log_decay (dt A) [b, l, h], B
+    [b, l, g, n] from `state` [b, h, p, n], in closed form (no outputs): decay(all) state +
+    sum_j decay(after j) dt_j x_j B_j^T. A token with dt = log_decay = 0 leaves the state
+    unchanged (how callers drop tokens)."""
+    B = heads_of_groups(B, x.shape[2])
+    log_decay = _at_least_f32(log_decay)
+    after = jnp.pad(log_decay[:, 1:], [(0, 0), (0, 1), (0, 0)])             # a_{j+1}, 0 at end
+    to_end = jnp.exp(jnp.flip(jnp.cumsum(jnp.flip(after, 1), axis=1), 1))   # exp(a_{j+1..l})
+    total = jnp.exp(jnp.sum(log_decay, axis=1))                             # [b h]
+    return (total[..., None, None] * state
+            + jnp.einsum("blh,blh,blhp,blhn->bhpn", to_end, dt, x, B).astype(state.dtype))
+
+
+def ssd_tree(x: jax.Array, dt: jax.Array, log_decay: jax.Array, B: jax.Array, C: jax.Array,
+             ancestry: jax.Array, state: jax.Array) -> jax.Array:
+    """Outputs of T query tokens that continue `state` [b, h, p, n] along paths through W
+    window tokens (STree's tree scan: SSD's quadratic form with the causal mask replaced by
+    ancestry). Window tokens: x [b, W, h, p], dt and log_decay (dt A) [b, W, h], B
+    [b, W, g, n]; queries: C
+    [b, T, g, n] and `ancestry` [b, T, W] (query t's path: the window tokens it descends from,
+    itself included, in window order). Returns y [b, T, h, p].
+
+    The log-decay from window token j to query t is the sum of the path's log-decays after j,
+    summed directly (no difference of cumulative sums) and masked to -inf off the path before
+    `exp`, so neither values nor gradients can overflow."""
+    heads = x.shape[2]
+    B, C = heads_of_groups(B, heads), heads_of_groups(C, heads)
+    log_decay = _at_least_f32(log_decay)                                    # [b W h]
+    path = ancestry.astype(log_decay.dtype)
+    width = x.shape[1]
+    later = jnp.triu(jnp.ones((width, width), path.dtype), 1).T             # [k, j]: k > j
+    after = jnp.einsum("btk,kj,bkh->bhtj", path, later, log_decay)
+    on_path = ancestry[:, None]                                             # [b 1 T W]
+    mixing = jnp.where(on_path, jnp.exp(jnp.where(on_path, after, -jnp.inf)), 0.0)
+    scores = jnp.einsum("bthn,bjhn->bhtj", C, B, preferred_element_type=path.dtype)
+    y = jnp.einsum("bhtj,bjh,bjhp->bthp", mixing * scores, dt.astype(path.dtype), x)
+    from_state = jnp.exp(jnp.einsum("btk,bkh->bht", path, log_decay))        # [b h T]
+    y = y + jnp.einsum("bthn,bhpn,bht->bthp", C, state, from_state)
+    return y.astype(x.dtype)
+
+
+def _at_least_f32(values: jax.Array) -> jax.Array:
+    """Log-decays are summed and exponentiated in float32 (or wider, when given wider)."""
+    return values.astype(jnp.promote_types(values.dtype, jnp.float32))

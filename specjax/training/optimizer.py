@@ -3,7 +3,11 @@
 import jax
 import optax
 
+from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.training.config import TrainConfig
+
+# Parameters that weight decay leaves alone, besides norm scales (Mamba-2's A_log, D, dt_bias).
+NO_DECAY = frozenset(name for kind in LAYER_KINDS.values() for name in kind.no_decay)
 
 
 def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
@@ -13,9 +17,11 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    """Weight decay on matrices and embeddings, not on norm scales."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: not any("norm" in str(getattr(p, "key", "")) for p in path), params)
+    """Weight decay on matrices and embeddings, not on norm scales nor on `NO_DECAY`."""
+    def decays(path, _):
+        keys = [str(getattr(p, "key", "")) for p in path]
+        return not any("norm" in key or key in NO_DECAY for key in keys)
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

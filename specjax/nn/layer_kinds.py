@@ -1,0 +1,139 @@
+"""The layer kinds a model stacks (`ModelConfig.layer_pattern`), as one table.
+
+Each kind says how to initialise one layer, run it over whole sequences (training, no cache), run
+it on new tokens against its own cache (decoding, prefill), propagate an early-exited token's
+state through it without running it (CALM), and allocate that cache. `model.py` only walks the
+pattern and looks kinds up here; adding a kind touches only this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import LayerKV, LayerSSM
+from specjax.config import ModelConfig
+from specjax.nn.block import DecoderBlock, propagate_state
+from specjax.nn.mamba2 import Cached, Mamba2Block, Prefill, Sequence
+from specjax.nn.rope import Rope, rope_tables
+
+Params = dict[str, Any]
+
+
+class Step(NamedTuple):
+    """A cached pass over T new tokens: their RoPE tables, the cache slots they see `mask`
+    [B, T, max_len], where they are written `write_pos` ([B]: consecutive from there, or
+    [B, T]), the committed `lengths` [B], and for a prefill the prompts' real lengths [B]
+    (the tokens are then right-padded prompts from slot 0, committed by the pass itself)."""
+
+    rope: Rope
+    mask: jax.Array
+    write_pos: jax.Array
+    lengths: jax.Array
+    prompt_lengths: jax.Array | None = None
+
+    @property
+    def slots(self) -> jax.Array:
+        """[B, T] the cache slot of every new token."""
+        if self.write_pos.ndim == 2:
+            return self.write_pos
+        return self.write_pos[:, None] + jnp.arange(self.mask.shape[1])[None, :]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+    """What the model needs from one kind of layer (see the module docstring). `params_key`
+    names the stack of this kind's layers in the training layout; `step_bytes(cfg, context)`,
+    the bytes one decode step moves in this layer's cache at `context` committed tokens;
+    `no_decay`, parameters that weight decay leaves alone; `depthwise`, weights applied
+    elementwise (not matrix products, whatever their rank)."""
+
+    params_key: str
+    init: Callable[[ModelConfig, jax.Array], Params]
+    forward: Callable[[ModelConfig, Params, jax.Array, Rope, jax.Array], jax.Array]
+    cached: Callable[[ModelConfig, Params, jax.Array, Any, Step], tuple[jax.Array, Any]]
+    propagate: Callable[[ModelConfig, Params, jax.Array, Any, Step], Any]
+    allocate: Callable[[ModelConfig, int, int, int], Any]
+    step_bytes: Callable[[ModelConfig, float], float]
+    no_decay: tuple[str, ...] = ()
+    depthwise: tuple[str, ...] = ()
+
+
+def _one_token(cfg: ModelConfig) -> tuple[jax.Array, Rope, jax.Array]:
+    positions = jnp.zeros((1, 1), jnp.int32)
+    return (jnp.zeros((1, 1, cfg.d_model), cfg.compute_dtype), rope_tables(cfg, positions),
+            jnp.ones((1, 1, 1), bool))
+
+
+def _attention_init(cfg: ModelConfig, key: jax.Array) -> Params:
+    return DecoderBlock(cfg).init(key, *_one_token(cfg))["params"]
+
+
+def _attention_forward(cfg: ModelConfig, params: Params, hidden: jax.Array, rope: Rope,
+                       mask: jax.Array) -> jax.Array:
+    return DecoderBlock(cfg).apply({"params": params}, hidden, rope, mask)[0]
+
+
+def _attention_cached(cfg: ModelConfig, params: Params, hidden: jax.Array, kv: LayerKV,
+                      step: Step) -> tuple[jax.Array, LayerKV]:
+    return DecoderBlock(cfg).apply({"params": params}, hidden, step.rope, step.mask, kv,
+                                   step.write_pos)
+
+
+def _attention_propagate(cfg: ModelConfig, params: Params, hidden: jax.Array, kv: LayerKV,
+                         step: Step) -> LayerKV:
+    return propagate_state(cfg, params, hidden, step.rope, kv, step.write_pos)
+
+
+def _attention_step_bytes(cfg: ModelConfig, context: float) -> float:
+    """The live K and V of `context` tokens, read."""
+    return 2 * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize * context
+
+
+def _mamba2_init(cfg: ModelConfig, key: jax.Array) -> Params:
+    return Mamba2Block(cfg).init(key, _one_token(cfg)[0], Sequence())["params"]
+
+
+def _mamba2_forward(cfg: ModelConfig, params: Params, hidden: jax.Array, rope: Rope,
+                    mask: jax.Array) -> jax.Array:
+    return Mamba2Block(cfg).apply({"params": params}, hidden, Sequence())[0]
+
+
+def _mamba2_cached(cfg: ModelConfig, params: Params, hidden: jax.Array, cache: LayerSSM,
+                   step: Step) -> tuple[jax.Array, LayerSSM]:
+    mixing = (Cached(cache, step.lengths, step.slots, step.mask)
+              if step.prompt_lengths is None else Prefill(cache, step.prompt_lengths))
+    return Mamba2Block(cfg).apply({"params": params}, hidden, mixing)
+
+
+def _mamba2_step_bytes(cfg: ModelConfig, context: float) -> float:
+    """The SSM state and conv history, read and written (whatever the context)."""
+    ssm = cfg.ssm
+    state = ssm.num_heads * ssm.head_dim * ssm.state_size * 4
+    history = (ssm.conv_width - 1) * ssm.conv_channels * jnp.dtype(cfg.compute_dtype).itemsize
+    return 2 * (state + history)
+
+
+def _mamba2_propagate(cfg: ModelConfig, params: Params, hidden: jax.Array, cache: LayerSSM,
+                      step: Step) -> LayerSSM:
+    """A skipped SSM layer's window gets what it would have computed from the exited state
+    (the analogue of projecting K/V from it): XLA drops the unused output."""
+    return _mamba2_cached(cfg, params, hidden, cache, step)[1]
+
+
+LAYER_KINDS: dict[str, LayerKind] = {
+    "attention": LayerKind(
+        params_key="layers", init=_attention_init, forward=_attention_forward,
+        cached=_attention_cached, propagate=_attention_propagate,
+        allocate=lambda cfg, batch, max_len, window: LayerKV.allocate(cfg, batch, max_len),
+        step_bytes=_attention_step_bytes),
+    "mamba2": LayerKind(
+        params_key="mamba2_layers", init=_mamba2_init, forward=_mamba2_forward,
+        cached=_mamba2_cached, propagate=_mamba2_propagate,
+        allocate=lambda cfg, batch, max_len, window: LayerSSM.allocate(cfg, batch, window),
+        step_bytes=_mamba2_step_bytes, no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",)),
+}

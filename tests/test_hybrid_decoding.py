@@ -1,0 +1,95 @@
+"""Decoding through Mamba-2 layers: a hybrid (attention and Mamba-2) and a pure Mamba-2 model.
+`ar` equals a per-step argmax of `model.forward` (the whole-sequence scan, an independent path),
+and self-speculative chains and token trees equal `ar` token for token."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specjax import model as M
+from specjax.config import ModelConfig, SsmConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.static_tree import StaticTree
+from tests.conftest import TINY_MODEL, damped_params
+
+SSM = SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8, dt_min=0.05,
+                dt_max=0.5)
+CONFIGS = {
+    "hybrid": ModelConfig(**{**TINY_MODEL, "init_std": 0.3, "ssm": SSM,
+                             "layer_pattern": ("mamba2", "attention", "mamba2", "mamba2")}),
+    "mamba2": ModelConfig(**{**TINY_MODEL, "init_std": 0.3, "layer_pattern": ("mamba2",) * 4,
+                             "ssm": SsmConfig(**{**SSM.__dict__, "mlp": False})}),
+}
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-token prompt
+NEW = 19
+
+
+@functools.cache
+def generator(name: str) -> Generator:
+    cfg = CONFIGS[name]
+    return Generator(damped_params(cfg, jax.random.PRNGKey(0), 0.4), cfg)
+
+
+@functools.cache
+def reference(name: str) -> list[list[int]]:
+    return generator(name).generate(PROMPTS, max_new_tokens=NEW).tokens
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_greedy_decoding_is_a_per_step_argmax_of_the_whole_sequence_model(name):
+    """Catches a prefill that keeps padding in the SSM state, a decode step that reads the
+    wrong conv history, and a commit that folds the wrong tokens: the whole-sequence forward
+    shares none of the cache code."""
+    cfg = CONFIGS[name]
+    params = damped_params(cfg, jax.random.PRNGKey(0), 0.4)
+    width = max(map(len, PROMPTS)) + NEW
+    forward = jax.jit(functools.partial(M.forward, cfg=cfg))
+    rows = [list(p) for p in PROMPTS]
+    for _ in range(NEW):
+        tokens = jnp.asarray([r + [0] * (width - len(r)) for r in rows])
+        logits = forward(params, tokens=tokens)
+        for row in rows:
+            row.append(int(jnp.argmax(logits[rows.index(row), len(row) - 1])))
+    assert reference(name) == [row[len(p):] for row, p in zip(rows, PROMPTS, strict=True)]
+
+
+SHAPES = {
+    "chain exit 1 K=4": SelfSpeculative(1, Chain(4)),
+    "chain exit 2 K=3": SelfSpeculative(2, Chain(3)),
+    "static tree 2,2,1": SelfSpeculative(1, StaticTree.from_branching((2, 2, 1))),
+    "dynamic tree T=8": SelfSpeculative(1, DynamicTree(8, 2, 3)),
+}
+
+
+CASES = [("hybrid", shape) for shape in sorted(SHAPES)] + [
+    ("mamba2", "chain exit 1 K=4"), ("mamba2", "static tree 2,2,1")]
+
+
+@pytest.mark.parametrize("name,shape", CASES)
+def test_self_speculation_equals_autoregressive_decoding(name, shape):
+    """Chains (drafts through the shallow SSM layers, reused by verification) and trees (the
+    tree scan, the conv along each path, the closed-form commit of the accepted path), with
+    rejections and accepted runs (the damped model), ragged prompts. Catches a rejected draft
+    left in an SSM state and a tree node mixing in its siblings."""
+    out = generator(name).generate(PROMPTS, max_new_tokens=NEW, strategy=SHAPES[shape])
+    assert out.tokens == reference(name)
+    assert 0 < out.total.accepted < out.total.drafted
+
+
+def test_the_tree_decode_loop_with_ssm_layers_exports_for_tpu_and_cuda():
+    cfg = CONFIGS["hybrid"]
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          generator("hybrid").params)
+    fn = jax.jit(lambda p, prompts, lengths, key, eos: generate_tokens(
+        p, {}, prompts, lengths, key, None, eos, cfg=cfg, drafter=SHAPES["static tree 2,2,1"],
+        max_new_tokens=16, cache_len=48))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")

@@ -1,4 +1,5 @@
-"""Converts Hugging Face Llama-family checkpoints to specjax workdirs and back.
+"""Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) to specjax workdirs
+and back.
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny

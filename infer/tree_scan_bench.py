@@ -85,7 +85,7 @@ def measure() -> dict:
     def unrolled_pass(params, cache):
         rows = len(paths)
         index = jnp.asarray(paths)                                    # [rows, depth + 1]
-        cache = jax.tree.map(lambda x: jnp.repeat(x, rows, axis=0), cache)
+        cache = jax.tree.map(lambda x: jnp.tile(x, (rows,) + (1,) * (x.ndim - 1)), cache)
         hidden, _ = run_layers_cached(params, cfg, embed(params, cfg, tokens[0][index]), cache,
                                       cache.lengths)
         return exit_logits(params, cfg, hidden)                       # [rows, depth + 1, V]

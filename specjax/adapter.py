@@ -20,12 +20,21 @@ from specjax.nn.rope import rope_tables
 
 def init_adapter(params: Params, cfg: ModelConfig, exit_layer: int) -> Params:
     """An adapter for exit `exit_layer` equal to the shared head there: attention weights and
-    input norm from the target's layer `exit_layer`, a zero output projection, the final norm
-    (copies: training may donate the adapter's buffers, never the target's)."""
-    layer = layer_params(params, cfg, exit_layer)
-    attn = dict(layer["attn"])
+    input norm from the target's attention layer nearest to layer `exit_layer` (a fresh one when
+    the model has none), a zero output projection, the final norm (copies: training may donate
+    the adapter's buffers, never the target's)."""
+    attention = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "attention"]
+    if attention:
+        layer = layer_params(params, cfg, min(attention, key=lambda i: abs(i - exit_layer)))
+        attn, in_norm = dict(layer["attn"]), layer["attn_norm"]
+    else:
+        steps = jnp.zeros((1, 1), jnp.int32)
+        fresh = KangarooAdapter(cfg).init(jax.random.PRNGKey(exit_layer),
+                                          jnp.zeros((1, 1, cfg.d_model), cfg.compute_dtype),
+                                          rope_tables(cfg, steps), causal_mask(1))["params"]
+        attn, in_norm = dict(fresh["attn"]), fresh["in_norm"]
     attn["out"] = jnp.zeros_like(attn["out"])
-    adapter = {"in_norm": layer["attn_norm"], "attn": attn, "out_norm": params["final_norm"]}
+    adapter = {"in_norm": in_norm, "attn": attn, "out_norm": params["final_norm"]}
     return jax.tree.map(jnp.copy, adapter)
 
 

@@ -83,9 +83,10 @@ class ModelConfig:
     Exits are numbered by how many layers ran: exit `e` in [1, num_layers] is the hidden state after
     layer `e` (1-based), so exit `num_layers` is the ordinary final output. `exit_layers` lists the
     exits that training supervises (default: all of them). `attention_bias` adds biases to the
-    query/key/value projections (Qwen2-style checkpoints). `layer_pattern` names each layer's
-    kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2 layers take
-    their sizes from `ssm`.
+    query/key/value projections (Qwen2-style checkpoints); `partial_rotary_factor` is the share
+    of each head's channels RoPE rotates, the first ones (Bamba: half). `layer_pattern` names
+    each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2
+    layers take their sizes from `ssm`.
     """
 
     vocab_size: int
@@ -97,6 +98,7 @@ class ModelConfig:
     head_dim: int | None = None  # None: d_model // num_heads (resolved on construction)
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    partial_rotary_factor: float = 1.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     attention_bias: bool = False
@@ -122,6 +124,10 @@ class ModelConfig:
         _require(self.head_dim % 2 == 0, "head_dim", self.head_dim,
                  "must be even for rotary embeddings")
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
+        rotary = int(self.head_dim * self.partial_rotary_factor)
+        _require(0 < self.partial_rotary_factor <= 1 and rotary > 0 and rotary % 2 == 0,
+                 "partial_rotary_factor", self.partial_rotary_factor,
+                 f"must rotate an even number of channels of head_dim={self.head_dim}, at most all")
         _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
         _require(self.init_std > 0, "init_std", self.init_std, "must be > 0")
         for name in ("dtype", "param_dtype"):
@@ -151,6 +157,11 @@ class ModelConfig:
                                None if set(pattern) == {"attention"} else pattern)
         _require(self.ssm is not None or "mamba2" not in self.layer_kinds, "ssm", self.ssm,
                  "must be set when layer_pattern has mamba2 layers")
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's channels RoPE rotates (the first ones)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import pytest
 from specjax import model as M
 from specjax.acceptance_head import init_acceptance_head
 from specjax.adapter import init_adapter
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding import acceptance, loop
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.autoregressive import Autoregressive
@@ -42,10 +42,10 @@ def params():
     return M.init_params(CFG, jax.random.PRNGKey(11))
 
 
-def exact_joint(params, sampling):
+def exact_joint(params, sampling, cfg=CFG):
     """P(x1, x2, x3) under plain sampling, from the model's processed conditionals."""
     prefixes = np.array([PROMPT + list(p) for p in itertools.product(range(VOCAB), repeat=2)])
-    logits = jax.jit(M.forward, static_argnames="cfg")(params, CFG, jnp.asarray(prefixes))
+    logits = jax.jit(M.forward, static_argnames="cfg")(params, cfg, jnp.asarray(prefixes))
     probs = np.asarray(probabilities(logits[:, len(PROMPT) - 1:], sampling), np.float64)
     joint = np.zeros((VOCAB,) * 3)
     for row, (a, b) in enumerate(itertools.product(range(VOCAB), repeat=2)):
@@ -73,15 +73,16 @@ def generator_with_drafters(params):
                                 exit_layer=1)})
 
 
-def empirical_counts(params, strategy, sampling):
-    generator = generator_with_drafters(params)
+def empirical_counts(params, strategy, sampling, generator=None):
+    """Counts of the first NEW tokens over SEEDS x ROWS samples, and the last batch's stats."""
+    generator = generator or generator_with_drafters(params)
     counts = np.zeros((VOCAB,) * 3)
     for seed in range(SEEDS):
         out = generator.generate([PROMPT] * ROWS, max_new_tokens=NEW, strategy=strategy,
                                  sampling=sampling, seed=seed)
         for tokens in out.tokens:
             counts[tuple(tokens)] += 1
-    return counts
+    return counts, out.total
 
 
 def chi_square_p_below(observed, expected_probs, alpha=1e-4):
@@ -134,13 +135,11 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     verification, acceptance and commit across three tokens."""
     strategy = STRATEGIES[name]
     sampling = SamplingParams.create(**SETTINGS[setting])
-    rejected, stat, critical = chi_square_p_below(
-        empirical_counts(params, strategy, sampling), exact_joint(params, sampling))
+    counts, total = empirical_counts(params, strategy, sampling)
+    rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
     shape = strategy.shape
     if getattr(shape, "stop_below", 0) or getattr(shape, "stop_risk", 0):  # stops really cut
-        total = generator_with_drafters(params).generate([PROMPT] * 100, max_new_tokens=NEW,
-                                                strategy=strategy, sampling=sampling).total
         assert total.rounds <= total.drafted < shape.num_draft * total.rounds
 
 
@@ -163,8 +162,28 @@ def test_the_distribution_test_catches_a_wrong_acceptance_rule(params, monkeypat
     monkeypatch.setattr(acceptance, "speculative_accept", _resample_from_target)
     loop.generate_tokens.clear_cache()
     try:
-        counts = empirical_counts(params, SelfSpeculative(1, Chain(2)), sampling)
+        counts, _ = empirical_counts(params, SelfSpeculative(1, Chain(2)), sampling)
     finally:
         loop.generate_tokens.clear_cache()
     rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))
     assert rejected, f"a wrong rule passed: chi2={stat:.1f} <= {critical:.1f}"
+
+
+# Large weights and steps, so that the SSM state moves the next token's distribution a lot.
+HYBRID = dataclasses.replace(CFG, init_std=0.6,
+                             layer_pattern=("mamba2", "attention", "mamba2"),
+                             ssm=SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2,
+                                           chunk_size=4, dt_min=0.5, dt_max=2.0))
+
+
+def test_sampling_through_ssm_layers_follows_the_plain_distribution():
+    """A hybrid (Mamba-2, attention, Mamba-2) sampling with a tree drafted through its first SSM
+    layer, two children a round (so the third token always reads a committed state): catches a
+    rejected node's values left in an SSM state or conv history (the next tokens' distribution
+    would shift), which greedy tests only see when the argmax flips."""
+    params = M.init_params(HYBRID, jax.random.PRNGKey(11))
+    sampling = SamplingParams.create(**SETTINGS["filtered"])
+    strategy = SelfSpeculative(1, StaticTree.from_branching((2,)))  # a round emits <= 2 tokens
+    counts, _ = empirical_counts(params, strategy, sampling, Generator(params, HYBRID))
+    rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling, HYBRID))
+    assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"

@@ -9,12 +9,18 @@ import jax.numpy as jnp
 import pytest
 
 from specjax import model as M
+from specjax.adapter import init_adapter
 from specjax.config import ModelConfig, SsmConfig
+from specjax.decoding.calm import CalmDraft
 from specjax.decoding.chain import Chain
+from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import Generator
+from specjax.decoding.early_exit import EarlyExit
+from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens
+from specjax.decoding.skip_search import AcceptanceProbe
 from specjax.decoding.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params
 
@@ -32,8 +38,13 @@ NEW = 19
 
 @functools.cache
 def generator(name: str) -> Generator:
+    """The damped model, with a Kangaroo adapter on exit 1 (the shared head plus noise)."""
     cfg = CONFIGS[name]
-    return Generator(damped_params(cfg, jax.random.PRNGKey(0), 0.4), cfg)
+    params = damped_params(cfg, jax.random.PRNGKey(0), 0.4)
+    adapter = jax.tree.map(lambda w: w + 0.05 * jax.random.normal(jax.random.PRNGKey(1), w.shape),
+                           init_adapter(params, cfg, 1))
+    return Generator(params, cfg,
+                     draft_weights={"kangaroo": DraftWeights(adapter, exit_layer=1)})
 
 
 @functools.cache
@@ -61,22 +72,28 @@ def test_greedy_decoding_is_a_per_step_argmax_of_the_whole_sequence_model(name):
 
 SHAPES = {
     "chain exit 1 K=4": SelfSpeculative(1, Chain(4)),
+    "kangaroo tree 2,1": Kangaroo(1, StaticTree.from_branching((2, 1))),
+    "calmdraft chain K=3": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
     "chain exit 2 K=3": SelfSpeculative(2, Chain(3)),
     "static tree 2,2,1": SelfSpeculative(1, StaticTree.from_branching((2, 2, 1))),
     "dynamic tree T=8": SelfSpeculative(1, DynamicTree(8, 2, 3)),
 }
 
 
-CASES = [("hybrid", shape) for shape in sorted(SHAPES)] + [
-    ("mamba2", "chain exit 1 K=4"), ("mamba2", "static tree 2,2,1")]
+# Each case compiles a decode loop: a shape runs on one model, the drafters on the hybrid.
+CASES = [("hybrid", "chain exit 1 K=4"), ("hybrid", "kangaroo tree 2,1"),
+         ("hybrid", "calmdraft chain K=3"), ("hybrid", "static tree 2,2,1"),
+         ("mamba2", "chain exit 2 K=3"), ("mamba2", "dynamic tree T=8")]
 
 
 @pytest.mark.parametrize("name,shape", CASES)
 def test_self_speculation_equals_autoregressive_decoding(name, shape):
     """Chains (drafts through the shallow SSM layers, reused by verification) and trees (the
     tree scan, the conv along each path, the closed-form commit of the accepted path), with
-    rejections and accepted runs (the damped model), ragged prompts. Catches a rejected draft
-    left in an SSM state and a tree node mixing in its siblings."""
+    rejections and accepted runs (the damped model), ragged prompts; every other drafter that
+    drafts through the target's layers (Kangaroo's adapter after an SSM layer, CALM's early
+    exits, whose skipped SSM layers take the exited state). Catches a
+    rejected draft left in an SSM state and a tree node mixing in its siblings."""
     out = generator(name).generate(PROMPTS, max_new_tokens=NEW, strategy=SHAPES[shape])
     assert out.tokens == reference(name)
     assert 0 < out.total.accepted < out.total.drafted
@@ -93,3 +110,12 @@ def test_the_tree_decode_loop_with_ssm_layers_exports_for_tpu_and_cuda():
         params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
         jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.int32))
     assert exported.platforms == ("tpu", "cuda")
+
+
+def test_what_ssm_layers_do_not_support_yet_is_a_clear_error():
+    """A draft model with SSM layers (its catch-up writes behind the committed length) and the
+    skip-set search (every position drafts at once against the full model's K/V)."""
+    with pytest.raises(ValueError, match="draft model with state-space layers"):
+        DraftModel(Chain(2), cfg=CONFIGS["mamba2"]).validate(CONFIGS["hybrid"])
+    with pytest.raises(ValueError, match="state-space layers do not have"):
+        AcceptanceProbe(generator("hybrid"), PROMPTS, None)

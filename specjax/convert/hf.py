@@ -15,6 +15,7 @@ from specjax.config import DecodingConfig, ModelConfig
 from specjax.convert.hf_config import (
     ConversionError,
     architecture,
+    export_architecture,
     hf_config_from_model,
     model_config_from_hf,
     read_hf_config,
@@ -40,7 +41,7 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
     checkpoints = Checkpointer(workdir)
     if checkpoints.latest_step() is not None:
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
-    params = load_hf_params(hf_dir, cfg)
+    params = load_hf_params(hf_dir, cfg, architecture(hf))
     decoding = DecodingConfig(exit_layer=max(1, cfg.num_layers // 4))
     decoding.check(cfg)
     checkpoints.save(0, params, None, {
@@ -64,6 +65,7 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir!r} exists and is not a directory")
     params, cfg, meta = load_params(workdir)
+    export_architecture(cfg)  # a model no HF architecture computes fails before any file
     parent = os.path.dirname(os.path.abspath(hf_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
@@ -83,7 +85,7 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
 
 def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str, out_dir: str,
               max_shard_bytes: int) -> list[str]:
-    files = save_hf_params(params, cfg, out_dir, max_shard_bytes)
+    files = save_hf_params(params, cfg, out_dir, export_architecture(cfg), max_shard_bytes)
     config = hf_config_from_model(cfg)
     tokenizer = meta.get("tokenizer")
     if isinstance(tokenizer, dict):

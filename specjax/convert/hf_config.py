@@ -1,7 +1,9 @@
-"""Hugging Face `config.json` <-> ModelConfig for Llama-family decoders.
+"""Hugging Face `config.json` <-> ModelConfig: Llama-family decoders, Mamba2ForCausalLM (Mamba-2
+layers only) and BambaForCausalLM (Mamba-2 and attention layers, each followed by an MLP).
 
 Reads both the transformers 4 keys (`rope_theta`, `rope_scaling`) and the transformers 5 key
-(`rope_parameters`); writes the former, which both versions load.
+(`rope_parameters`); writes the former, which both versions load. A feature specjax's layers do
+not have (biased Mamba-2 projections, a clamped time step, ...) is refused by name.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 import os
 from typing import Any
 
-from specjax.config import DTYPES, ModelConfig, RopeScaling
+from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
 from specjax.entrypoint import SpecjaxError
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                 "Mamba2ForCausalLM", "BambaForCausalLM")
+BAMBA_ROTARY_FACTOR = 0.5  # transformers' Bamba rotates the first half of each head, always
 MAX_POSITIONS = 8192  # written to exported configs; RoPE itself has no length limit
 
 
@@ -42,7 +46,16 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Mod
     """The ModelConfig of a checkpoint's config.json; `dtype` overrides the stored weight dtype
     (it becomes both the parameter and the compute dtype)."""
     arch = architecture(hf)
+    weights = dtype or _stored_dtype(hf)
+    if weights not in DTYPES:
+        raise ConversionError(f"dtype {weights!r} is not one of {sorted(DTYPES)}")
     _require_equal(hf, "hidden_act", "silu", arch)
+    common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+                  num_layers=hf["num_hidden_layers"], dtype=weights, param_dtype=weights)
+    if arch == "Mamba2ForCausalLM":
+        return _mamba2_config(hf, common)
+    if arch == "BambaForCausalLM":
+        return _bamba_config(hf, common)
     _require_equal(hf, "mlp_bias", False, arch)
     if arch == "LlamaForCausalLM":
         _require_equal(hf, "attention_bias", False, arch)  # Llama would bias o_proj too
@@ -50,34 +63,104 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Mod
         raise ConversionError(f"{arch} with sliding_window={hf['sliding_window']} is not supported "
                               "(full attention only)")
     heads = hf["num_attention_heads"]
-    weights = dtype or _stored_dtype(hf)
-    if weights not in DTYPES:
-        raise ConversionError(f"dtype {weights!r} is not one of {sorted(DTYPES)}")
     theta, scaling = _rope(hf)
     return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads, mlp_dim=hf["intermediate_size"],
-        head_dim=hf.get("head_dim") or None, rope_theta=theta, rope_scaling=scaling,
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        **common, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim") or None, rope_theta=theta,
+        rope_scaling=scaling, norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(hf.get("tie_word_embeddings", arch != "LlamaForCausalLM")),
-        attention_bias=arch == "Qwen2ForCausalLM", dtype=weights, param_dtype=weights)
+        attention_bias=arch == "Qwen2ForCausalLM")
+
+
+def _mamba2_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+    """Mamba-2 layers without MLPs. The attention and MLP sizes ModelConfig requires are unused
+    (no layer has attention or an MLP) and set to the smallest valid values."""
+    arch = "Mamba2ForCausalLM"
+    _require_equal(hf, "use_bias", False, arch)
+    _require_equal(hf, "use_conv_bias", True, arch)
+    _require_unclamped_time_step(hf, arch)
+    ssm = SsmConfig(num_heads=hf["num_heads"], head_dim=hf["head_dim"],
+                    state_size=hf["state_size"], groups=hf.get("n_groups", 8),
+                    conv_width=hf.get("conv_kernel", 4), chunk_size=hf.get("chunk_size", 256),
+                    mlp=False, dt_min=hf.get("time_step_min", 0.001),
+                    dt_max=hf.get("time_step_max", 0.1))
+    return ModelConfig(**common, num_heads=1, num_kv_heads=1, head_dim=2, mlp_dim=1,
+                       norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                       layer_pattern=("mamba2",) * common["num_layers"], ssm=ssm)
+
+
+def _bamba_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+    arch = "BambaForCausalLM"
+    for key, expected in (("mamba_proj_bias", False), ("mamba_conv_bias", True),
+                          ("attention_bias", False), ("mlp_bias", False)):
+        _require_equal(hf, key, expected, arch)
+    _require_unclamped_time_step(hf, arch)
+    attention = set(hf.get("attn_layer_indices") or ())
+    heads, inner = hf["num_attention_heads"], hf.get("mamba_expand", 2) * hf["hidden_size"]
+    ssm_heads = hf.get("mamba_n_heads", 128)
+    head_dim = hf.get("mamba_d_head", "auto")
+    ssm = SsmConfig(num_heads=ssm_heads,
+                    head_dim=inner // ssm_heads if head_dim == "auto" else head_dim,
+                    state_size=hf.get("mamba_d_state", 256), groups=hf.get("mamba_n_groups", 1),
+                    conv_width=hf.get("mamba_d_conv", 4),
+                    chunk_size=hf.get("mamba_chunk_size", 256), mlp=True)
+    theta, scaling = _rope(hf)
+    return ModelConfig(
+        **common, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        mlp_dim=hf["intermediate_size"], rope_theta=theta, rope_scaling=scaling,
+        partial_rotary_factor=BAMBA_ROTARY_FACTOR, norm_eps=hf.get("rms_norm_eps", 1e-5),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        layer_pattern=tuple("attention" if i in attention else "mamba2"
+                            for i in range(common["num_layers"])), ssm=ssm)
+
+
+def export_architecture(cfg: ModelConfig) -> str:
+    """The HF architecture that computes exactly this model; a clear error if none does."""
+    if cfg.layer_pattern is None:
+        return "Qwen2ForCausalLM" if cfg.attention_bias else "LlamaForCausalLM"
+    if cfg.ssm.inner_dim % cfg.d_model:
+        raise ConversionError(f"Mamba2Config and BambaConfig need the Mamba-2 inner width "
+                              f"(ssm.num_heads * ssm.head_dim = {cfg.ssm.inner_dim}) to be a "
+                              f"multiple of d_model={cfg.d_model}")
+    if "attention" not in cfg.layer_kinds and not cfg.ssm.mlp:
+        return "Mamba2ForCausalLM"
+    refusals = [(not cfg.ssm.mlp, "an MLP after every Mamba-2 layer (ssm.mlp=True)"),
+                (cfg.partial_rotary_factor != BAMBA_ROTARY_FACTOR,
+                 f"rotates half of each head (partial_rotary_factor={BAMBA_ROTARY_FACTOR})"),
+                (cfg.attention_bias, "no attention biases"),
+                (cfg.rope_scaling is not None, "unscaled RoPE"),
+                (cfg.head_dim * cfg.num_heads != cfg.d_model, "head_dim = d_model / num_heads")]
+    unmet = [need for refused, need in refusals if refused]
+    if unmet:
+        raise ConversionError("this hybrid has no Hugging Face architecture: BambaForCausalLM "
+                              f"needs {'; '.join(unmet)}")
+    return "BambaForCausalLM"
 
 
 def hf_config_from_model(cfg: ModelConfig) -> dict[str, Any]:
-    """A config.json for transformers' LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases)."""
-    arch, model_type = (("Qwen2ForCausalLM", "qwen2") if cfg.attention_bias
-                        else ("LlamaForCausalLM", "llama"))
-    out = {
-        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "rope_scaling": None, "tie_word_embeddings": cfg.tie_embeddings, "mlp_bias": False,
-        "max_position_embeddings": MAX_POSITIONS, "torch_dtype": cfg.param_dtype,
-    }
-    if model_type == "llama":
+    """A config.json for the architecture `export_architecture` names."""
+    arch = export_architecture(cfg)
+    out = {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+           "num_hidden_layers": cfg.num_layers, "hidden_act": "silu",
+           "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": cfg.param_dtype}
+    if arch == "Mamba2ForCausalLM":
+        return {**out, **_ssm_keys(cfg, "mamba2"), "model_type": "mamba2",
+                "layer_norm_epsilon": cfg.norm_eps, "use_bias": False, "use_conv_bias": True,
+                "time_step_min": cfg.ssm.dt_min, "time_step_max": cfg.ssm.dt_max}
+    out.update({
+        "intermediate_size": cfg.mlp_dim, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": MAX_POSITIONS,
+        "mlp_bias": False})
+    if arch == "BambaForCausalLM":
+        return {**out, **_ssm_keys(cfg, "bamba"), "model_type": "bamba", "attention_bias": False,
+                "attn_layer_indices": [i for i, kind in enumerate(cfg.layer_kinds)
+                                       if kind == "attention"],
+                "mamba_conv_bias": True, "mamba_proj_bias": False}
+    out.update({"model_type": "qwen2" if cfg.attention_bias else "llama",
+                "head_dim": cfg.head_dim, "rope_scaling": None})
+    if not cfg.attention_bias:
         out["attention_bias"] = False
     if cfg.rope_scaling is not None:
         s = cfg.rope_scaling
@@ -86,6 +169,18 @@ def hf_config_from_model(cfg: ModelConfig) -> dict[str, Any]:
                                "high_freq_factor": s.high_freq_factor,
                                "original_max_position_embeddings": s.original_max_position}
     return out
+
+
+def _ssm_keys(cfg: ModelConfig, family: str) -> dict[str, Any]:
+    """The Mamba-2 sizes under Mamba2Config's or BambaConfig's names."""
+    ssm = cfg.ssm
+    names = {"mamba2": ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel",
+                        "chunk_size", "expand"),
+             "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
+                       "mamba_d_conv", "mamba_chunk_size", "mamba_expand")}[family]
+    values = (ssm.num_heads, ssm.head_dim, ssm.state_size, ssm.groups, ssm.conv_width,
+              ssm.chunk_size, ssm.inner_dim // cfg.d_model)
+    return dict(zip(names, values, strict=True))
 
 
 def _rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -113,3 +208,16 @@ def _require_equal(hf: dict[str, Any], key: str, expected: Any, arch: str) -> No
     if key in hf and hf[key] != expected:
         raise ConversionError(f"{arch} with {key}={hf[key]!r} is not supported "
                               f"(expected {expected!r})")
+
+
+def _require_unclamped_time_step(hf: dict[str, Any], arch: str) -> None:
+    """specjax's Mamba-2 layer does not clamp dt after the softplus."""
+    low, high = (_json_float(v) for v in hf.get("time_step_limit") or (0.0, float("inf")))
+    if low > 0 or high != float("inf"):
+        raise ConversionError(f"{arch} with time_step_limit={[low, high]} is not supported "
+                              "(an unclamped time step only)")
+
+
+def _json_float(value: Any) -> float:
+    """A float from config.json; transformers 5 writes infinities as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, dict) else value)

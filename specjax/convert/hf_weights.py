@@ -1,7 +1,10 @@
-"""Hugging Face safetensors <-> specjax parameters for Llama-family decoders.
+"""Hugging Face safetensors <-> specjax parameters: Llama-family decoders, Mamba2ForCausalLM and
+BambaForCausalLM.
 
-Each parameter leaf is described once (`_LAYER_LEAVES`, `_GLOBAL_LEAVES`): the HF tensors it is
-made of, how to build it from them, and the exact inverse. Both directions are reshapes,
+Each parameter leaf is described once per layer kind (`_ATTENTION_LEAVES`, `_MAMBA2_LEAVES`, the
+shared `_MLP_LEAVES`, `_GLOBAL_LEAVES`): the HF tensors it is made of (named through an
+architecture's `_Layout`), how to build it from them, and the exact inverse. Each kind's layers
+form their own stack, filled from the HF layers of that kind in order. Both directions are reshapes,
 transposes and concatenations, so a round trip is bit-identical.
 
 Import streams: every stacked leaf is allocated once in its final dtype and filled one HF tensor
@@ -25,6 +28,7 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.convert.hf_config import ConversionError
 from specjax.model import Params, init_params
+from specjax.nn.layer_kinds import LAYER_KINDS
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
@@ -74,10 +78,57 @@ def _same(cfg: ModelConfig, w: np.ndarray) -> np.ndarray:
     return w
 
 
-_ATTN = "model.layers.{i}.self_attn."
-_LAYER_LEAVES = (
-    _Leaf(("attn_norm", "scale"), ("model.layers.{i}.input_layernorm.weight",), _same,
-          lambda w, cfg: (w,)),
+def _conv_from_hf(cfg: ModelConfig, w: np.ndarray) -> np.ndarray:
+    """Conv1d's depthwise weight [C, 1, K] -> [K, C]."""
+    return np.ascontiguousarray(w[:, 0].T)
+
+
+def _same_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
+    return (w,)
+
+
+def _transpose_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
+    return (np.ascontiguousarray(w.T),)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where one architecture keeps its tensors; leaves name them as `{field}rest`, and `{i}`
+    in a field is the layer index."""
+
+    embed: str
+    final_norm: str
+    layer: str       # one decoder layer's prefix
+    mixer_norm: str  # the norm before a Mamba-2 mixer
+    mixer: str
+    mlp_norm: str
+    mlp: str
+
+
+_LAYOUTS = {
+    "llama": _Layout(embed="model.embed_tokens.weight", final_norm="model.norm.weight",
+                     layer="model.layers.{i}.", mixer_norm="", mixer="",
+                     mlp_norm="post_attention_layernorm.", mlp="mlp."),
+    "BambaForCausalLM": _Layout(embed="model.embed_tokens.weight",
+                                final_norm="model.final_layernorm.weight",
+                                layer="model.layers.{i}.", mixer_norm="input_layernorm.",
+                                mixer="mamba.", mlp_norm="pre_ff_layernorm.",
+                                mlp="feed_forward."),
+    "Mamba2ForCausalLM": _Layout(embed="backbone.embeddings.weight",
+                                 final_norm="backbone.norm_f.weight", layer="backbone.layers.{i}.",
+                                 mixer_norm="norm.", mixer="mixer.", mlp_norm="", mlp=""),
+}
+
+_ATTN = "{layer}self_attn."
+_MLP_LEAVES = (
+    _Leaf(("mlp_norm", "scale"), ("{layer}{mlp_norm}weight",), _same, _same_to_hf),
+    _Leaf(("mlp", "gate_up"), ("{layer}{mlp}gate_proj.weight", "{layer}{mlp}up_proj.weight"),
+          lambda cfg, gate, up: np.stack([gate.T, up.T], axis=1),
+          lambda w, cfg: (np.ascontiguousarray(w[:, 0].T), np.ascontiguousarray(w[:, 1].T))),
+    _Leaf(("mlp", "down"), ("{layer}{mlp}down_proj.weight",), _transpose, _transpose_to_hf),
+)
+_ATTENTION_LEAVES = (
+    _Leaf(("attn_norm", "scale"), ("{layer}input_layernorm.weight",), _same, _same_to_hf),
     _Leaf(("attn", "qkv"), tuple(_ATTN + p + "_proj.weight" for p in "qkv"), _qkv_from_hf,
           _qkv_to_hf),
     _Leaf(("attn", "qkv_bias"), tuple(_ATTN + p + "_proj.bias" for p in "qkv"), _bias_from_hf,
@@ -86,25 +137,50 @@ _LAYER_LEAVES = (
           lambda cfg, o: np.ascontiguousarray(o.T).reshape(
               cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model),
           lambda w, cfg: (np.ascontiguousarray(w.reshape(-1, cfg.d_model).T),)),
-    _Leaf(("mlp_norm", "scale"), ("model.layers.{i}.post_attention_layernorm.weight",), _same,
-          lambda w, cfg: (w,)),
-    _Leaf(("mlp", "gate_up"), ("model.layers.{i}.mlp.gate_proj.weight",
-                               "model.layers.{i}.mlp.up_proj.weight"),
-          lambda cfg, gate, up: np.stack([gate.T, up.T], axis=1),
-          lambda w, cfg: (np.ascontiguousarray(w[:, 0].T), np.ascontiguousarray(w[:, 1].T))),
-    _Leaf(("mlp", "down"), ("model.layers.{i}.mlp.down_proj.weight",), _transpose,
-          lambda w, cfg: (np.ascontiguousarray(w.T),)),
+)
+_MIXER = "{layer}{mixer}"
+_MAMBA2_LEAVES = (
+    _Leaf(("norm", "scale"), ("{layer}{mixer_norm}weight",), _same, _same_to_hf),
+    _Leaf(("mixer", "in_proj"), (_MIXER + "in_proj.weight",), _transpose, _transpose_to_hf),
+    _Leaf(("mixer", "conv"), (_MIXER + "conv1d.weight",), _conv_from_hf,
+          lambda w, cfg: (np.ascontiguousarray(w.T[:, None]),)),
+    *(_Leaf(("mixer", name), (_MIXER + hf_name,), _same, _same_to_hf)
+      for name, hf_name in (("conv_bias", "conv1d.bias"), ("dt_bias", "dt_bias"),
+                            ("A_log", "A_log"), ("D", "D"), ("norm", "norm.weight"))),
+    _Leaf(("mixer", "out_proj"), (_MIXER + "out_proj.weight",), _transpose, _transpose_to_hf),
 )
 _GLOBAL_LEAVES = (
-    _Leaf(("embed",), ("model.embed_tokens.weight",), _same, lambda w, cfg: (w,)),
-    _Leaf(("final_norm", "scale"), ("model.norm.weight",), _same, lambda w, cfg: (w,)),
+    _Leaf(("embed",), ("{embed}",), _same, _same_to_hf),
+    _Leaf(("final_norm", "scale"), ("{final_norm}",), _same, _same_to_hf),
 )
-_UNEMBED = _Leaf(("unembed",), ("lm_head.weight",), _transpose,
-                 lambda w, cfg: (np.ascontiguousarray(w.T),))
+_UNEMBED = _Leaf(("unembed",), ("lm_head.weight",), _transpose, _transpose_to_hf)
 
 
-def _layer_leaves(cfg: ModelConfig) -> tuple[_Leaf, ...]:
-    return tuple(leaf for leaf in _LAYER_LEAVES if cfg.attention_bias or not leaf.needs_bias)
+def _layout(arch: str) -> _Layout:
+    return _LAYOUTS.get(arch, _LAYOUTS["llama"])
+
+
+def _names(leaf: _Leaf, arch: str) -> tuple[str, ...]:
+    """The leaf's HF tensor names in `arch`, with `{i}` left for the layer index."""
+    return tuple(n.format(**dataclasses.asdict(_layout(arch))) for n in leaf.names)
+
+
+def _kind_leaves(cfg: ModelConfig, kind: str) -> tuple[_Leaf, ...]:
+    """The leaves of one layer of `kind` (its MLP's included)."""
+    if kind == "attention":
+        return tuple(leaf for leaf in _ATTENTION_LEAVES + _MLP_LEAVES
+                     if cfg.attention_bias or not leaf.needs_bias)
+    if kind == "mamba2":
+        return _MAMBA2_LEAVES + (_MLP_LEAVES if cfg.ssm.mlp else ())
+    raise ConversionError(f"layers of kind {kind!r} have no Hugging Face layout")
+
+
+def _stacks(cfg: ModelConfig) -> Iterator[tuple[str, list[int], tuple[_Leaf, ...]]]:
+    """Per layer kind: its parameter stack's key, its layers' indices in the model, its leaves."""
+    kinds = cfg.layer_kinds
+    for kind in dict.fromkeys(kinds):
+        yield (LAYER_KINDS[kind].params_key, [i for i, k in enumerate(kinds) if k == kind],
+               _kind_leaves(cfg, kind))
 
 
 def _global_leaves(cfg: ModelConfig) -> tuple[_Leaf, ...]:
@@ -135,52 +211,54 @@ class SafetensorsReader:
             return np.asarray(f.get_tensor(name))
 
 
-def load_hf_params(hf_dir: str, cfg: ModelConfig) -> Params:
-    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory."""
+def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
+    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`."""
     reader = SafetensorsReader(hf_dir)
     dtype = jnp.dtype(cfg.weight_dtype)
     params: dict = {}
 
     def build(leaf: _Leaf, layer: int | None) -> np.ndarray:
-        tensors = [reader.get(n.format(i=layer)) for n in leaf.names]
+        tensors = [reader.get(n.format(i=layer)) for n in _names(leaf, arch)]
         return leaf.from_hf(cfg, *tensors).astype(dtype, copy=False)
 
     for leaf in _global_leaves(cfg):
         _set(params, leaf.path, jnp.asarray(build(leaf, None)))
-    for leaf in _layer_leaves(cfg):
-        first = build(leaf, 0)
-        stacked = np.empty((cfg.num_layers, *first.shape), dtype)
-        stacked[0] = first
-        for layer in range(1, cfg.num_layers):
-            stacked[layer] = build(leaf, layer)
-        _set(params, ("layers", *leaf.path), jnp.asarray(stacked))
-        del stacked
+    for key, layers, leaves in _stacks(cfg):
+        for leaf in leaves:
+            first = build(leaf, layers[0])
+            stacked = np.empty((len(layers), *first.shape), dtype)
+            stacked[0] = first
+            for row, layer in enumerate(layers[1:], start=1):
+                stacked[row] = build(leaf, layer)
+            _set(params, (key, *leaf.path), jnp.asarray(stacked))
+            del stacked
     _check_shapes(params, cfg)
     return params
 
 
-def hf_tensors(params: Params, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, tensor) pairs of a specjax model, one tensor at a time."""
+def hf_tensors(params: Params, cfg: ModelConfig, arch: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, tensor) pairs of a specjax model in `arch`'s layout, one tensor at a time."""
     for leaf in _global_leaves(cfg):
-        for name, tensor in zip(leaf.names, leaf.to_hf(_host(params, leaf.path), cfg),
+        for name, tensor in zip(_names(leaf, arch), leaf.to_hf(_host(params, leaf.path), cfg),
                                 strict=True):
             yield name, tensor
-    for leaf in _layer_leaves(cfg):
-        stacked = _get(params, ("layers", *leaf.path))
-        for layer in range(cfg.num_layers):
-            pieces = leaf.to_hf(np.asarray(stacked[layer]), cfg)
-            for name, tensor in zip(leaf.names, pieces, strict=True):
-                yield name.format(i=layer), tensor
+    for key, layers, leaves in _stacks(cfg):
+        for leaf in leaves:
+            stacked = _get(params, (key, *leaf.path))
+            for row, layer in enumerate(layers):
+                pieces = leaf.to_hf(np.asarray(stacked[row]), cfg)
+                for name, tensor in zip(_names(leaf, arch), pieces, strict=True):
+                    yield name.format(i=layer), tensor
 
 
-def save_hf_params(params: Params, cfg: ModelConfig, out_dir: str,
+def save_hf_params(params: Params, cfg: ModelConfig, out_dir: str, arch: str,
                    max_shard_bytes: int = 4 * 2**30) -> list[str]:
-    """Writes safetensors shards (one file if it fits, else shards plus an index); returns the
-    file names."""
+    """Writes safetensors shards in `arch`'s layout (one file if it fits, else shards plus an
+    index); returns the file names."""
     os.makedirs(out_dir, exist_ok=True)
     shards: list[dict[str, np.ndarray]] = [{}]
     sizes = [0]
-    for name, tensor in hf_tensors(params, cfg):
+    for name, tensor in hf_tensors(params, cfg, arch):
         if sizes[-1] and sizes[-1] + tensor.nbytes > max_shard_bytes:
             shards.append({})
             sizes.append(0)

@@ -108,6 +108,10 @@ class AcceptanceProbe:
         if cfg.num_layers < 2:
             raise ValueError("a skip draft needs a model of at least 2 layers (it keeps layer 0 "
                              "and skips some of the others)")
+        if cfg.layer_pattern is not None:
+            raise ValueError("the skip-set search drafts every position at once against the "
+                             "full model's K/V, which state-space layers do not have: give "
+                             "--skip_layers to decode with a set on this model")
         out = generator.generate(prompts, max_new_tokens=new_tokens, sampling=sampling,
                                  seed=seed)
         padded, lengths = generator.pad([list(p) + t for p, t in

@@ -32,7 +32,7 @@ from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.timing import timed
 from specjax.decoding.tree import chain_layout
-from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
+from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
 
 MAX_CHILDREN = 8
 
@@ -229,11 +229,10 @@ def _teacher_forced(generator: Generator, exit_layer: int, texts: list[list[int]
     padded, lengths = generator.pad(texts)
     batch, width = padded.shape
     cache = allocate_cache(cfg, batch, width)
-    zeros = jnp.zeros((batch,), jnp.int32)
-    run = jax.jit(run_layers_cached, static_argnames=("cfg", "layers"))
+    run = jax.jit(prefill_cached, static_argnames=("cfg", "layers"))
     shallow, cache = run(generator.params, cfg, embed(generator.params, cfg, padded), cache,
-                         zeros, layers=(0, exit_layer))
-    final, _ = run(generator.params, cfg, shallow, cache, zeros,
+                         lengths, layers=(0, exit_layer))
+    final, _ = run(generator.params, cfg, shallow, cache, lengths,
                    layers=(exit_layer, cfg.num_layers))
     rows = [(b, t) for b in range(batch) for t in range(starts[b] - 1, int(lengths[b]) - 1)]
     index_b, index_t = (jnp.asarray(i) for i in zip(*rows, strict=True))
@@ -273,7 +272,8 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
     cached ones, for each n in `sizes` (warm: compile time excluded). The cache is donated and
     written in place, as in the decode loop (a cache that is not would be copied per layer)."""
     cfg, params = generator.cfg, generator.params
-    cache = allocate_cache(cfg, 1, context + max(sizes)).commit(jnp.asarray([context]))
+    cache = allocate_cache(cfg, 1, context + max(sizes), window=max(sizes)).prefilled(
+        jnp.asarray([context]))
 
     @functools.partial(jax.jit, donate_argnums=1)
     def segment(hidden, cache):

@@ -1,4 +1,5 @@
-"""Rotary position embeddings (rotate-half convention of HF Llama), with Llama-3 scaling."""
+"""Rotary position embeddings (rotate-half convention of HF Llama), with Llama-3 scaling, on all
+of each head's channels or the first `ModelConfig.rotary_dim` (partial rotation, as in Bamba)."""
 
 from typing import NamedTuple
 
@@ -10,7 +11,7 @@ from specjax.config import ModelConfig, RopeScaling
 
 
 class Rope(NamedTuple):
-    """cos and sin tables for one call, [B, T, head_dim // 2], float32."""
+    """cos and sin tables for one call, [B, T, rotary_dim // 2], float32."""
 
     cos: jax.Array
     sin: jax.Array
@@ -18,7 +19,7 @@ class Rope(NamedTuple):
 
 def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
     """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured."""
-    dim = cfg.head_dim
+    dim = cfg.rotary_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     inv_freq = inv_freq.astype(np.float32)
     if cfg.rope_scaling is not None:
@@ -46,10 +47,11 @@ def rope_tables(cfg: ModelConfig, positions: jax.Array) -> Rope:
 
 
 def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
-    """Rotates x [B, T, *heads, head_dim] by the tables of `rope`."""
+    """Rotates the first 2 * (the tables' width) channels of x [B, T, *heads, head_dim] by the
+    tables of `rope`; the other channels pass unchanged."""
     extra = (1,) * (x.ndim - 3)
     cos = rope.cos.reshape(rope.cos.shape[:2] + extra + rope.cos.shape[2:]).astype(x.dtype)
     sin = rope.sin.reshape(rope.sin.shape[:2] + extra + rope.sin.shape[2:]).astype(x.dtype)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)

@@ -44,6 +44,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict(dict(
         source="stdlib", files="", hub_name="", hub_config="", hub_split="train",
         text_field="text", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
+    # Device mesh (data, fsdp, tensor); -1 = the devices the others leave. One device: (1, 1, 1).
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     config.train = ml_collections.ConfigDict(dict(
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=40, min_lr_ratio=0.1,
         weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,

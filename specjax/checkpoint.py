@@ -155,5 +155,7 @@ def _load_step(checkpoints: Checkpointer, step: int,
     cfg = ModelConfig.from_dict(meta["model"])
     shapes = (abstract(cfg) if abstract is not None else
               jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))
-    params, _, meta = checkpoints.restore(abstract_tree(shapes), step=step)
+    one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # whatever saved it
+    params, _, meta = checkpoints.restore(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), shapes), step=step)
     return params, cfg, meta

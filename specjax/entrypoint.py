@@ -48,8 +48,19 @@ def parse_flags(argv: list[str]) -> list[str]:
                 flag.value.keys()  # config_flags defers a file's load error to first use
         return args
     except Exception as error:  # config_flags raises whatever loading the file raised
-        print(f"error: {_one_line(error)}", file=sys.stderr)
+        print(f"error: {_unknown_field(error) or _one_line(error)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _unknown_field(error: Exception) -> str | None:
+    """config_flags reports an override of a field the file lacks as a KeyError (of a missing
+    section) or an AttributeError wrapping one (of a missing field)."""
+    cause = error.args[0] if error.args and isinstance(error, AttributeError) else error
+    name = str(cause.args[0]).strip("'") if isinstance(cause, KeyError) and cause.args else ""
+    if name.isidentifier():  # a bare name; config_flags' own "Did you mean" message is kept
+        return (f"the config file has no field or section {name!r} to override (--help lists "
+                "the fields; a section the file lacks must be added to it first)")
+    return None
 
 
 def _one_line(error: Exception) -> str:

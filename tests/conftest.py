@@ -34,7 +34,7 @@ def tiny_run(**sections) -> dict:
     """A copy of TINY_RUN with the given sections' fields overridden."""
     run = copy.deepcopy(TINY_RUN)
     for section, values in sections.items():
-        run[section].update(values)
+        run.setdefault(section, {}).update(values)
     return run
 
 

@@ -12,7 +12,6 @@ from specjax.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.entrypoint import SpecjaxError
 from specjax.training import objective as objective_module
 from specjax.training.config import parse_run_config
-from specjax.training.evaluate import evaluate
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
@@ -34,8 +33,7 @@ def _final_params(workdir, trainer):
 def test_loss_decreases_on_the_embedded_corpus(tmp_path):
     trainer = Trainer(tiny_run(train=dict(total_steps=40, eval_every=40, save_every=40)),
                       str(tmp_path))
-    before = evaluate(trainer.objective.eval_step, trainer.fresh_state().params,
-                      trainer.eval_batches)
+    before = trainer.objective.evaluate(trainer.fresh_state(), trainer.eval_batches)
     result = trainer.fit()
     after = result.report
     assert before.final_loss > 5.0  # ~ln(259) at initialisation

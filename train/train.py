@@ -1,7 +1,11 @@
 """Trains (or resumes) a specjax model.
 
     python train/train.py --config configs/tiny_code.py --workdir runs/tiny \\
-        [--config.train.total_steps=200 ...]
+        [--config.train.total_steps=200 ...] [--config.mesh.fsdp=4 --config.mesh.tensor=2]
+
+Several processes (a TPU pod slice, several GPU hosts, or local CPU processes) run the same
+command with --distributed; on a TPU pod or under SLURM the processes find each other from the
+environment, elsewhere give --coordinator_address, --num_processes and --process_id.
 
 Exit status: 0 when the run reached train.total_steps (or had already), 1 for a user error
 (one line on stderr), 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM) when a signal
@@ -14,6 +18,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax import processes
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.training.config import config_reference
 from specjax.training.trainer import train_and_evaluate
@@ -22,11 +27,21 @@ __doc__ += "\n" + config_reference()  # `--help` prints the module docstring
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join the other processes of a "
+                                  "multi-process run (jax.distributed) before training.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 "
+                                   "(default: from the TPU / SLURM environment).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run (default: "
+                                      "from the environment).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (default: from "
+                                   "the environment).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
+    if _DISTRIBUTED.value:
+        processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
     if result.interrupted:
         print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "

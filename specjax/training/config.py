@@ -9,6 +9,7 @@ from typing import Any
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
+from specjax.sharding import MeshConfig
 from specjax.tokenizer import get_tokenizer
 
 DROPOUT_SCHEDULES = ("constant", "exp")
@@ -180,11 +181,12 @@ class RunConfig:
     specdec: SpecDecConfig
     calm: CalmConfig
     distill: DistillConfig
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     base_workdir: str = ""
 
 
 SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
-            "distill")
+            "distill", "mesh")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -231,6 +233,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         specdec=dataclass_from_mapping(SpecDecConfig, values.get("specdec", {}), "specdec"),
         calm=dataclass_from_mapping(CalmConfig, values.get("calm") or {}, "calm"),
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
+        mesh=dataclass_from_mapping(MeshConfig, values.get("mesh") or {}, "mesh"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
     vocab = get_tokenizer(run.data.tokenizer).vocab_size

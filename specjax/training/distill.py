@@ -81,6 +81,7 @@ class Distill:
     """The run's model, trained to the frozen `teacher`'s distribution."""
 
     name: ClassVar[str] = "distill"
+    state_shardings: ClassVar[None] = None  # one device
 
     def __init__(self, run: RunConfig, config: dict[str, Any], teacher: FrozenBase):
         self.run, self.config, self.teacher = run, config, teacher

@@ -112,6 +112,7 @@ class HeadOnBase:
     name: ClassVar[str]
     config_class: ClassVar[type]
     record_key: ClassVar[str]
+    state_shardings: ClassVar[None] = None  # one device
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base

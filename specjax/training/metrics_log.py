@@ -6,8 +6,11 @@ from typing import Any
 
 
 class MetricsLog:
-    def __init__(self, workdir: str):
+    """`writable=False` (every process of a multi-process run but the first): reads only."""
+
+    def __init__(self, workdir: str, writable: bool = True):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.writable = writable
 
     def drop_after(self, step: int) -> int:
         """Removes records of steps after `step` (a run interrupted after its last checkpoint
@@ -15,7 +18,7 @@ class MetricsLog:
         replaced atomically."""
         records = self.read()
         kept = [r for r in records if r.get("step", 0) <= step]
-        if len(kept) < len(records):
+        if len(kept) < len(records) and self.writable:
             partial = self.path + ".tmp"
             with open(partial, "w", encoding="utf-8") as f:
                 f.writelines(map(_line, kept))
@@ -23,6 +26,8 @@ class MetricsLog:
         return len(records) - len(kept)
 
     def write(self, record: dict[str, Any]) -> None:
+        if not self.writable:
+            return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(_line(record))
 

@@ -16,6 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.sharding import (
+    batch_sharding,
+    check_batch,
+    make_mesh,
+    place_batch,
+    tree_shardings,
+)
 from specjax.training.config import RunConfig
 from specjax.training.curriculum import exit_schedule
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
@@ -36,6 +43,7 @@ class Objective(Protocol):
     name: ClassVar[str]
     run: RunConfig
     config: dict[str, Any]  # the config as run (a base fills in the model, data, decoding)
+    state_shardings: Any  # the state's layout on the run's mesh; None: one device
 
     def init_state(self) -> TrainState:
         """The state before step 0 (from the run's seed, or from the base a head starts as)."""
@@ -72,22 +80,37 @@ class LayerSkip:
     def __init__(self, run: RunConfig, config: dict[str, Any]):
         self.run, self.config = run, config
         self.optimizer = make_optimizer(run.train)
-        self._train_step = jax.jit(make_train_step(run.model, self.optimizer,
-                                                   remat=run.train.remat), donate_argnums=0)
-        self.eval_step = jax.jit(make_eval_step(run.model))
+        self.mesh = make_mesh(run.mesh)
+        check_batch(self.mesh, run.train.batch_size)
+
+        def init(key: jax.Array) -> TrainState:
+            return init_train_state(run.model, self.optimizer, key)
+
+        # Initialised already laid out on the mesh: no device ever holds the whole state.
+        shardings = tree_shardings(self.mesh, jax.eval_shape(init, jax.random.PRNGKey(0)))
+        self.state_shardings = shardings
+        self._init = jax.jit(init, out_shardings=shardings)
+        self.jitted_step = jax.jit(  # public for export
+            make_train_step(run.model, self.optimizer, remat=run.train.remat),
+            in_shardings=(shardings, batch_sharding(self.mesh), None, None),
+            out_shardings=(shardings, None), donate_argnums=0)
+        self._eval_step = jax.jit(make_eval_step(run.model))
         self._key = jax.random.PRNGKey(run.train.seed + 1)
 
     def init_state(self) -> TrainState:
-        return init_train_state(self.run.model, self.optimizer,
-                                jax.random.PRNGKey(self.run.train.seed))
+        return self._init(jax.random.PRNGKey(self.run.train.seed))
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._train_step(state, batch, jax.random.fold_in(self._key, step),
+        return self.jitted_step(state, place_batch(batch, self.mesh),
+                                jax.random.fold_in(self._key, step),
                                 step_schedule(self.run, step))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ExitReport:
-        return evaluate(self.eval_step, state.params, batches)
+        return evaluate(self._eval_on_mesh, state.params, batches)
+
+    def _eval_on_mesh(self, params: Any, batch: np.ndarray) -> dict[str, jax.Array]:
+        return self._eval_step(params, place_batch(batch, self.mesh))
 
     def meta(self) -> dict[str, Any]:
         return {}

@@ -9,6 +9,7 @@ reproduces an uninterrupted one step for step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -24,6 +25,8 @@ from tqdm import tqdm
 from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
 from specjax.data import BatchSampler, Corpus
 from specjax.entrypoint import SpecjaxError
+from specjax.processes import any_process, is_leader
+from specjax.sharding import with_shardings
 from specjax.training.interrupt import catch_interrupts
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.objective import Report
@@ -65,7 +68,7 @@ class Trainer:
         self.eval_batches = self.corpus.validation_batches(train.batch_size, train.eval_batches)
         self.learning_rate = learning_rate_schedule(train)
         self.checkpoints = Checkpointer(workdir, keep=train.keep_checkpoints)
-        self.log = MetricsLog(workdir)
+        self.log = MetricsLog(workdir, writable=is_leader())
 
     def fresh_state(self) -> TrainState:
         """A new initialisation (the objective's `init_state`)."""
@@ -80,7 +83,8 @@ class Trainer:
         check_model_config(meta, self.run.model, self.workdir)
         self.objective.check_resume(meta)
         self._check_resume(meta)
-        abstract = jax.eval_shape(self.fresh_state)
+        abstract = with_shardings(jax.eval_shape(self.fresh_state),
+                                  self.objective.state_shardings)
         params, opt_state, meta = self.checkpoints.restore(
             abstract_tree(abstract.params), abstract_tree(abstract.opt_state))
         tqdm.write(f"resuming {self.workdir} from step {meta['step']}")
@@ -128,7 +132,7 @@ class Trainer:
 
         `stop_requested(step)` is checked after each step (step = steps completed).
         """
-        with exclusive_workdir(self.workdir):
+        with exclusive_workdir(self.workdir) if is_leader() else contextlib.nullcontext():
             return self._fit(stop_requested)
 
     def _fit(self, stop_requested: Callable[[int], bool] | None) -> TrainResult:
@@ -146,7 +150,7 @@ class Trainer:
         tokens_per_step = train.batch_size * self.run.data.seq_len
         report, interrupted = None, False
         bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=not is_leader())
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()
@@ -173,7 +177,8 @@ class Trainer:
                                     "tokens_per_s": tokens_per_s})
                 if step % train.eval_every == 0 or step == train.total_steps:
                     report = self.evaluate(state)
-                interrupted = interrupt.requested or bool(stop_requested and stop_requested(step))
+                interrupted = any_process(interrupt.requested
+                                          or bool(stop_requested and stop_requested(step)))
                 if step % train.save_every == 0 or step == train.total_steps or interrupted:
                     self.save(state, position)
                     last_saved = step

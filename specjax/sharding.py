@@ -1,0 +1,155 @@
+"""Device meshes and the one table that says how every array is laid out on them.
+
+A mesh has three axes: `data` (rows of the batch), `fsdp` (rows of the batch, and parameters and
+optimizer state split along their model width, gathered per layer as they are used) and `tensor`
+(heads, MLP and vocabulary columns split, activations reduced across it). An array's layout is
+named logically, per dimension (`PARAM_AXES`: "embed", "mlp", "heads", ...), and `RULES` maps
+each logical name to mesh axes. Optimizer states mirror the parameters (optax keeps them under
+the same keys), so they are laid out by the same lookup. A dimension the mesh axes do not divide
+is replicated instead.
+
+The mesh's axes are `Auto`: jit's sharding propagation places the intermediate values, so the
+model code stays free of sharding annotations, on jax 0.10 and 0.11 alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes (in order); a name not listed is replicated.
+RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "embed": ("fsdp",),
+    "vocab": ("tensor",),
+    "mlp": ("tensor",),
+    "heads": ("tensor",),
+    "ssm_heads": ("tensor",),
+}
+
+# A parameter's logical axes by its innermost keys; a layer stack adds a leading "layers" axis.
+PARAM_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
+    ("embed",): ("vocab", "embed"),
+    ("unembed",): ("embed", "vocab"),
+    ("scale",): ("embed",),                               # RMSNorm scales
+    ("attn", "qkv"): ("embed", "heads", None, None),      # [D, K, G+2, Dh]
+    ("attn", "qkv_bias"): ("heads", None, None),
+    ("attn", "out"): ("heads", None, None, "embed"),      # [K, G, Dh, D]
+    ("mlp", "gate_up"): ("embed", None, "mlp"),           # [D, 2, F]
+    ("mlp", "down"): ("mlp", "embed"),
+    ("mixer", "in_proj"): ("embed", None),                # z, xBC, dt side by side: kept whole
+    ("mixer", "out_proj"): (None, "embed"),
+    ("mixer", "dt_bias"): ("ssm_heads",),
+    ("mixer", "A_log"): ("ssm_heads",),
+    ("mixer", "D"): ("ssm_heads",),
+}
+STACKS = ("layers", "mamba2_layers")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axis sizes; one of them may be -1: all the devices the others leave."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = [getattr(self, name) for name in MESH_AXES]
+        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise ValueError(f"mesh={dataclasses.asdict(self)}: sizes must be positive, with at "
+                             "most one -1 (the devices the others leave)")
+
+    def shape(self, devices: int) -> tuple[int, ...]:
+        sizes = [getattr(self, name) for name in MESH_AXES]
+        known = math.prod(s for s in sizes if s != -1)
+        if devices % known or (-1 not in sizes and known != devices):
+            raise ValueError(f"mesh={dataclasses.asdict(self)} does not fit {devices} devices: "
+                             "the sizes must multiply to the device count (or use -1 once)")
+        return tuple(devices // known if s == -1 else s for s in sizes)
+
+
+def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The (data, fsdp, tensor) mesh over `devices` (default: every device of every process)."""
+    devices = list(devices if devices is not None else jax.devices())
+    return jax.make_mesh(config.shape(len(devices)), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def logical_to_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]
+                    ) -> PartitionSpec:
+    """The PartitionSpec of an array with these logical axes under RULES; a dimension the mesh
+    axes do not divide, or whose mesh axes an earlier dimension took, is replicated."""
+    used: set[str] = set()
+    spec = []
+    for name, size in zip(axes, shape, strict=True):
+        mesh_axes = tuple(a for a in RULES.get(name, ()) if a not in used and mesh.shape[a] > 1)
+        if mesh_axes and size % math.prod(mesh.shape[a] for a in mesh_axes) == 0:
+            used.update(mesh_axes)
+            spec.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
+
+
+def param_axes(keys: Sequence[str], ndim: int) -> tuple[str | None, ...]:
+    """A parameter's (or its optimizer state's) logical axes from its dict keys; unknown leaves
+    and scalars are replicated."""
+    stacked = bool(keys) and keys[0] in STACKS
+    for length in (2, 1):
+        axes = PARAM_AXES.get(tuple(keys[-length:]))
+        if axes is not None and len(axes) + stacked == ndim:
+            return (("layers",) if stacked else ()) + axes
+    return (None,) * ndim
+
+
+def tree_shardings(mesh: Mesh, tree: Any) -> Any:
+    """NamedShardings for a tree of arrays or shape structs: parameters, optimizer states or a
+    whole train state (each leaf looked up by the dict keys on its path)."""
+    def sharding(path, leaf):
+        keys = [str(entry.key) for entry in path if isinstance(entry, jax.tree_util.DictKey)]
+        shape = np.shape(leaf)
+        return NamedSharding(mesh, logical_to_spec(mesh, param_axes(keys, len(shape)), shape))
+    return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def with_shardings(abstract: Any, shardings: Any | None) -> Any:
+    """Shape structs carrying `shardings` (restore targets land on the mesh); unchanged if
+    None. `jax.eval_shape` drops the shardings a jitted init lays its outputs out with."""
+    if shardings is None:
+        return abstract
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        abstract, shardings)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Rows over `data` and `fsdp`, the rest of each row on one device."""
+    rows = tuple(a for a in RULES["batch"] if mesh.shape[a] > 1)
+    return NamedSharding(mesh, PartitionSpec(rows or None, *([None] * (ndim - 1))))
+
+
+def place_batch(batch: np.ndarray, mesh: Mesh) -> jax.Array:
+    """The global batch as one array on the mesh, rows split as `batch_sharding` says (whole on
+    every device if they do not divide evenly: a short last validation batch); each process
+    fills only its own devices' rows (every process derives the same batch from the data
+    position)."""
+    sharding = batch_sharding(mesh, batch.ndim)
+    if batch.shape[0] % math.prod(mesh.shape[a] for a in RULES["batch"]):
+        sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+
+
+def check_batch(mesh: Mesh, batch_size: int) -> None:
+    """A clear error when the batch's rows cannot be split evenly over the mesh."""
+    rows = math.prod(mesh.shape[a] for a in RULES["batch"])
+    if batch_size % rows:
+        raise ValueError(f"train.batch_size={batch_size} must be a multiple of the mesh's "
+                         f"data x fsdp = {rows} devices that split the rows")

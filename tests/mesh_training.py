@@ -1,0 +1,87 @@
+"""LayerSkip steps on a mesh, shared by tests/test_sharding.py and the 8-device subprocess it
+starts (`python -m tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
+
+import json
+import sys
+
+import jax
+import numpy as np
+import optax
+
+from specjax.checkpoint import Checkpointer, abstract_tree
+from specjax.sharding import batch_sharding, with_shardings
+from specjax.training.objective import LayerSkip, step_schedule
+from specjax.training.objectives import make_objective
+from tests.conftest import tiny_run
+
+MESHES = {"8,1,1": (8, 1, 1), "2,2,2": (2, 2, 2), "1,4,2": (1, 4, 2)}
+STEPS, MORE = 3, 2  # steps before the checkpoint, steps after restoring it
+BATCHES = np.random.default_rng(0).integers(0, 259, (STEPS + MORE, 8, 33))
+MODEL = dict(num_kv_heads=2, num_heads=4, d_model=32, mlp_dim=64, vocab_size=260)
+
+
+def objective(mesh: tuple[int, int, int]) -> LayerSkip:
+    return make_objective(tiny_run(model=MODEL, train=dict(batch_size=8, total_steps=10),
+                                   mesh=dict(zip(("data", "fsdp", "tensor"), mesh,
+                                                 strict=True))))
+
+
+def train(obj: LayerSkip, state, first: int, count: int):
+    """(state, losses) after `count` steps from step `first`."""
+    losses = []
+    for step in range(first, first + count):
+        state, metrics = obj.train_step(state, BATCHES[step], step)
+        losses.append(float(metrics["loss"]))
+    return state, losses
+
+
+def save(directory: str, state) -> None:
+    checkpoints = Checkpointer(directory)
+    checkpoints.save(STEPS, state.params, state.opt_state, {"step": STEPS})
+    checkpoints.close()
+
+
+def restore(obj: LayerSkip, directory: str):
+    """The checkpoint restored straight onto `obj`'s mesh."""
+    abstract = with_shardings(jax.eval_shape(obj.init_state), obj.state_shardings)
+    checkpoints = Checkpointer(directory, create=False)
+    params, opt_state, _ = checkpoints.restore(abstract_tree(abstract.params),
+                                               abstract_tree(abstract.opt_state))
+    checkpoints.close()
+    return abstract.replace(step=np.int32(STEPS), params=params, opt_state=opt_state)
+
+
+def export_step(obj: LayerSkip) -> list[str]:
+    """The sharded train step exported for TPU and GPU from its sharded shapes alone."""
+    state = with_shardings(jax.eval_shape(obj.init_state), obj.state_shardings)
+    batch = jax.ShapeDtypeStruct(BATCHES.shape[1:], np.int32, sharding=batch_sharding(obj.mesh))
+    exported = jax.export.export(obj.jitted_step, platforms=("tpu", "cuda"))(
+        state, batch, jax.random.PRNGKey(0), step_schedule(obj.run, 0))
+    return [*exported.platforms, f"{exported.nr_devices} devices"]
+
+
+def main(out_path: str, directory: str) -> None:
+    results = {"devices": jax.device_count(), "losses": {}, "specs": {}}
+    for name, mesh in MESHES.items():
+        obj = objective(mesh)
+        state, results["losses"][name] = train(obj, obj.init_state(), 0, STEPS)
+        if name == "2,2,2":
+            save(directory, state)
+            layers = state.params["layers"]
+            mu = optax.tree_utils.tree_get(state.opt_state, "mu")["layers"]
+            results["specs"] = {
+                "mlp.down": str(layers["mlp"]["down"].sharding.spec),
+                "attn.qkv": str(layers["attn"]["qkv"].sharding.spec),
+                "embed": str(state.params["embed"].sharding.spec),
+                "mu mlp.down": str(mu["mlp"]["down"].sharding.spec)}
+            results["exported for"] = export_step(obj)
+    obj = objective((1, 8, 1))
+    state = restore(obj, directory)
+    results["restored spec"] = str(state.params["layers"]["mlp"]["down"].sharding.spec)
+    _, results["continued"] = train(obj, state, STEPS, MORE)
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

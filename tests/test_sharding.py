@@ -1,0 +1,144 @@
+"""Sharded training: the same losses on one device and on (data, fsdp, tensor) meshes of 8
+simulated CPU devices, parameters and optimizer state laid out as the rules say, checkpoints
+that move between meshes and onto one device, the sharded step exported for TPU and GPU, and
+clear errors for meshes and batches that do not fit."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.checkpoint import load_params
+from specjax.sharding import MeshConfig, check_batch, logical_to_spec, make_mesh
+from specjax.training.metrics_log import MetricsLog
+from specjax.training.trainer import Trainer
+from tests import mesh_training as M
+from tests.conftest import tiny_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def on_eight_devices(tmp_path_factory):
+    """The worker's results from a subprocess with 8 CPU devices (XLA reads the device count
+    once, at start-up), and the directory of the checkpoint it saved on the (2, 2, 2) mesh."""
+    directory = tmp_path_factory.mktemp("mesh")
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+           + " --xla_force_host_platform_device_count=8"}
+    out = directory / "results.json"
+    result = subprocess.run([sys.executable, "-m", "tests.mesh_training", str(out),
+                             str(directory / "checkpoint")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), str(directory / "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    """Losses of every step on one device, the reference the meshes must reproduce."""
+    obj = M.objective((1, 1, 1))
+    return M.train(obj, obj.init_state(), 0, M.STEPS + M.MORE)[1]
+
+
+def test_every_mesh_trains_with_the_losses_of_one_device(on_eight_devices, one_device):
+    """Catches a layout that changes the math: a reduction over a sharded axis done per shard
+    (a gradient summed over half the batch rows, a norm over a quarter of the width), an
+    optimizer state laid out unlike its parameter, rows fed to the wrong devices."""
+    results, _ = on_eight_devices
+    assert results["devices"] == 8
+    for mesh, losses in results["losses"].items():
+        np.testing.assert_allclose(losses, one_device[:M.STEPS], rtol=2e-6, err_msg=mesh)
+
+
+def test_parameters_and_optimizer_state_are_laid_out_as_the_rules_say(on_eight_devices):
+    """On (data 2, fsdp 2, tensor 2): matrices split along the model width over fsdp and along
+    heads / MLP / vocabulary over tensor, the layer axis whole, Adam's moments like their
+    parameter. Catches a rule table that is not applied (everything replicated) or a state
+    whose moments are replicated while the parameters are not."""
+    specs = on_eight_devices[0]["specs"]
+    assert specs == {"mlp.down": "P(None, 'tensor', 'fsdp')",
+                     "attn.qkv": "P(None, 'fsdp', 'tensor', None, None)",
+                     "embed": "P('tensor', 'fsdp')",
+                     "mu mlp.down": "P(None, 'tensor', 'fsdp')"}
+
+
+def test_a_checkpoint_moves_to_another_mesh_and_to_one_device(on_eight_devices, one_device):
+    """Saved on (2, 2, 2), restored onto (1, 8, 1) with that mesh's layout and onto this
+    process's one device: both continue with the uninterrupted run's losses. Catches a restore
+    that keeps the saved layout (the jitted step refuses it), or reads shards into the wrong
+    places."""
+    results, directory = on_eight_devices
+    assert results["restored spec"] == "P(None, None, 'fsdp')"
+    np.testing.assert_allclose(results["continued"], one_device[M.STEPS:], rtol=2e-6)
+    obj = M.objective((1, 1, 1))
+    _, continued = M.train(obj, M.restore(obj, directory), M.STEPS, M.MORE)
+    np.testing.assert_allclose(continued, one_device[M.STEPS:], rtol=2e-6)
+
+
+def test_two_processes_of_train_py_match_one_process(tmp_path):
+    """`train/train.py --distributed` in two processes of 4 CPU devices each (jax.distributed,
+    gloo collectives), one (2, 2, 2) mesh over all 8: the logged train and eval losses and the
+    saved weights equal a one-device run of the same config. Catches a process that feeds rows
+    other than its devices' (each fills only its own shards), metrics written twice, a workdir
+    lock that refuses the second process, a checkpoint that cannot be read on one device."""
+    run = tiny_run(model=M.MODEL, train=dict(batch_size=8, total_steps=4, eval_every=2,
+                                             save_every=2, log_every=1),
+                   mesh=dict(data=-1, fsdp=1, tensor=1))  # one device unless overridden
+    config = tmp_path / "config.py"
+    config.write_text("import ml_collections\n\n\ndef get_config():\n    return "
+                      f"ml_collections.ConfigDict({run!r})\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
+           + " --xla_force_host_platform_device_count=4"}
+    workdir = str(tmp_path / "sharded")
+    workers = [subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train", "train.py"), f"--config={config}",
+         f"--workdir={workdir}", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+         "--config.mesh.tensor=2", "--distributed", f"--coordinator_address=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    try:
+        errors = [worker.communicate(timeout=300)[1] for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert [w.returncode for w in workers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    Trainer(run, str(tmp_path / "one")).fit()
+    sharded, one = MetricsLog(workdir).read(), MetricsLog(str(tmp_path / "one")).read()
+    assert [(r["split"], r["step"]) for r in sharded] == [(r["split"], r["step"]) for r in one]
+    for mine, theirs in zip(sharded, one, strict=True):  # train loss, eval loss at every exit
+        key = "loss" if mine["split"] == "train" else "exit_loss"
+        np.testing.assert_allclose(mine[key], theirs[key], rtol=2e-6)
+    restored, _, _ = load_params(workdir)
+    expected, _, _ = load_params(str(tmp_path / "one"))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 restored, expected)
+
+
+def test_the_sharded_train_step_exports_for_tpu_and_cuda(on_eight_devices):
+    assert on_eight_devices[0]["exported for"] == ["tpu", "cuda", "8 devices"]
+
+
+def test_meshes_and_batches_that_do_not_fit_are_clear_errors():
+    with pytest.raises(ValueError, match="at most one -1"):
+        MeshConfig(data=-1, fsdp=-1)
+    with pytest.raises(ValueError, match="does not fit 1 devices"):
+        make_mesh(MeshConfig(data=1, fsdp=2))
+    with pytest.raises(ValueError, match="batch_size=6 must be a multiple of"):
+        check_batch(jax.sharding.AbstractMesh((2, 4, 1), ("data", "fsdp", "tensor")), 6)
+
+
+def test_a_dimension_the_mesh_does_not_divide_is_replicated():
+    """Vocabulary 259 on tensor 2 stays whole (an uneven split is refused by jit); the other
+    dimension still splits. Catches a spec that only works for round sizes."""
+    mesh = jax.sharding.AbstractMesh((1, 2, 2), ("data", "fsdp", "tensor"))
+    assert logical_to_spec(mesh, ("vocab", "embed"), (259, 32)) == \
+        jax.sharding.PartitionSpec(None, "fsdp")

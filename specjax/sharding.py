@@ -103,11 +103,14 @@ def logical_to_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]
 def param_axes(keys: Sequence[str], ndim: int) -> tuple[str | None, ...]:
     """A parameter's (or its optimizer state's) logical axes from its dict keys; unknown leaves
     and scalars are replicated."""
-    stacked = bool(keys) and keys[0] in STACKS
     for length in (2, 1):
         axes = PARAM_AXES.get(tuple(keys[-length:]))
-        if axes is not None and len(axes) + stacked == ndim:
-            return (("layers",) if stacked else ()) + axes
+        if axes is None:
+            continue
+        if len(axes) == ndim:  # one layer's (decoding keeps a tuple of them) or a global leaf
+            return axes
+        if len(axes) + 1 == ndim and keys[0] in STACKS:
+            return ("layers", *axes)
     return (None,) * ndim
 
 

@@ -1,5 +1,5 @@
-"""LayerSkip steps on a mesh, shared by tests/test_sharding.py and the 8-device subprocess it
-starts (`python -m tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
+"""LayerSkip steps and greedy decoding on a mesh, shared by tests/test_sharding.py and the
+8-device subprocess it starts (`python -m tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
 
 import json
 import sys
@@ -8,8 +8,18 @@ import jax
 import numpy as np
 import optax
 
+from specjax.adapter import init_adapter
 from specjax.checkpoint import Checkpointer, abstract_tree
-from specjax.sharding import batch_sharding, with_shardings
+from specjax.config import ModelConfig, SsmConfig
+from specjax.decoding.autoregressive import Autoregressive
+from specjax.decoding.chain import Chain
+from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.kangaroo import Kangaroo
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.static_tree import StaticTree
+from specjax.model import init_params
+from specjax.sharding import MeshConfig, batch_sharding, make_mesh, with_shardings
 from specjax.training.objective import LayerSkip, step_schedule
 from specjax.training.objectives import make_objective
 from tests.conftest import tiny_run
@@ -24,6 +34,33 @@ def objective(mesh: tuple[int, int, int]) -> LayerSkip:
     return make_objective(tiny_run(model=MODEL, train=dict(batch_size=8, total_steps=10),
                                    mesh=dict(zip(("data", "fsdp", "tensor"), mesh,
                                                  strict=True))))
+
+
+DECODE_MESH = (4, 1, 2)  # 8 prompts' rows over data, heads / MLP / vocabulary over tensor
+PROMPTS = [[1, 5, 9, 3], [7], [4, 8, 15, 16, 23, 42], [3, 3]] * 2
+ATTENTION = ModelConfig(**MODEL, num_layers=4, init_std=0.3)
+HYBRID = ModelConfig(**MODEL, num_layers=4, init_std=0.3,
+                     layer_pattern=("mamba2", "attention", "mamba2", "attention"),
+                     ssm=SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8))
+DECODINGS = {  # name: (model, strategy)
+    "ar": (ATTENTION, Autoregressive()),
+    "selfspec chain": (ATTENTION, SelfSpeculative(1, Chain(3))),
+    "selfspec dynamic tree": (ATTENTION, SelfSpeculative(2, DynamicTree(6, 2, 3))),
+    "kangaroo tree": (ATTENTION, Kangaroo(1, StaticTree.from_branching((2, 1)))),
+    "hybrid static tree": (HYBRID, SelfSpeculative(1, StaticTree.from_branching((2, 2, 1)))),
+}
+
+
+def decode(mesh: tuple[int, int, int] | None) -> dict[str, list[list[int]]]:
+    """Greedy tokens of each decoding, on one device (None) or on a mesh of all devices."""
+    mesh = None if mesh is None else make_mesh(MeshConfig(*mesh))
+    tokens = {}
+    for name, (cfg, strategy) in DECODINGS.items():
+        params = init_params(cfg, jax.random.PRNGKey(0))
+        adapter = DraftWeights(init_adapter(params, cfg, 1), exit_layer=1)
+        generator = Generator(params, cfg, mesh=mesh, draft_weights={"kangaroo": adapter})
+        tokens[name] = generator.generate(PROMPTS, max_new_tokens=10, strategy=strategy).tokens
+    return tokens
 
 
 def train(obj: LayerSkip, state, first: int, count: int):
@@ -79,6 +116,7 @@ def main(out_path: str, directory: str) -> None:
     state = restore(obj, directory)
     results["restored spec"] = str(state.params["layers"]["mlp"]["down"].sharding.spec)
     _, results["continued"] = train(obj, state, STEPS, MORE)
+    results["decoded"] = decode(DECODE_MESH)
     with open(out_path, "w") as f:
         json.dump(results, f)
 

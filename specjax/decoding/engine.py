@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from specjax.config import ModelConfig
 from specjax.decoding.autoregressive import Autoregressive
@@ -16,6 +17,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.model import Params, unstack_layers
+from specjax.sharding import place_batch, tree_shardings
 
 PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
 AUTOREGRESSIVE = Autoregressive()
@@ -83,17 +85,26 @@ class Generator:
     Compiled programs are cached per (strategy, padded prompt length, max_new_tokens, batch
     size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile. A
     drafter with weights of its own (`needs_weights`) drafts with `draft_weights[name]`, or
-    with the `draft_params` of a call.
+    with the `draft_params` of a call. On a `mesh`, weights (the drafters' too) are laid out by
+    `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly; the
+    loop's jit places everything else (the cache follows its rows and heads).
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
-                 draft_weights: Mapping[str, DraftWeights] | None = None):
+                 draft_weights: Mapping[str, DraftWeights] | None = None,
+                 mesh: Mesh | None = None):
         self.cfg = cfg
         self.max_cache_len = max_cache_len
-        self.draft_weights = dict(draft_weights or {})
+        self.mesh = mesh
+        self.draft_weights = {name: dataclasses.replace(w, params=self._place(w.params))
+                              for name, w in (draft_weights or {}).items()}
         layers = params.get("layers")
-        self.params = (params if isinstance(layers, (tuple, list))
-                       else unstack_layers(params, cfg))
+        self.params = self._place(params if isinstance(layers, (tuple, list))
+                                  else unstack_layers(params, cfg))
+
+    def _place(self, tree: Any) -> Any:
+        return tree if self.mesh is None else jax.device_put(tree,
+                                                             tree_shardings(self.mesh, tree))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
@@ -174,7 +185,10 @@ class Generator:
         padded = np.zeros((len(rows), width), np.int32)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
-        return jnp.asarray(padded), jnp.asarray([len(r) for r in rows], jnp.int32)
+        lengths = np.asarray([len(r) for r in rows], np.int32)
+        if self.mesh is None:
+            return jnp.asarray(padded), jnp.asarray(lengths)
+        return place_batch(padded, self.mesh), place_batch(lengths, self.mesh)
 
     def cache_len(self, prompt_width: int, max_new_tokens: int, num_nodes: int) -> int:
         """Cache slots needed: the prompt, every new token and one round's drafted nodes."""

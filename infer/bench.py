@@ -26,6 +26,8 @@ from specjax.decoding.cli import (
     DECODING_FLAGS,
     decoding_defaults,
     define_decoding_flags,
+    define_mesh_flag,
+    mesh_from_flag,
     read_prompts_file,
     require_positive_flags,
     resolve_auto_tree,
@@ -49,6 +51,7 @@ flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out vali
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar is the "
                   f"baseline); available: {', '.join(sorted(STRATEGIES))}.")
 define_decoding_flags(sweep=True)
+define_mesh_flag()
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
 flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
@@ -76,6 +79,7 @@ def _progress(line: str) -> None:
 
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats")
+    mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
@@ -85,7 +89,7 @@ def benchmark() -> dict:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
-    generator = loaded.generator()
+    generator = loaded.generator(mesh=mesh)
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
@@ -141,6 +145,7 @@ def benchmark() -> dict:
         "ar_matvec_fraction": per_token * ar_rate / matvec if measured else None,
         "hf_peers": peers, "verify_seconds": verify_costs,
         "device": str(jax.devices()[0]), "cpu_count": os.cpu_count(),
+        "mesh": None if mesh is None else dict(mesh.shape),
         "jax": jax.__version__, "python": platform.python_version()}
 
 
@@ -187,7 +192,9 @@ def format_report(report: dict) -> str:
             f"sampled (temperature {report['temperature']}, top-p {report['top_p']})")
     lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch "
              f"{report['batch_size']}, {mode}, median of {report['repeats']} "
-             f"(step {report['step']} of {report['workdir']})",
+             f"(step {report['step']} of {report['workdir']}"
+             + (", mesh " + ",".join(f"{k}={v}" for k, v in report["mesh"].items())
+                if report.get("mesh") else "") + ")",
              f"{'strategy':<34}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'accept':>8}{'nodes':>7}"
              f"{'decode tok/s':>14}{'compile s':>11}{'distinct 4g':>13}  identical to ar"]
     for r in report["results"]:

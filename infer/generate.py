@@ -6,6 +6,7 @@
 """
 
 import json
+import sys
 
 from absl import app, flags
 
@@ -16,7 +17,9 @@ from specjax.decoding.cli import (
     decoding_defaults,
     decoding_options,
     define_decoding_flags,
+    define_mesh_flag,
     describe_plan,
+    mesh_from_flag,
     open_output,
     read_prompts_file,
     require_positive_flags,
@@ -35,6 +38,7 @@ flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this 
                           "specdec).")
 flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
 define_decoding_flags()
+define_mesh_flag()
 flags.DEFINE_string("prompt", None, "A single prompt.")
 flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
@@ -60,13 +64,17 @@ def run() -> None:
     require_positive_flags("batch_size")
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
+    mesh = mesh_from_flag()
     output = open_output(FLAGS.output)  # before any work: a bad path fails at once
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,
                                {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
-    generator = loaded.generator()
+    generator = loaded.generator(mesh=mesh)
+    if generator.mesh is not None:
+        print("decoding on a mesh of " + ", ".join(
+            f"{axis}={size}" for axis, size in generator.mesh.shape.items()), file=sys.stderr)
     encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
     spec = options.tree
     options, plan = resolve_auto_tree(

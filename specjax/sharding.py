@@ -68,6 +68,18 @@ class MeshConfig:
             raise ValueError(f"mesh={dataclasses.asdict(self)}: sizes must be positive, with at "
                              "most one -1 (the devices the others leave)")
 
+    @classmethod
+    def parse(cls, sizes: Sequence[str]) -> MeshConfig:
+        """From three sizes as a flag gives them ("1", "1", "-1")."""
+        try:
+            values = [int(size) for size in sizes]
+        except ValueError:
+            values = []
+        if len(values) != len(MESH_AXES):
+            raise ValueError(f"mesh {','.join(sizes)!r}: give three sizes data,fsdp,tensor "
+                             "(e.g. 1,1,-1: weights split over every device)")
+        return cls(*values)
+
     def shape(self, devices: int) -> tuple[int, ...]:
         sizes = [getattr(self, name) for name in MESH_AXES]
         known = math.prod(s for s in sizes if s != -1)

@@ -26,8 +26,9 @@ def workdir(tmp_path_factory):
     return path
 
 
-def _run(script, *args):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _run(script, *args, env=None):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           **(env or {})}
     return subprocess.run([sys.executable, os.path.join(ROOT, "infer", script), *args],
                           env=env, capture_output=True, text=True, timeout=300)
 
@@ -91,6 +92,8 @@ def test_generate_sampling_with_a_single_prompt(workdir):
     (["--prompt", "x", "--strategy", "skip", "--skip_layers", "2,x"], "expected comma-separated"),
     (["--prompt", "x", "--strategy", "skip", "--skip_layers", "4"], "must lie in [1, num_layers"),
     (["--prompt", "x", "--top_p", "0.9"], "--top_k and --top_p filter a sampling distribution"),
+    (["--prompt", "x", "--mesh", "2,x"], "give three sizes data,fsdp,tensor"),
+    (["--prompt", "x", "--mesh", "2,1,1"], "does not fit 1 devices"),
 ])
 def test_generate_errors_are_clear(workdir, args, message):
     result = _run("generate.py", "--workdir", workdir, *args)
@@ -159,6 +162,26 @@ def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
     result = _run("generate.py", "--workdir", str(tmp_path), "--prompt", "x")
     assert result.returncode == 1 and "no checkpoints in" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_generate_on_a_mesh_of_four_devices_matches_one_device(workdir, tmp_path):
+    """`--mesh 2,1,2` on 4 simulated devices: two prompts' rows over data, the weights over
+    tensor, a selfspec tree gives one device's ar text. Catches the flag not reaching the
+    Generator (no mesh line) and a layout that changes the tokens."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "import os\\n"}\n{"prompt": "def f(x):"}\n')
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    completions = {}
+    for name, extra, env in (("one device", ["--strategy", "ar"], {}),
+                             ("mesh", ["--tree", "2,2,1", "--mesh", "2,1,2"],
+                              {"XLA_FLAGS": flags})):
+        out = tmp_path / "out.jsonl"
+        result = _run("generate.py", "--workdir", workdir, "--prompts_file", str(prompts),
+                      "--max_new_tokens", "16", "--output", str(out), *extra, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        completions[name] = [json.loads(line)["completion"] for line in open(out)]
+    assert "decoding on a mesh of data=2, fsdp=1, tensor=2" in result.stderr
+    assert completions["mesh"] == completions["one device"]
 
 
 def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):

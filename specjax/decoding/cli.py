@@ -11,12 +11,14 @@ from typing import IO, Any
 
 import jax
 from absl import flags, logging
+from jax.sharding import Mesh
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
+from specjax.sharding import MeshConfig, make_mesh
 
 DECODING_FLAGS = {
     "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
@@ -103,6 +105,20 @@ def sweep_options(defaults: DecodingConfig, cfg: ModelConfig,
     names = [name for name, values in sweeps.items() if values]
     return [decoding_options(defaults, cfg, dict(zip(names, combo, strict=True)))
             for combo in itertools.product(*(sweeps[name] for name in names))]
+
+
+def define_mesh_flag() -> None:
+    """`--mesh data,fsdp,tensor`: decode on a device mesh instead of one device."""
+    flags.DEFINE_list("mesh", None, "Decode on a mesh of every device with these data,fsdp,"
+                      "tensor sizes (-1 once: the devices the others leave), e.g. 1,1,-1 splits "
+                      "the weights over all devices, -1,1,1 the prompts' rows. Default: one "
+                      "device.")
+
+
+def mesh_from_flag() -> Mesh | None:
+    """The mesh `--mesh` asks for (None: one device); a size that does not fit is an error."""
+    sizes = flags.FLAGS.mesh
+    return None if sizes is None else make_mesh(MeshConfig.parse(sizes))
 
 
 def require_positive_flags(*names: str) -> None:

@@ -173,14 +173,15 @@ class BatchSampler:
             self._epoch, self._order = epoch, rng.permutation(len(self.sequences))
         return self._order
 
-    def batch(self, position: int) -> np.ndarray:
-        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]."""
+    def batch(self, position: int, rows: slice = slice(None)) -> np.ndarray:
+        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1],
+        or only their `rows` (a process reads the rows its devices hold)."""
         total = len(self.sequences)
-        rows = []
-        for flat in range(position, position + self.batch_size):
+        chosen = []
+        for flat in range(position, position + self.batch_size)[rows]:
             epoch, offset = divmod(flat, total)
-            rows.append(self._permutation(epoch)[offset])
-        return self.sequences[np.asarray(rows)]
+            chosen.append(self._permutation(epoch)[offset])
+        return self.sequences[np.asarray(chosen)]
 
 
 @dataclasses.dataclass

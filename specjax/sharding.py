@@ -162,6 +162,25 @@ def place_batch(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
 
 
+def process_rows(mesh: Mesh, batch_size: int) -> slice:
+    """The rows of a global batch of `batch_size` that this process's devices hold: the only
+    rows it needs to read (`make_mesh` orders devices process by process, so they are one run)."""
+    index_map = batch_sharding(mesh, 1).addressable_devices_indices_map((batch_size,))
+    runs = {index[0].indices(batch_size)[:2] for index in index_map.values()}
+    start, stop = min(r[0] for r in runs), max(r[1] for r in runs)
+    if sum(b - a for a, b in runs) != stop - start:
+        raise ValueError(f"this process's devices hold rows {sorted(runs)} of the batch, not one "
+                         "run: build the mesh with make_mesh")
+    return slice(start, stop)
+
+
+def place_process_rows(rows: np.ndarray, mesh: Mesh, batch_size: int) -> jax.Array:
+    """The global batch of `batch_size` rows as one array on the mesh, from this process's
+    `rows` (`process_rows`); every process passes its own."""
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, rows.ndim), rows,
+                                                  (batch_size, *rows.shape[1:]))
+
+
 def check_batch(mesh: Mesh, batch_size: int) -> None:
     """A clear error when the batch's rows cannot be split evenly over the mesh."""
     rows = math.prod(mesh.shape[a] for a in RULES["batch"])

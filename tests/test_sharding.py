@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from specjax.checkpoint import load_params
-from specjax.sharding import MeshConfig, check_batch, logical_to_spec, make_mesh
+from specjax.data import BatchSampler
+from specjax.sharding import (
+    MeshConfig,
+    check_batch,
+    logical_to_spec,
+    make_mesh,
+    process_rows,
+)
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
 from tests import mesh_training as M
@@ -83,9 +90,9 @@ def test_a_checkpoint_moves_to_another_mesh_and_to_one_device(on_eight_devices, 
 def test_two_processes_of_train_py_match_one_process(tmp_path):
     """`train/train.py --distributed` in two processes of 4 CPU devices each (jax.distributed,
     gloo collectives), one (2, 2, 2) mesh over all 8: the logged train and eval losses and the
-    saved weights equal a one-device run of the same config. Catches a process that feeds rows
-    other than its devices' (each fills only its own shards), metrics written twice, a workdir
-    lock that refuses the second process, a checkpoint that cannot be read on one device."""
+    saved weights equal a one-device run of the same config. Catches a process that reads rows
+    other than its devices' (each reads only those), metrics written twice, a workdir lock that
+    refuses the second process, a checkpoint that cannot be read on one device."""
     run = tiny_run(model=M.MODEL, train=dict(batch_size=8, total_steps=4, eval_every=2,
                                              save_every=2, log_every=1),
                    mesh=dict(data=-1, fsdp=1, tensor=1))  # one device unless overridden
@@ -103,14 +110,16 @@ def test_two_processes_of_train_py_match_one_process(tmp_path):
          f"--workdir={workdir}", "--config.mesh.data=2", "--config.mesh.fsdp=2",
          "--config.mesh.tensor=2", "--distributed", f"--coordinator_address=127.0.0.1:{port}",
          "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)]
     try:
-        errors = [worker.communicate(timeout=300)[1] for worker in workers]
+        errors = [worker.communicate(timeout=300)[0] for worker in workers]
     finally:
         for worker in workers:
             worker.kill()
     assert [w.returncode for w in workers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    for i, rows in enumerate(("0:4", "4:8")):
+        assert f"process {i} of 2 reads rows {rows} of each batch of 8" in errors[i]
     Trainer(run, str(tmp_path / "one")).fit()
     sharded, one = MetricsLog(workdir).read(), MetricsLog(str(tmp_path / "one")).read()
     assert [(r["split"], r["step"]) for r in sharded] == [(r["split"], r["step"]) for r in one]
@@ -134,6 +143,17 @@ def test_greedy_decoding_on_a_mesh_equals_one_device(on_eight_devices):
 
 def test_the_sharded_train_step_exports_for_tpu_and_cuda(on_eight_devices):
     assert on_eight_devices[0]["exported for"] == ["tpu", "cuda", "8 devices"]
+
+
+def test_a_process_reads_only_the_rows_its_devices_hold():
+    """The sampler's rows of a batch (across an epoch's end) are those rows of the whole batch,
+    and one process holds every row. Catches a sampler that reads the first rows whatever it
+    is asked for, or counts the data position in local rows (processes would drift apart)."""
+    sampler = BatchSampler(np.arange(10 * 3).reshape(10, 3), batch_size=8, seed=0)
+    for position in (0, 8, 16):
+        whole = sampler.batch(position)
+        np.testing.assert_array_equal(sampler.batch(position, slice(4, 8)), whole[4:8])
+    assert process_rows(make_mesh(MeshConfig()), 8) == slice(0, 8)
 
 
 def test_meshes_and_batches_that_do_not_fit_are_clear_errors():

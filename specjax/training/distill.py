@@ -82,6 +82,7 @@ class Distill:
 
     name: ClassVar[str] = "distill"
     state_shardings: ClassVar[None] = None  # one device
+    batch_rows: ClassVar[slice] = slice(None)  # one process reads every row
 
     def __init__(self, run: RunConfig, config: dict[str, Any], teacher: FrozenBase):
         self.run, self.config, self.teacher = run, config, teacher

@@ -113,6 +113,7 @@ class HeadOnBase:
     config_class: ClassVar[type]
     record_key: ClassVar[str]
     state_shardings: ClassVar[None] = None  # one device
+    batch_rows: ClassVar[slice] = slice(None)  # one process reads every row
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base

@@ -21,6 +21,8 @@ from specjax.sharding import (
     check_batch,
     make_mesh,
     place_batch,
+    place_process_rows,
+    process_rows,
     tree_shardings,
 )
 from specjax.training.config import RunConfig
@@ -44,13 +46,15 @@ class Objective(Protocol):
     run: RunConfig
     config: dict[str, Any]  # the config as run (a base fills in the model, data, decoding)
     state_shardings: Any  # the state's layout on the run's mesh; None: one device
+    batch_rows: slice  # the rows of each global batch this process reads and passes
 
     def init_state(self) -> TrainState:
         """The state before step 0 (from the run's seed, or from the base a head starts as)."""
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        """One optimiser step on `batch` [B, T+1]; metrics include a scalar "loss"."""
+        """One optimiser step on the global batch [B, T+1], of which `batch` holds this
+        process's `batch_rows`; metrics include a scalar "loss"."""
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> Report:
         """Validation metrics over `batches`."""
@@ -82,6 +86,7 @@ class LayerSkip:
         self.optimizer = make_optimizer(run.train)
         self.mesh = make_mesh(run.mesh)
         check_batch(self.mesh, run.train.batch_size)
+        self.batch_rows = process_rows(self.mesh, run.train.batch_size)
 
         def init(key: jax.Array) -> TrainState:
             return init_train_state(run.model, self.optimizer, key)
@@ -102,7 +107,8 @@ class LayerSkip:
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self.jitted_step(state, place_batch(batch, self.mesh),
+        return self.jitted_step(state, place_process_rows(batch, self.mesh,
+                                                          self.run.train.batch_size),
                                 jax.random.fold_in(self._key, step),
                                 step_schedule(self.run, step))
 

@@ -147,6 +147,10 @@ class Trainer:
             return TrainResult(step=step, report=None, interrupted=False,
                                wall_seconds=time.perf_counter() - started, already_done=True)
         last_saved = step if self.checkpoints.latest_step() is not None else None
+        if jax.process_count() > 1:
+            rows = self.objective.batch_rows.indices(train.batch_size)
+            tqdm.write(f"process {jax.process_index()} of {jax.process_count()} reads rows "
+                       f"{rows[0]}:{rows[1]} of each batch of {train.batch_size}")
         tokens_per_step = train.batch_size * self.run.data.seq_len
         report, interrupted = None, False
         bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
@@ -154,8 +158,8 @@ class Trainer:
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()
-                state, metrics = self.objective.train_step(state, self.sampler.batch(position),
-                                                           step)
+                batch = self.sampler.batch(position, self.objective.batch_rows)
+                state, metrics = self.objective.train_step(state, batch, step)
                 position += train.batch_size
                 loss = float(metrics["loss"])
                 if not math.isfinite(loss):

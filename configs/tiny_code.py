@@ -19,11 +19,16 @@ twice; Bamba-style layers with an MLP each), the default's width, exits and trai
 
 Variant `mamba2`: eight Mamba-2 layers without MLPs (Mamba2ForCausalLM's layout, expand 2).
     python train/train.py --config configs/tiny_code.py:mamba2 --workdir runs/mamba2
+
+Variant `gpu1b`: a 1.0B-parameter Llama (22 layers of width 2048, GQA 16:8) in bfloat16 for one
+GPU: the train step's model-FLOPs utilisation, then a short run whose early exits draft.
+    python train/step_bench.py --config configs/tiny_code.py:gpu1b
+    python train/train.py --config configs/tiny_code.py:gpu1b --workdir runs/gpu1b
 """
 
 import ml_collections
 
-VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2")
+VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2", "gpu1b")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -73,6 +78,14 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                             ssm=ml_collections.ConfigDict(dict(
                                 num_heads=16, head_dim=32, state_size=16, groups=1, conv_width=4,
                                 chunk_size=64, mlp=False)))
+    if variant == "gpu1b":
+        config.model.update(d_model=2048, num_layers=22, num_heads=16, num_kv_heads=8,
+                            mlp_dim=5632, dtype="bfloat16", param_dtype="bfloat16",
+                            exit_layers=(2, 4, 22))
+        config.data.update(seq_len=1024)
+        config.train.update(batch_size=16, total_steps=600, learning_rate=3e-4, warmup_steps=60,
+                            eval_every=200, save_every=200, log_every=20)
+        config.decoding.update(exit_layer=4)
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

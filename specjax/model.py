@@ -249,6 +249,21 @@ def unstack_layers(params: Params, cfg: ModelConfig) -> Params:
     return out
 
 
+def matmul_weights(params: Params, cfg: ModelConfig) -> list[tuple[str, Any]]:
+    """(top-level key, weight) for every weight a token's pass multiplies by, from per-layer
+    params (`unstack_layers`; arrays or shape structs): matrices of any rank and the tied
+    embedding (as the head), not an untied embedding (only gathered from) nor depthwise filters
+    (`LayerKind.depthwise`: Mamba-2's conv)."""
+    depthwise = {name for kind in LAYER_KINDS.values() for name in kind.depthwise}
+    weights = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        top = getattr(path[0], "key", None)
+        if not (len(leaf.shape) < 2 or (top == "embed" and not cfg.tie_embeddings)
+                or getattr(path[-1], "key", None) in depthwise):
+            weights.append((top, leaf))
+    return weights
+
+
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
     """Full-model logits [B, T, V] for tokens [B, T] (no cache)."""
     return exit_logits(params, cfg, run_layers(params, cfg, embed(params, cfg, tokens))[-1])

@@ -25,7 +25,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.timing import time_interleaved, timed
-from specjax.model import Params
+from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
 from specjax.tokenizer import Tokenizer
@@ -106,13 +106,8 @@ def decode_matrices(params: Params, cfg: ModelConfig) -> list[tuple[jax.Array, b
     MLP gate/up, untied head), else onto a trailing d_model axis (attention out, MLP down); the
     tied embedding over its trailing d_model axis (as the head). Untied, the embedding is only
     gathered from, so it is left out; so are depthwise filters (Mamba-2's conv)."""
-    depthwise = {name for kind in LAYER_KINDS.values() for name in kind.depthwise}
     products = []
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        top = getattr(path[0], "key", None)
-        if (leaf.ndim < 2 or (top == "embed" and not cfg.tie_embeddings)
-                or getattr(path[-1], "key", None) in depthwise):
-            continue
+    for top, leaf in matmul_weights(params, cfg):
         if top == "embed":
             products.append((leaf, False))
         elif leaf.shape[0] == cfg.d_model:

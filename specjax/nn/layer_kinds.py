@@ -49,8 +49,10 @@ class LayerKind:
     """What the model needs from one kind of layer (see the module docstring). `params_key`
     names the stack of this kind's layers in the training layout; `step_bytes(cfg, context)`,
     the bytes one decode step moves in this layer's cache at `context` committed tokens;
-    `no_decay`, parameters that weight decay leaves alone; `depthwise`, weights applied
-    elementwise (not matrix products, whatever their rank)."""
+    `mixing_flops(cfg, seq_len)`, the forward FLOPs per token of the sequence mixing beyond the
+    weights' matrix products (for model-FLOPs utilisation); `no_decay`, parameters that weight
+    decay leaves alone; `depthwise`, weights applied elementwise (not matrix products, whatever
+    their rank)."""
 
     params_key: str
     init: Callable[[ModelConfig, jax.Array], Params]
@@ -59,6 +61,7 @@ class LayerKind:
     propagate: Callable[[ModelConfig, Params, jax.Array, Any, Step], Any]
     allocate: Callable[[ModelConfig, int, int, int], Any]
     step_bytes: Callable[[ModelConfig, float], float]
+    mixing_flops: Callable[[ModelConfig, int], float]
     no_decay: tuple[str, ...] = ()
     depthwise: tuple[str, ...] = ()
 
@@ -94,6 +97,12 @@ def _attention_step_bytes(cfg: ModelConfig, context: float) -> float:
     return 2 * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.compute_dtype).itemsize * context
 
 
+def _attention_mixing_flops(cfg: ModelConfig, seq_len: int) -> float:
+    """Scores and the weighted sum of values over the whole sequence (PaLM's count: the causal
+    half is not discounted)."""
+    return 4 * seq_len * cfg.num_heads * cfg.head_dim
+
+
 def _mamba2_init(cfg: ModelConfig, key: jax.Array) -> Params:
     return Mamba2Block(cfg).init(key, _one_token(cfg)[0], Sequence())["params"]
 
@@ -118,6 +127,14 @@ def _mamba2_step_bytes(cfg: ModelConfig, context: float) -> float:
     return 2 * (state + history)
 
 
+def _mamba2_mixing_flops(cfg: ModelConfig, seq_len: int) -> float:
+    """The chunked scan: C.B scores and their weighted sum within a chunk, the chunk's state
+    and the state read out (`ssd.ssd_chunked`)."""
+    ssm = cfg.ssm
+    heads, width, state = ssm.num_heads, ssm.head_dim, ssm.state_size
+    return 2 * min(ssm.chunk_size, seq_len) * heads * (state + width) + 4 * heads * width * state
+
+
 def _mamba2_propagate(cfg: ModelConfig, params: Params, hidden: jax.Array, cache: LayerSSM,
                       step: Step) -> LayerSSM:
     """A skipped SSM layer's window gets what it would have computed from the exited state
@@ -130,10 +147,11 @@ LAYER_KINDS: dict[str, LayerKind] = {
         params_key="layers", init=_attention_init, forward=_attention_forward,
         cached=_attention_cached, propagate=_attention_propagate,
         allocate=lambda cfg, batch, max_len, window: LayerKV.allocate(cfg, batch, max_len),
-        step_bytes=_attention_step_bytes),
+        step_bytes=_attention_step_bytes, mixing_flops=_attention_mixing_flops),
     "mamba2": LayerKind(
         params_key="mamba2_layers", init=_mamba2_init, forward=_mamba2_forward,
         cached=_mamba2_cached, propagate=_mamba2_propagate,
         allocate=lambda cfg, batch, max_len, window: LayerSSM.allocate(cfg, batch, window),
-        step_bytes=_mamba2_step_bytes, no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",)),
+        step_bytes=_mamba2_step_bytes, mixing_flops=_mamba2_mixing_flops,
+        no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",)),
 }

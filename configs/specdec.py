@@ -18,6 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.base_workdir = ""  # required: the trained model's workdir
     config.specdec = ml_collections.ConfigDict(dict(exit_layer=1, width=128, temperature=0.8,
                                                     top_p=0.95))
+    # Device mesh (data, fsdp, tensor): the base's weights and the head laid out as the rules say.
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     config.train = ml_collections.ConfigDict(dict(
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,

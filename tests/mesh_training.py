@@ -1,8 +1,10 @@
-"""LayerSkip steps and greedy decoding on a mesh, shared by tests/test_sharding.py and the
-8-device subprocess it starts (`python -m tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
+"""LayerSkip steps, heads and distillation on a frozen base, and greedy decoding on a mesh,
+shared by tests/test_sharding.py and the 8-device subprocess it starts (`python -m
+tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
 
 import json
 import sys
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,7 +22,11 @@ from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.static_tree import StaticTree
 from specjax.model import init_params
 from specjax.sharding import MeshConfig, batch_sharding, make_mesh, with_shardings
-from specjax.training.objective import LayerSkip, step_schedule
+from specjax.training.config import parse_run_config
+from specjax.training.distill import Distill
+from specjax.training.frozen_base import FrozenBase
+from specjax.training.kangaroo import KangarooAdapter
+from specjax.training.objective import LayerSkip, Objective, step_schedule
 from specjax.training.objectives import make_objective
 from tests.conftest import tiny_run
 
@@ -63,7 +69,33 @@ def decode(mesh: tuple[int, int, int] | None) -> dict[str, list[list[int]]]:
     return tokens
 
 
-def train(obj: LayerSkip, state, first: int, count: int):
+def heads(mesh: tuple[int, int, int]) -> dict[str, Any]:
+    """Losses of a Kangaroo adapter and a distilled draft model trained on a frozen random base
+    (the teacher) on `mesh`, and the layouts of the adapter, the base and the teacher there."""
+    config = tiny_run(model=MODEL, train=dict(batch_size=8, total_steps=10),
+                      mesh=dict(zip(("data", "fsdp", "tensor"), mesh, strict=True)))
+    cfg = ModelConfig.from_dict(config["model"])
+    base = FrozenBase("base", 0, init_params(cfg, jax.random.PRNGKey(1)), cfg,
+                      {"tokenizer": "bytes"}, "random")
+    objectives = {
+        "kangaroo": KangarooAdapter(parse_run_config({**config, "kangaroo": {"exit_layer": 1}}),
+                                    config, base),
+        "distill": Distill(parse_run_config(config), config, base)}
+    results = {}
+    for name, obj in objectives.items():
+        state, results[name] = train(obj, obj.init_state(), 0, STEPS)
+        frozen = obj.base_params if name == "kangaroo" else obj.teacher_params
+        results[f"{name} frozen mlp.down"] = _spec(frozen["layers"]["mlp"]["down"])
+        results[f"{name} trained qkv"] = _spec(
+            (state.params["attn"] if name == "kangaroo" else state.params["layers"]["attn"])["qkv"])
+    return results
+
+
+def _spec(array: jax.Array) -> str:
+    return str(getattr(array.sharding, "spec", type(array.sharding).__name__))
+
+
+def train(obj: Objective, state, first: int, count: int):
     """(state, losses) after `count` steps from step `first`."""
     losses = []
     for step in range(first, first + count):
@@ -117,6 +149,7 @@ def main(out_path: str, directory: str) -> None:
     results["restored spec"] = str(state.params["layers"]["mlp"]["down"].sharding.spec)
     _, results["continued"] = train(obj, state, STEPS, MORE)
     results["decoded"] = decode(DECODE_MESH)
+    results["heads"] = heads((2, 2, 2))
     with open(out_path, "w") as f:
         json.dump(results, f)
 

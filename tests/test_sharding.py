@@ -141,6 +141,20 @@ def test_greedy_decoding_on_a_mesh_equals_one_device(on_eight_devices):
     assert on_eight_devices[0]["decoded"] == M.decode(None)
 
 
+def test_heads_and_distillation_train_on_a_mesh_with_the_losses_of_one_device(
+        on_eight_devices):
+    """A Kangaroo adapter and a distilled draft model, each on a frozen base, on (2, 2, 2):
+    the losses of one device, the frozen weights and the trained state split as the rules say.
+    Catches a base or teacher left whole on one device (copied to every device at each step),
+    a head state left replicated, a state whose layout changes between steps."""
+    results, one = on_eight_devices[0]["heads"], M.heads((1, 1, 1))
+    for name in ("kangaroo", "distill"):
+        np.testing.assert_allclose(results[name], one[name], rtol=2e-6, err_msg=name)
+        assert results[f"{name} frozen mlp.down"] == "P(None, 'tensor', 'fsdp')"
+    assert results["kangaroo trained qkv"] == "P('fsdp', 'tensor', None, None)"
+    assert results["distill trained qkv"] == "P(None, 'fsdp', 'tensor', None, None)"
+
+
 def test_the_sharded_train_step_exports_for_tpu_and_cuda(on_eight_devices):
     assert on_eight_devices[0]["exported for"] == ["tpu", "cuda", "8 devices"]
 

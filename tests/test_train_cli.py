@@ -90,7 +90,7 @@ def test_config_file_errors_are_one_line(tmp_path):
         (_command(tmp_path, "--config.train.totl_steps=3")[2:],
          'Did you mean "total_steps" instead of "totl_steps"?'),
         (["--config", os.path.join(ROOT, "configs", "kangaroo.py"), "--workdir", str(tmp_path),
-          "--config.mesh.fsdp=2"], "the config file has no field or section 'mesh'"),
+          "--config.layerskip.p_max=0.1"], "the config file has no field or section 'layerskip'"),
     ]
     for args, message in cases:
         result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), *args],

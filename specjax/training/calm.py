@@ -100,8 +100,8 @@ class ConfidenceClassifier(HeadOnBase):
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
         self.exits = trained_exits(run.calm, run.model.num_layers)
-        self._train_step = jax.jit(_make_train_step(run.model, self.exits, self.optimizer),
-                                   donate_argnums=0)
+        self._train_step = self.jit_step(_make_train_step(run.model, self.exits,
+                                                          self.optimizer))
         self._eval_step = jax.jit(_make_eval_step(run.model, self.exits))
 
     @classmethod
@@ -121,17 +121,16 @@ class ConfidenceClassifier(HeadOnBase):
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         return abstract_confidence_head(cfg)
 
-    def init_state(self) -> TrainState:
-        head = init_confidence_head(self.run.model, jax.random.PRNGKey(self.run.train.seed))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=head,
-                          opt_state=self.optimizer.init(head))
+    def initial_params(self) -> Params:
+        return init_confidence_head(self.run.model, jax.random.PRNGKey(self.run.train.seed))
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._train_step(state, self.base.params, batch)
+        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ConfidenceReport:
-        parts = [jax.device_get(self._eval_step(state.params, self.base.params, batch))
+        parts = [jax.device_get(self._eval_step(state.params, self.base_params,
+                                                self.on_mesh.eval_batch(batch)))
                  for batch in batches]
         logit, label, softmax = (np.concatenate([p[name].reshape(len(self.exits), -1)
                                                  for p in parts], axis=1)

@@ -23,6 +23,7 @@ from specjax.training.config import RunConfig
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import FrozenBase
 from specjax.training.optimizer import make_optimizer
+from specjax.training.run_mesh import RunMesh
 from specjax.training.train_step import TrainState, init_train_state
 
 
@@ -81,9 +82,6 @@ class Distill:
     """The run's model, trained to the frozen `teacher`'s distribution."""
 
     name: ClassVar[str] = "distill"
-    state_shardings: ClassVar[None] = None  # one device
-    batch_rows: ClassVar[slice] = slice(None)  # one process reads every row
-
     def __init__(self, run: RunConfig, config: dict[str, Any], teacher: FrozenBase):
         self.run, self.config, self.teacher = run, config, teacher
         tokenizer = teacher.meta.get("tokenizer", "bytes")
@@ -92,22 +90,31 @@ class Distill:
                              f"{teacher.cfg.vocab_size} ids, this model {run.data.tokenizer!r} "
                              f"with {run.model.vocab_size}: a draft model must share them")
         self.optimizer = make_optimizer(run.train)
-        self._train_step = jax.jit(make_distill_step(run.model, teacher.cfg, self.optimizer),
-                                   donate_argnums=0)
+        self.on_mesh = RunMesh(run)
+        self.batch_rows = self.on_mesh.batch_rows
+        self.teacher_params = self.on_mesh.place(teacher.params)
+
+        def init(key: jax.Array) -> TrainState:
+            return init_train_state(run.model, self.optimizer, key)
+
+        self.state_shardings = self.on_mesh.shardings(jax.eval_shape(init, jax.random.PRNGKey(0)))
+        self._init = jax.jit(init, out_shardings=self.state_shardings)
+        self._train_step = self.on_mesh.jit_step(
+            make_distill_step(run.model, teacher.cfg, self.optimizer), self.state_shardings)
         self._eval_step = jax.jit(make_distill_eval_step(run.model, teacher.cfg))
 
     def init_state(self) -> TrainState:
-        return init_train_state(self.run.model, self.optimizer,
-                                jax.random.PRNGKey(self.run.train.seed))
+        return self._init(jax.random.PRNGKey(self.run.train.seed))
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
         del step
-        return self._train_step(state, self.teacher.params, batch)
+        return self._train_step(state, self.teacher_params, self.on_mesh.train_batch(batch))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> DistillReport:
         totals, tokens = sum_over_batches(
-            lambda batch: self._eval_step(state.params, self.teacher.params, batch), batches)
+            lambda batch: self._eval_step(state.params, self.teacher_params,
+                                          self.on_mesh.eval_batch(batch)), batches)
         return DistillReport(float(totals["loss"]) / tokens, float(totals["soft_ce"]) / tokens,
                              float(totals["agree"]) / tokens, tokens)
 

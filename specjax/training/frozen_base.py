@@ -9,10 +9,11 @@ import copy
 import dataclasses
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.checkpoint import CheckpointError, load_params
@@ -20,6 +21,8 @@ from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.training.config import RunConfig
 from specjax.training.optimizer import make_optimizer
+from specjax.training.run_mesh import RunMesh
+from specjax.training.train_step import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +109,13 @@ class HeadOnBase:
     record (the base's fingerprint and the head's `settings`) and the resume checks. A head
     sets `name` (its objective, its config section, read as the dataclass `config_class`, and
     the decoding strategy that reads its weights; `strategies()` when several do),
-    `record_key` (where checkpoints record its settings) and `abstract_params(cfg, settings)`
-    (restore targets)."""
+    `record_key` (where checkpoints record its settings), `abstract_params(cfg, settings)`
+    (restore targets) and `initial_params()`. On the run's mesh the base's weights
+    (`base_params`) and the head's state are laid out by the sharding rules."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
     record_key: ClassVar[str]
-    state_shardings: ClassVar[None] = None  # one device
-    batch_rows: ClassVar[slice] = slice(None)  # one process reads every row
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base
@@ -123,6 +125,34 @@ class HeadOnBase:
             raise ValueError(f"{self.name}.exit_layer={self.exit_layer} must lie in [1, "
                              f"num_layers - 1 = {run.model.num_layers - 1}]")
         self.optimizer = make_optimizer(run.train)
+        self.on_mesh = RunMesh(run)
+        self.batch_rows = self.on_mesh.batch_rows
+        self.state_shardings = self.on_mesh.shardings(jax.eval_shape(self._unplaced_state))
+        self._placed_base: tuple[FrozenBase, Params] | None = None
+
+    def initial_params(self) -> Params:
+        """The head's weights before training."""
+        raise NotImplementedError
+
+    def _unplaced_state(self) -> TrainState:
+        params = self.initial_params()
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=self.optimizer.init(params))
+
+    def init_state(self) -> TrainState:
+        return jax.device_put(self._unplaced_state(), self.state_shardings)  # a head is small
+
+    @property
+    def base_params(self) -> Params:
+        """The base's weights on the run's mesh, placed once per base (a resume may switch to
+        the base's step the head started on)."""
+        if self._placed_base is None or self._placed_base[0] is not self.base:
+            self._placed_base = (self.base, self.on_mesh.place(self.base.params))
+        return self._placed_base[1]
+
+    def jit_step(self, step: Callable) -> Callable:
+        """The head's `step(state, base, batch, ...)` jitted to keep the state's layout."""
+        return self.on_mesh.jit_step(step, self.state_shardings)
 
     def settings(self) -> dict[str, Any]:
         """The head's config section: its shape and training settings, fixed for a workdir's

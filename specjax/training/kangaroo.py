@@ -103,27 +103,26 @@ class KangarooAdapter(HeadOnBase):
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
-        self._train_step = jax.jit(make_adapter_step(run.model, self.exit_layer, self.optimizer),
-                                   donate_argnums=0)
+        self._train_step = self.jit_step(make_adapter_step(run.model, self.exit_layer,
+                                                           self.optimizer))
         self._eval_step = jax.jit(make_adapter_eval_step(run.model, self.exit_layer))
 
     @staticmethod
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         return abstract_adapter(cfg)
 
-    def init_state(self) -> TrainState:
-        adapter = init_adapter(self.base.params, self.run.model, self.exit_layer)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=adapter,
-                          opt_state=self.optimizer.init(adapter))
+    def initial_params(self) -> Params:
+        return init_adapter(self.base.params, self.run.model, self.exit_layer)
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
         del step  # no per-step schedule or randomness
-        return self._train_step(state, self.base.params, batch)
+        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AdapterReport:
         totals, tokens = sum_over_batches(
-            lambda batch: self._eval_step(state.params, self.base.params, batch), batches)
+            lambda batch: self._eval_step(state.params, self.base_params,
+                                          self.on_mesh.eval_batch(batch)), batches)
         per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
         return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
                              per_token["accept"], tokens)

@@ -16,20 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.sharding import (
-    batch_sharding,
-    check_batch,
-    make_mesh,
-    place_batch,
-    place_process_rows,
-    process_rows,
-    tree_shardings,
-)
+from specjax.sharding import batch_sharding
 from specjax.training.config import RunConfig
 from specjax.training.curriculum import exit_schedule
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 from specjax.training.layer_dropout import dropout_rates
 from specjax.training.optimizer import make_optimizer
+from specjax.training.run_mesh import RunMesh
 from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
 
 
@@ -84,18 +77,17 @@ class LayerSkip:
     def __init__(self, run: RunConfig, config: dict[str, Any]):
         self.run, self.config = run, config
         self.optimizer = make_optimizer(run.train)
-        self.mesh = make_mesh(run.mesh)
-        check_batch(self.mesh, run.train.batch_size)
-        self.batch_rows = process_rows(self.mesh, run.train.batch_size)
+        self.on_mesh = RunMesh(run)
+        self.mesh, self.batch_rows = self.on_mesh.mesh, self.on_mesh.batch_rows
 
         def init(key: jax.Array) -> TrainState:
             return init_train_state(run.model, self.optimizer, key)
 
         # Initialised already laid out on the mesh: no device ever holds the whole state.
-        shardings = tree_shardings(self.mesh, jax.eval_shape(init, jax.random.PRNGKey(0)))
+        shardings = self.on_mesh.shardings(jax.eval_shape(init, jax.random.PRNGKey(0)))
         self.state_shardings = shardings
         self._init = jax.jit(init, out_shardings=shardings)
-        self.jitted_step = jax.jit(  # public for export
+        self.jitted_step = jax.jit(  # public for export, so its inputs' layouts are explicit
             make_train_step(run.model, self.optimizer, remat=run.train.remat),
             in_shardings=(shardings, batch_sharding(self.mesh), None, None),
             out_shardings=(shardings, None), donate_argnums=0)
@@ -107,8 +99,7 @@ class LayerSkip:
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self.jitted_step(state, place_process_rows(batch, self.mesh,
-                                                          self.run.train.batch_size),
+        return self.jitted_step(state, self.on_mesh.train_batch(batch),
                                 jax.random.fold_in(self._key, step),
                                 step_schedule(self.run, step))
 
@@ -116,7 +107,7 @@ class LayerSkip:
         return evaluate(self._eval_on_mesh, state.params, batches)
 
     def _eval_on_mesh(self, params: Any, batch: np.ndarray) -> dict[str, jax.Array]:
-        return self._eval_step(params, place_batch(batch, self.mesh))
+        return self._eval_step(params, self.on_mesh.eval_batch(batch))
 
     def meta(self) -> dict[str, Any]:
         return {}

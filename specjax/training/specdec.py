@@ -99,8 +99,8 @@ class AcceptanceHeadObjective(HeadOnBase):
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
         sampling = sampling_of(run.specdec)
-        self._train_step = jax.jit(_make_train_step(run.model, self.exit_layer, sampling,
-                                                    self.optimizer), donate_argnums=0)
+        self._train_step = self.jit_step(_make_train_step(run.model, self.exit_layer, sampling,
+                                                          self.optimizer))
         self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling))
         self._key = jax.random.PRNGKey(run.train.seed + 1)
 
@@ -108,20 +108,19 @@ class AcceptanceHeadObjective(HeadOnBase):
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         return abstract_acceptance_head(cfg, settings["width"])
 
-    def init_state(self) -> TrainState:
-        head = init_acceptance_head(self.run.model, self.section.width,
+    def initial_params(self) -> Params:
+        return init_acceptance_head(self.run.model, self.section.width,
                                     jax.random.PRNGKey(self.run.train.seed))
-        return TrainState(step=jnp.zeros((), jnp.int32), params=head,
-                          opt_state=self.optimizer.init(head))
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._train_step(state, self.base.params, batch,
+        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch),
                                 jax.random.fold_in(self._key, step))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AcceptanceReport:
         key = jax.random.PRNGKey(self.run.train.seed + 2)  # the same drafts at every evaluation
-        parts = [jax.device_get(self._eval_step(state.params, self.base.params, batch,
+        parts = [jax.device_get(self._eval_step(state.params, self.base_params,
+                                                self.on_mesh.eval_batch(batch),
                                                 jax.random.fold_in(key, i)))
                  for i, batch in enumerate(batches)]
         logit, label, draft_prob = (np.concatenate([p[name].ravel() for p in parts])

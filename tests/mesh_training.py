@@ -13,15 +13,21 @@ import optax
 from specjax.adapter import init_adapter
 from specjax.checkpoint import Checkpointer, abstract_tree
 from specjax.config import ModelConfig, SsmConfig
-from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.chain import Chain
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
-from specjax.model import init_params
-from specjax.sharding import MeshConfig, batch_sharding, make_mesh, with_shardings
+from specjax.model import init_params, unstack_layers
+from specjax.sharding import (
+    MeshConfig,
+    batch_sharding,
+    make_mesh,
+    tree_shardings,
+    with_shardings,
+)
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import FrozenBase
@@ -49,8 +55,6 @@ HYBRID = ModelConfig(**MODEL, num_layers=4, init_std=0.3,
                      layer_pattern=("mamba2", "attention", "mamba2", "attention"),
                      ssm=SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8))
 DECODINGS = {  # name: (model, strategy)
-    "ar": (ATTENTION, Autoregressive()),
-    "selfspec chain": (ATTENTION, SelfSpeculative(1, Chain(3))),
     "selfspec dynamic tree": (ATTENTION, SelfSpeculative(2, DynamicTree(6, 2, 3))),
     "kangaroo tree": (ATTENTION, Kangaroo(1, StaticTree.from_branching((2, 1)))),
     "hybrid static tree": (HYBRID, SelfSpeculative(1, StaticTree.from_branching((2, 2, 1)))),
@@ -129,6 +133,28 @@ def export_step(obj: LayerSkip) -> list[str]:
     return [*exported.platforms, f"{exported.nr_devices} devices"]
 
 
+def export_decoding(mesh: tuple[int, int, int]) -> list[str]:
+    """A selfspec tree's greedy and sampled generate loops on `mesh`, exported for TPU and GPU
+    from the shapes and layouts `Generator(mesh=...)` gives their inputs."""
+    mesh = make_mesh(MeshConfig(*mesh))
+    params = jax.eval_shape(lambda: unstack_layers(init_params(ATTENTION, jax.random.PRNGKey(0)),
+                                                   ATTENTION))
+    params = with_shardings(params, tree_shardings(mesh, params))
+    rows = [jax.ShapeDtypeStruct(shape, np.int32, sharding=batch_sharding(mesh, len(shape)))
+            for shape in ((len(PROMPTS), 16), (len(PROMPTS),))]
+    platforms = []
+    for sampling in (None, SamplingParams.create(temperature=0.8, top_p=0.9)):
+        fn = jax.jit(lambda p, prompts, lengths, key, sp: generate_tokens(
+            p, {}, prompts, lengths, key, sp, np.int32(-1), cfg=ATTENTION,
+            drafter=SelfSpeculative(1, StaticTree.from_branching((2, 1))), max_new_tokens=8,
+            cache_len=32))
+        exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+            params, *rows, jax.random.PRNGKey(0), sampling)
+        platforms.append(f"{'sampled' if sampling else 'greedy'}: "
+                         f"{','.join(exported.platforms)} on {exported.nr_devices} devices")
+    return platforms
+
+
 def main(out_path: str, directory: str) -> None:
     results = {"devices": jax.device_count(), "losses": {}, "specs": {}}
     for name, mesh in MESHES.items():
@@ -150,6 +176,7 @@ def main(out_path: str, directory: str) -> None:
     _, results["continued"] = train(obj, state, STEPS, MORE)
     results["decoded"] = decode(DECODE_MESH)
     results["heads"] = heads((2, 2, 2))
+    results["decoding exported for"] = export_decoding(DECODE_MESH)
     with open(out_path, "w") as f:
         json.dump(results, f)
 

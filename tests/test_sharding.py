@@ -133,8 +133,8 @@ def test_two_processes_of_train_py_match_one_process(tmp_path):
 
 
 def test_greedy_decoding_on_a_mesh_equals_one_device(on_eight_devices):
-    """Rows over data (4) and weights split over tensor (2): ar, a selfspec chain, a dynamic
-    tree, Kangaroo's adapter and a hybrid's tree through SSM layers give one device's tokens.
+    """Rows over data (4) and weights split over tensor (2): a dynamic tree, Kangaroo's adapter
+    and a hybrid's tree through SSM layers give one device's tokens.
     Catches a rule that splits a dimension the decode loop indexes per row or per head in a way
     the partitioner cannot keep exact (a cache written to the wrong rows, a K/V head split
     from its queries)."""
@@ -155,8 +155,10 @@ def test_heads_and_distillation_train_on_a_mesh_with_the_losses_of_one_device(
     assert results["distill trained qkv"] == "P(None, 'fsdp', 'tensor', None, None)"
 
 
-def test_the_sharded_train_step_exports_for_tpu_and_cuda(on_eight_devices):
+def test_the_sharded_train_step_and_generate_loops_export_for_tpu_and_cuda(on_eight_devices):
     assert on_eight_devices[0]["exported for"] == ["tpu", "cuda", "8 devices"]
+    assert on_eight_devices[0]["decoding exported for"] == [
+        "greedy: tpu,cuda on 8 devices", "sampled: tpu,cuda on 8 devices"]
 
 
 def test_a_process_reads_only_the_rows_its_devices_hold():

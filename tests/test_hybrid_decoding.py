@@ -2,10 +2,12 @@
 `ar` equals a per-step argmax of `model.forward` (the whole-sequence scan, an independent path),
 and self-speculative chains and token trees equal `ar` token for token."""
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specjax import model as M
@@ -18,11 +20,11 @@ from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.early_exit import EarlyExit
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.skip_search import AcceptanceProbe
 from specjax.decoding.static_tree import StaticTree
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 SSM = SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8, dt_min=0.05,
                 dt_max=0.5)
@@ -36,15 +38,26 @@ PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-t
 NEW = 19
 
 
+def first_layers(name: str, params, count: int) -> DraftWeights:
+    """A draft model: the first `count` layers of model `name` (of whichever kinds) and its
+    head, which agrees with the damped deeper layers part of the time."""
+    cfg = CONFIGS[name]
+    draft_cfg = dataclasses.replace(cfg, num_layers=count, layer_pattern=cfg.layer_kinds[:count])
+    params = M.unstack_layers(params, cfg)
+    return DraftWeights({**params, "layers": params["layers"][:count]}, cfg=draft_cfg)
+
+
 @functools.cache
 def generator(name: str) -> Generator:
-    """The damped model, with a Kangaroo adapter on exit 1 (the shared head plus noise)."""
+    """The damped model, with a Kangaroo adapter on exit 1 (the shared head plus noise) and a
+    draft model of its first two layers (a Mamba-2 and an attention layer in the hybrid)."""
     cfg = CONFIGS[name]
     params = damped_params(cfg, jax.random.PRNGKey(0), 0.4)
     adapter = jax.tree.map(lambda w: w + 0.05 * jax.random.normal(jax.random.PRNGKey(1), w.shape),
                            init_adapter(params, cfg, 1))
     return Generator(params, cfg,
-                     draft_weights={"kangaroo": DraftWeights(adapter, exit_layer=1)})
+                     draft_weights={"kangaroo": DraftWeights(adapter, exit_layer=1),
+                                    "draft": first_layers(name, params, 2)})
 
 
 @functools.cache
@@ -77,12 +90,15 @@ SHAPES = {
     "chain exit 2 K=3": SelfSpeculative(2, Chain(3)),
     "static tree 2,2,1": SelfSpeculative(1, StaticTree.from_branching((2, 2, 1))),
     "dynamic tree T=8": SelfSpeculative(1, DynamicTree(8, 2, 3)),
+    "skip 2 chain K=3": SkipLayers((2,), Chain(3)),
+    "draft model tree 2,1": DraftModel(StaticTree.from_branching((2, 1))),
 }
 
 
 # Each case compiles a decode loop: a shape runs on one model, the drafters on the hybrid.
 CASES = [("hybrid", "chain exit 1 K=4"), ("hybrid", "kangaroo tree 2,1"),
          ("hybrid", "calmdraft chain K=3"), ("hybrid", "static tree 2,2,1"),
+         ("hybrid", "skip 2 chain K=3"), ("mamba2", "draft model tree 2,1"),
          ("mamba2", "chain exit 2 K=3"), ("mamba2", "dynamic tree T=8")]
 
 
@@ -92,14 +108,17 @@ def test_self_speculation_equals_autoregressive_decoding(name, shape):
     tree scan, the conv along each path, the closed-form commit of the accepted path), with
     rejections and accepted runs (the damped model), ragged prompts; every other drafter that
     drafts through the target's layers (Kangaroo's adapter after an SSM layer, CALM's early
-    exits, whose skipped SSM layers take the exited state). Catches a
-    rejected draft left in an SSM state and a tree node mixing in its siblings."""
+    exits, whose skipped SSM layers take the exited state, a skipped SSM layer) and a draft
+    model with SSM layers of its own. Catches a rejected draft left in an SSM state, a tree
+    node mixing in its siblings and a draft model whose state misses its catch-up token."""
     out = generator(name).generate(PROMPTS, max_new_tokens=NEW, strategy=SHAPES[shape])
     assert out.tokens == reference(name)
     assert 0 < out.total.accepted < out.total.drafted
 
 
 def test_the_tree_decode_loop_with_ssm_layers_exports_for_tpu_and_cuda():
+    """Catches an SSM layer's cached pass that only lowers for the CPU (a host callback, a
+    CPU-only custom call, a shape known only at run time)."""
     cfg = CONFIGS["hybrid"]
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                           generator("hybrid").params)
@@ -112,10 +131,42 @@ def test_the_tree_decode_loop_with_ssm_layers_exports_for_tpu_and_cuda():
     assert exported.platforms == ("tpu", "cuda")
 
 
-def test_what_ssm_layers_do_not_support_yet_is_a_clear_error():
-    """A draft model with SSM layers (its catch-up writes behind the committed length) and the
-    skip-set search (every position drafts at once against the full model's K/V)."""
-    with pytest.raises(ValueError, match="draft model with state-space layers"):
-        DraftModel(Chain(2), cfg=CONFIGS["mamba2"]).validate(CONFIGS["hybrid"])
+def test_the_ssm_draft_models_cache_equals_it_run_alone_on_the_committed_tokens():
+    """After rounds with rejections and fully accepted chains, every layer of a draft model
+    with a Mamba-2 and an attention layer holds what a prefill of the committed tokens gives:
+    the SSM state and conv history, and the K/V of the committed slots. Catches a commit that
+    folds the never-run last draft (or skips the catch-up) and a catch-up at the wrong slot."""
+    gen = generator("hybrid")
+    weights = gen.draft_weights["draft"]
+    drafter = DraftModel(Chain(3), weights.cfg)
+    prompts, lengths = gen.pad(PROMPTS)
+    state = decode_rounds(gen.params, weights.params, CONFIGS["hybrid"], drafter, prompts,
+                          lengths, rounds=5, max_new_tokens=NEW, cache_len=64)
+    accepted = state.stats.accepted
+    assert 0 < int(jnp.sum(accepted)) < int(jnp.sum(state.stats.drafted))
+    assert int(jnp.max(accepted)) >= 3  # some round kept the chain's last draft
+    alone = jax.jit(lambda p, tokens, n: M.prefill_cached(
+        p, weights.cfg, M.embed(p, weights.cfg, tokens), M.allocate_cache(
+            weights.cfg, 1, 64, 4), n)[1])
+    kv_heads = weights.cfg.num_kv_heads
+    for b, prompt in enumerate(PROMPTS):
+        committed = int(state.drafter.lengths[b])
+        assert committed == int(state.cache.lengths[b]) == len(prompt) + int(
+            state.num_tokens[b]) - 1
+        emitted = state.tokens[b, :int(state.num_tokens[b])].tolist()
+        tokens = (list(prompt) + emitted)[:committed]
+        expected = alone(weights.params, jnp.asarray([tokens + [0] * (48 - committed)]),
+                         jnp.asarray([committed]))
+        ssm, attention = state.drafter.layers
+        np.testing.assert_allclose(ssm.state[b], expected.layers[0].state[0], atol=2e-5)
+        np.testing.assert_allclose(ssm.conv[b], expected.layers[0].conv[0], atol=2e-5)
+        for mine, theirs in zip(attention, expected.layers[1], strict=True):
+            np.testing.assert_allclose(mine[b * kv_heads:(b + 1) * kv_heads, :committed],
+                                       theirs[:, :committed], atol=2e-5)
+
+
+def test_the_skip_search_on_ssm_layers_is_a_clear_error():
+    """The skip-set search drafts every position at once against the full model's K/V, which
+    state-space layers do not keep per position: refused, naming why."""
     with pytest.raises(ValueError, match="state-space layers do not have"):
         AcceptanceProbe(generator("hybrid"), PROMPTS, None)

@@ -2,10 +2,12 @@
 
 The draft model keeps its own KV cache (the drafter state), laid out like the target's and
 committed to the same lengths: its prefill runs the prompt, each round it drafts the proposal's
-shape one step per level, and commit moves a tree's accepted path into place. The last accepted
-draft may be one the draft model never ran (a chain's last draft, a tree's leaf), so commit
-runs it once more on that token (gpt-fast's catch-up; for a draft it did run, the same K/V
-again). Nothing of the target is reused: verification runs every layer.
+shape one step per level, and commit keeps the accepted path. The last accepted token may be
+one the draft model never ran (a chain's last draft, a tree's leaf), so commit keeps every
+accepted token but that one, runs it once at the committed length and keeps it too
+(gpt-fast's catch-up; for a token it did run, the same values again). Its layers may be of any
+kind: an attention layer rewrites that slot's K/V, a state-space layer folds the token into
+its state. Nothing of the target is reused: verification runs every layer.
 """
 
 from __future__ import annotations
@@ -46,9 +48,6 @@ class DraftModel(FullVerification):
     def validate(self, cfg: ModelConfig) -> None:
         if self.cfg is None:
             raise ValueError(f"strategy 'draft' needs a draft model: {self.weights_hint}")
-        if self.cfg.layer_pattern is not None:
-            raise ValueError("a draft model with state-space layers is not supported yet: its "
-                             "catch-up writes behind the committed length")
         if self.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({self.cfg.vocab_size} ids) differs "
                              f"from the target's ({cfg.vocab_size})")
@@ -62,7 +61,8 @@ class DraftModel(FullVerification):
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Cache:
         batch = prefilled.prompts.shape[0]
-        cache = allocate_cache(self.cfg, batch, prefilled.cache_len)
+        cache = allocate_cache(self.cfg, batch, prefilled.cache_len,
+                               window=1 + self.shape.num_nodes)
         _, cache = prefill_cached(ctx.draft_params, self.cfg,
                                   embed(ctx.draft_params, self.cfg, prefilled.prompts), cache,
                                   prefilled.lengths)
@@ -82,13 +82,14 @@ class DraftModel(FullVerification):
         return proposal, cache, state
 
     def commit(self, ctx: DraftContext, state: Cache, done: Round) -> Cache:
+        active = done.lengths_after > done.lengths_before
+        before_last = jnp.where(active, done.lengths_after - 1, done.lengths_before)
+        state = state.commit(before_last, done.acceptance.path)
         accepted = done.acceptance.num_accepted
-        state = state.commit(done.lengths_after, done.acceptance.path)
-        # The last accepted draft sits at slot lengths_before + n; with none accepted, write
-        # the bonus token at its own slot instead (the next round writes it again).
-        last = jnp.take_along_axis(done.acceptance.emitted,
-                                   jnp.maximum(accepted - 1, 0)[:, None], axis=1)
-        slot = jnp.where(accepted > 0, done.lengths_before + accepted, done.lengths_after)
+        last_draft = jnp.take_along_axis(done.acceptance.emitted,
+                                         jnp.maximum(accepted - 1, 0)[:, None], axis=1)[:, 0]
+        last = jnp.where(accepted > 0, last_draft, done.pending)
         _, state = run_layers_cached(ctx.draft_params, self.cfg,
-                                     embed(ctx.draft_params, self.cfg, last), state, slot)
-        return state
+                                     embed(ctx.draft_params, self.cfg, last[:, None]), state,
+                                     before_last)
+        return state.commit(done.lengths_after)

@@ -59,11 +59,13 @@ class Prefilled:
 
 @flax.struct.dataclass
 class Round:
-    """What one round did, for `Drafter.commit`: the proposal and its acceptance; the target's
-    hidden states at the proposal's reuse exit for the pending token and every node [B, 1+T, D]
-    (verification filled in the positions the draft never ran; None without reuse); the
-    target's committed lengths [B] before and after (unchanged for rows that are done)."""
+    """What one round did, for `Drafter.commit`: the pending token it started from [B], the
+    proposal and its acceptance; the target's hidden states at the proposal's reuse exit for
+    the pending token and every node [B, 1+T, D] (verification filled in the positions the
+    draft never ran; None without reuse); the target's committed lengths [B] before and after
+    (unchanged for rows that are done)."""
 
+    pending: jax.Array
     proposal: Proposal
     acceptance: Acceptance
     reused_hidden: jax.Array | None

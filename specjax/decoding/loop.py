@@ -161,7 +161,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
     return LoopState(
         cache=verified.cache.commit(lengths, accepted.path),
-        drafter=drafter.commit(ctx, draft_state, Round(proposal, accepted,
+        drafter=drafter.commit(ctx, draft_state, Round(s.pending, proposal, accepted,
                                                        verified.reused_hidden, s.cache.lengths,
                                                        lengths)),
         pending=jnp.where(active, jnp.take_along_axis(

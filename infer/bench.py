@@ -80,7 +80,7 @@ def _progress(line: str) -> None:
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats")
     mesh = mesh_from_flag()
-    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
+    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
@@ -89,7 +89,7 @@ def benchmark() -> dict:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
-    generator = loaded.generator(mesh=mesh)
+    generator = loaded.generator()
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
@@ -118,7 +118,7 @@ def benchmark() -> dict:
              "expected_tau": plans[r.name].expected_tau if r.name in plans else None,
              "tree_parents": list(getattr(strategies[r.name].shape, "parents", [])) or None,
              "acceptance_rate": r.stats.acceptance_rate,
-             "nodes_verified_per_round": strategies[r.name].shape.num_nodes + 1,
+             "positions_verified_per_round": r.stats.verified_per_round,
              "compile_s": r.compile_seconds,
              "decode_tokens_per_s": r.decode_tokens_per_second, "tokens": r.tokens,
              "seconds": r.seconds, "prefill_seconds": r.prefill_seconds,
@@ -201,7 +201,7 @@ def format_report(report: dict) -> str:
         same = {True: "yes", False: "NO", None: "n/a (sampled)"}[r["identical_to_ar"]]
         accept = "n/a" if r["strategy"] == "ar" else f"{r['acceptance_rate']:.2f}"
         lines.append(f"{r['strategy']:<34}{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x"
-                     f"{r['tau']:7.2f}{accept:>8}{r['nodes_verified_per_round']:7d}"
+                     f"{r['tau']:7.2f}{accept:>8}{r['positions_verified_per_round']:7.1f}"
                      f"{_rate(r['decode_tokens_per_s']):>14}"
                      f"{r['compile_s']:11.1f}{r['distinct_4grams']:13.2f}  {same}")
         if r["expected_tau"] is not None:

@@ -12,7 +12,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-token prompt
@@ -120,6 +120,22 @@ def test_confidence_stopped_drafts_equal_autoregressive(generators, reference, e
             assert 0 <= stats.accepted <= stats.drafted
     if threshold == 0.95:  # drafts really were cut short
         assert out.total.drafted < num_draft * out.total.rounds
+
+
+def test_rows_that_stop_drafting_early_are_verified_only_as_far_as_they_drafted(generator):
+    """A confidence stop no draft can pass (eta .999): every row keeps only its first draft,
+    so one round's verification is the smallest pass (2 of K = 6 nodes): it writes the deep
+    layers' K/V at the pending token's and two nodes' slots and nowhere after. Catches
+    verification that runs all K nodes whatever the rows drafted (the stop would then save
+    drafting only)."""
+    strategy = chain(1, 6, 0.999)
+    assert strategy.shape.verify_sizes == (2, 4, 6)
+    prompts, lengths = generator.pad([list(range(1, 17))] * 2)  # no padding slots
+    state = decode_rounds(generator.params, {}, CFG, strategy, prompts, lengths, rounds=1,
+                          max_new_tokens=8, cache_len=32)
+    assert state.stats.drafted.tolist() == [1, 1] and state.stats.verified.tolist() == [3, 3]
+    written = jnp.any(state.cache.layers[-1].k != 0, axis=(0, 2))  # per slot
+    assert written.tolist() == [True] * 19 + [False] * 13  # prompt, pending, two nodes
 
 
 def test_speculation_actually_accepts_and_rejects(generators):

@@ -195,7 +195,7 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     names = [r["strategy"] for r in report["results"]]
     assert names == ["ar", "selfspec E=1 K=3", "selfspec E=1 tree 2,1", "selfspec E=2 K=3",
                      "selfspec E=2 tree 2,1"]
-    assert [r["nodes_verified_per_round"] for r in report["results"]] == [1, 4, 5, 4, 5]
+    assert [r["positions_verified_per_round"] for r in report["results"]] == [1, 4, 5, 4, 5]
     costs = report["verify_seconds"]
     assert costs["tokens"] == [1, 8, 16, 32] and min(costs["seconds"]) > 0
     assert "verify pass (layers 1..L + head)" in result.stdout

@@ -118,7 +118,7 @@ class Calm(_EarlyExiting):
         exited, cache = self.early_exit.run(ctx.params, ctx.cfg, ctx.draft_params.head, cache,
                                             pending[:, None], layout, threshold)
         return Verified(exited.logits, cache, None,
-                        {"exit": exited.exit, "confidence": exited.confidence})
+                        {"exit": exited.exit, "confidence": exited.confidence}, jnp.int32(1))
 
 
 @dataclasses.dataclass(frozen=True)

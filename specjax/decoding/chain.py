@@ -5,8 +5,8 @@ stopped. A row stops after a draft that is unconfident: its probability under th
 distribution is below `stop_below` (HF's `assistant_confidence_threshold`, Kangaroo's η); or,
 with an acceptance model (SpecDec++'s head), once the predicted probability that some draft so
 far is rejected, 1 - prod(accept), exceeds `stop_risk` (h). A row that stops keeps being
-computed with the batch but its later drafts do not count (`valid`), so shapes stay static and
-the verifier sees K nodes whatever happened.
+computed with the batch but its later drafts do not count (`valid`), so shapes stay static;
+verification covers the longest row's drafts (`verify_sizes`).
 
 Both rules keep sampling lossless: the decision depends only on the drafted prefix, and the
 verifier draws the token after the last valid draft from the target.
@@ -25,6 +25,8 @@ import jax.numpy as jnp
 from specjax.decoding.proposal import DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.tree import chain_layout
+
+VERIFY_STEPS = 3  # verification sizes of a chain whose rows may stop early (`verify_sizes`)
 
 # accept(what the step kept at the draft's input position [B, ...], the draft distribution
 # [B, V] (greedy: softmax at temperature 1), the drawn tokens [B]) -> P(accepted) [B]
@@ -52,6 +54,16 @@ class Chain:
     @property
     def depth(self) -> int:
         return self.num_draft
+
+    @property
+    def verify_sizes(self) -> tuple[int, ...]:
+        """Node counts a verification pass may cover: K, and when rows may stop early also
+        1/3 and 2/3 of it, rounded up (each size is one more compiled pass; on a 2-core CPU a
+        pass costs about 1.8 ms + 0.27 ms a token at the default size)."""
+        if not (self.stop_below or self.stop_risk):
+            return (self.num_draft,)
+        steps = min(VERIFY_STEPS, self.num_draft)
+        return tuple(sorted({-(-self.num_draft * i // steps) for i in range(1, steps + 1)}))
 
     def validate(self) -> None:
         if self.num_draft < 1:

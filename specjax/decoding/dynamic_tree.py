@@ -43,6 +43,10 @@ class DynamicTree:
         return self.top_k
 
     @property
+    def verify_sizes(self) -> tuple[int, ...]:
+        return (self.num_nodes,)  # every node is verified
+
+    @property
     def num_expanded(self) -> int:
         return self.top_k * (self.depth - 1)
 

@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
-from typing import TypeVar
 
 import flax.struct
 import jax
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.confidence_head import confidence
 from specjax.config import ModelConfig
+from specjax.decoding.branching import either
 from specjax.decoding.tree import Layout
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
 from specjax.nn.confidence_head import top_two_margin
@@ -40,7 +40,6 @@ from specjax.nn.confidence_head import top_two_margin
 # measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
 # [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]
 Measure = Callable[[Params, ModelConfig, jax.Array, jax.Array, jax.Array], jax.Array]
-T = TypeVar("T")
 
 
 def softmax_response(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
@@ -85,19 +84,6 @@ def decayed_threshold(params: ExitParams, generated: jax.Array, horizon: jax.Arr
     lam = params.threshold
     value = lam * (0.9 + 0.1 * jnp.exp(-params.decay * generated / horizon))
     return jnp.where(lam >= 1, jnp.inf, value)
-
-
-def either(pred: jax.Array, if_true: Callable[[T], T], if_false: Callable[[T], T],
-           state: T) -> T:
-    """`lax.cond(pred, if_true, if_false, state)` as two while loops of zero or one trip. On
-    XLA:CPU a conditional's branch copies every buffer it updates (here the layers' caches:
-    16 copies, 0.5 MB a token at the default size, measured in the compiled HLO), while a
-    while loop updates its carry in place."""
-    def once(branch: Callable[[T], T], run: jax.Array, state: T) -> T:
-        return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), branch(c[1])),
-                                  (run, state))[1]
-
-    return once(if_false, ~pred, once(if_true, pred, state))
 
 
 @flax.struct.dataclass

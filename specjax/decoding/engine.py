@@ -25,12 +25,14 @@ AUTOREGRESSIVE = Autoregressive()
 
 @dataclasses.dataclass(frozen=True)
 class RowStats:
-    """One row's decoding statistics: rounds, nodes drafted, drafts committed, the drafter's own
-    counters. tau = mean tokens committed per round."""
+    """One row's decoding statistics: rounds, nodes drafted, drafts committed, positions
+    verified (the pending token and the nodes each pass ran), the drafter's own counters.
+    tau = mean tokens committed per round."""
 
     rounds: int
     drafted: int
     accepted: int
+    verified: int = 0
     extra: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -41,15 +43,20 @@ class RowStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @property
+    def verified_per_round(self) -> float:
+        return self.verified / self.rounds if self.rounds else 0.0
+
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "tau": self.tau, "acceptance_rate": self.acceptance_rate, **self.extra}
+                "tau": self.tau, "acceptance_rate": self.acceptance_rate,
+                "verified_per_round": self.verified_per_round, **self.extra}
 
     @classmethod
     def total(cls, rows: Sequence[RowStats]) -> RowStats:
         """The sums over rows."""
         return cls(sum(r.rounds for r in rows), sum(r.drafted for r in rows),
-                   sum(r.accepted for r in rows),
+                   sum(r.accepted for r in rows), sum(r.verified for r in rows),
                    {name: sum(r.extra[name] for r in rows) for name in
                     (rows[0].extra if rows else {})})
 
@@ -207,6 +214,7 @@ class Generator:
         return Generation(
             tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
             stats=[RowStats(int(stats.rounds[i]), int(stats.drafted[i]), int(stats.accepted[i]),
+                            int(stats.verified[i]),
                             {name: int(values[i]) for name, values in stats.extra.items()})
                    for i in range(len(counts))],
             trace=[{name: values[i, :counts[i]].tolist() for name, values in trace.items()}

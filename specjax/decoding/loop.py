@@ -27,12 +27,14 @@ from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_ca
 
 @flax.struct.dataclass
 class DecodeStats:
-    """Per-row counters [B]: rounds run, nodes drafted (valid ones), drafts committed, and the
-    drafter's own counters (`Proposal.stats`, summed over rounds)."""
+    """Per-row counters [B]: rounds run, nodes drafted (valid ones), drafts committed,
+    positions verified (the pending token and the nodes each pass ran), and the drafter's own
+    counters (`Proposal.stats`, summed over rounds)."""
 
     rounds: jax.Array
     drafted: jax.Array
     accepted: jax.Array
+    verified: jax.Array
     extra: dict[str, jax.Array]
 
 
@@ -115,7 +117,7 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
         done=(first == eos_id) | (max_new_tokens <= 1),
-        stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros,
+        stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
         trace={name: jnp.full((batch, width), -1, like.dtype)
@@ -175,6 +177,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             rounds=s.stats.rounds + active,
             drafted=s.stats.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
             accepted=s.stats.accepted + jnp.maximum(count - 1, 0),
+            verified=s.stats.verified + active * verified.positions,
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
         round=s.round + 1)

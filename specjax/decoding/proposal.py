@@ -63,6 +63,8 @@ class Shape(Protocol):
 
     is_chain: bool
     num_nodes: int
+    verify_sizes: tuple[int, ...]  # node counts a verification pass may cover (ascending, the
+    # last is num_nodes): the smallest holding every row's valid nodes runs (`verify.verify`)
     depth: int
     max_children: int
     children: str  # how sampled children are drawn: one of CHILD_RULES

@@ -98,6 +98,10 @@ class StaticTree:
     def num_nodes(self) -> int:
         return len(self.parents)
 
+    @property
+    def verify_sizes(self) -> tuple[int, ...]:
+        return (self.num_nodes,)  # every node is verified
+
     @functools.cached_property
     def _node_depths(self) -> list[int]:
         return _depths(self.parents)

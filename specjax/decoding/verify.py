@@ -8,9 +8,17 @@ for those positions is written; `Cache.commit` later keeps the accepted ones.
 When the drafter already ran the target's first layers on most positions (`Proposal.reuse`:
 LayerSkip's shallow layers, whose K/V it wrote), only the positions it did not run go through
 those layers here, and the deeper layers run once over all positions.
+
+A chain whose rows may stop drafting early (a confidence stop, SpecDec++'s head) is verified
+only as far as the longest row drafted, rounded up to one of its shape's `verify_sizes` (one
+compiled pass per size, the one that fits chosen at run time, `branching.switch`); the logits
+past it are zeros, which acceptance never reads (those nodes are invalid). On a CPU a pass
+costs about its token count, so a stop saves verification as well as drafting.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -18,6 +26,7 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
+from specjax.decoding.branching import switch
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.tree import Layout, ancestor_matrix, chain_layout, tree_layout
 from specjax.model import Params, embed, exit_logits, run_layers_cached
@@ -29,17 +38,42 @@ class Verified:
     cache with every layer's K/V written for them (lengths unchanged); when the proposal reuses
     the draft's layers, every position's hidden state at the reuse exit [B, 1+T, D] (else
     None); `trace`, per-position values [B, 1+T] reported with the token each position's
-    logits produce (CALM's exit and confidence; empty for the full model)."""
+    logits produce (CALM's exit and confidence; empty for the full model); `positions`, how
+    many positions the pass ran (a scalar: 1 + T, or fewer for a chain cut short)."""
 
     logits: jax.Array
     cache: Cache
     reused_hidden: jax.Array | None
     trace: dict[str, jax.Array]
+    positions: jax.Array
 
 
 def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
            proposal: Proposal) -> Verified:
-    """The full target over the pending token [B] and every node of `proposal`."""
+    """The full target over the pending token [B] and every valid node of `proposal` (or more:
+    the smallest of its shape's `verify_sizes` that holds every row's valid nodes)."""
+    sizes = proposal.shape.verify_sizes
+    if len(sizes) == 1:
+        return _verify(params, cfg, cache, pending, proposal)
+    num_nodes = proposal.tokens.shape[1]
+
+    def first_nodes(size: int) -> Callable[[Verified], Verified]:
+        def run(verified: Verified) -> Verified:
+            out = _verify(params, cfg, verified.cache, pending, _first(proposal, size))
+            return out.replace(logits=_pad_nodes(out.logits, num_nodes),
+                               reused_hidden=_pad_nodes(out.reused_hidden, num_nodes))
+        return run
+
+    drafted = jnp.max(jnp.sum(proposal.valid, axis=1))
+    full = jax.eval_shape(lambda: _verify(params, cfg, cache, pending, proposal))
+    empty = jax.tree.map(lambda like: jnp.zeros(like.shape, like.dtype), full).replace(
+        cache=cache)
+    return switch(jnp.searchsorted(jnp.asarray(sizes), drafted),
+                  [first_nodes(size) for size in sizes], empty)
+
+
+def _verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
+            proposal: Proposal) -> Verified:
     tokens = jnp.concatenate([pending[:, None], proposal.tokens], axis=1)
     layout = proposal_layout(cache.lengths, proposal, cache.max_len)
     reuse, start, reused = proposal.reuse, 0, None
@@ -53,7 +87,28 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
         rows = jnp.arange(tokens.shape[0])[:, None]
         hidden = reused = reuse.hidden.at[rows, missing].set(ran)
     hidden, cache = _run(params, cfg, hidden, cache, layout, (start, cfg.num_layers))
-    return Verified(exit_logits(params, cfg, hidden), cache, reused, {})
+    return Verified(exit_logits(params, cfg, hidden), cache, reused, {},
+                    jnp.int32(tokens.shape[1]))
+
+
+def _first(proposal: Proposal, size: int) -> Proposal:
+    """A chain's first `size` nodes (and the reused hidden states of the pending token and
+    them): every valid node, when no row drafted more."""
+    reuse = proposal.reuse
+    if reuse is not None:
+        reuse = reuse.replace(hidden=reuse.hidden[:, :size + 1])
+    return proposal.replace(
+        tokens=proposal.tokens[:, :size], parents=proposal.parents[:, :size],
+        valid=proposal.valid[:, :size], q=None if proposal.q is None else proposal.q[:, :size],
+        reuse=reuse)
+
+
+def _pad_nodes(values: jax.Array | None, num_nodes: int) -> jax.Array | None:
+    """[B, 1 + n, ...] -> [B, 1 + num_nodes, ...], zeros after."""
+    if values is None:
+        return None
+    return jnp.pad(values, [(0, 0), (0, num_nodes + 1 - values.shape[1])]
+                   + [(0, 0)] * (values.ndim - 2))
 
 
 def proposal_layout(lengths: jax.Array, proposal: Proposal, max_len: int) -> Layout:

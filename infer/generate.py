@@ -66,12 +66,12 @@ def run() -> None:
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     mesh = mesh_from_flag()
     output = open_output(FLAGS.output)  # before any work: a bad path fails at once
-    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
+    loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(meta), cfg,
                                {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
-    generator = loaded.generator(mesh=mesh)
+    generator = loaded.generator()
     if generator.mesh is not None:
         print("decoding on a mesh of " + ", ".join(
             f"{axis}={size}" for axis, size in generator.mesh.shape.items()), file=sys.stderr)

@@ -15,10 +15,12 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.sharding import Mesh
 
 from specjax.config import ModelConfig
 from specjax.entrypoint import SpecjaxError
 from specjax.model import init_params
+from specjax.sharding import tree_shardings, with_shardings
 
 
 class CheckpointError(SpecjaxError):
@@ -123,28 +125,29 @@ def abstract_tree(tree: Any) -> Any:
 
 
 def load_params(workdir: str, step: int | None = None,
-                abstract: Callable[[ModelConfig], Any] | None = None
-                ) -> tuple[Any, ModelConfig, dict[str, Any]]:
+                abstract: Callable[[ModelConfig], Any] | None = None, *,
+                mesh: Mesh | None = None) -> tuple[Any, ModelConfig, dict[str, Any]]:
     """(params, model config, metadata) of a workdir's latest (or given) checkpoint, for
     inference: the optimizer state is not read. `abstract(cfg)` gives the params' shapes when
-    they are not the model's (an adapter's). An unreadable latest checkpoint falls back to the
-    newest readable one, with a warning."""
+    they are not the model's (an adapter's). Restored onto one device, or straight into the
+    layout `sharding.RULES` gives on `mesh` (never whole on one device). An unreadable latest
+    checkpoint falls back to the newest readable one, with a warning."""
     checkpoints = Checkpointer(workdir, create=False)
     candidates = [step] if step is not None else checkpoints.all_steps()[::-1]
     if not candidates:
         raise CheckpointError(f"no checkpoint found in {checkpoints.directory}")
     for candidate, earlier in zip(candidates[:-1], candidates[1:], strict=True):
         try:
-            return _load_step(checkpoints, candidate, abstract)
+            return _load_step(checkpoints, candidate, abstract, mesh)
         except UnreadableCheckpointError as error:
             print(f"warning: checkpoint of step {candidate} in {checkpoints.directory} is "
                   f"unreadable ({type(error.__cause__).__name__}); trying step {earlier}",
                   file=sys.stderr)
-    return _load_step(checkpoints, candidates[-1], abstract)
+    return _load_step(checkpoints, candidates[-1], abstract, mesh)
 
 
 def _load_step(checkpoints: Checkpointer, step: int,
-               abstract: Callable[[ModelConfig], Any] | None
+               abstract: Callable[[ModelConfig], Any] | None, mesh: Mesh | None
                ) -> tuple[Any, ModelConfig, dict[str, Any]]:
     meta = checkpoints.read_meta(step)
     if "model" not in meta:
@@ -155,7 +158,10 @@ def _load_step(checkpoints: Checkpointer, step: int,
     cfg = ModelConfig.from_dict(meta["model"])
     shapes = (abstract(cfg) if abstract is not None else
               jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))
-    one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # whatever saved it
-    params, _, meta = checkpoints.restore(jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), shapes), step=step)
+    if mesh is None:  # whatever layout saved it
+        one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        shardings = jax.tree.map(lambda _: one_device, shapes)
+    else:
+        shardings = tree_shardings(mesh, shapes)
+    params, _, meta = checkpoints.restore(with_shardings(shapes, shardings), step=step)
     return params, cfg, meta

@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jax.sharding import Mesh
+
 from specjax.calibrated import with_calibrated
 from specjax.checkpoint import (
     Checkpointer,
@@ -41,18 +43,23 @@ class LoadedModel:
     cfg: ModelConfig
     meta: dict[str, Any]
     draft_weights: dict[str, DraftWeights]
+    mesh: Mesh | None = None
 
     def generator(self, **options: Any) -> Generator:
-        """A `Generator` over this model that drafts with its trained drafters' weights."""
-        return Generator(self.params, self.cfg, draft_weights=self.draft_weights, **options)
+        """A `Generator` over this model (on its mesh, if any) that drafts with its trained
+        drafters' weights."""
+        return Generator(self.params, self.cfg, draft_weights=self.draft_weights,
+                         mesh=self.mesh, **options)
 
 
 def load_model(workdir: str, step: int | None = None,
-               draft_workdir: str | Sequence[str] | None = None) -> LoadedModel:
+               draft_workdir: str | Sequence[str] | None = None, *,
+               mesh: Mesh | None = None) -> LoadedModel:
     """The workdir's latest checkpoint (or `step`) ready for decoding, with the drafters in
     `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
-    strategy's draft model) or a head trained on this model."""
-    target = _load_target(workdir, step)
+    strategy's draft model) or a head trained on this model. On `mesh`, every weight is
+    restored straight into its layout there."""
+    target = _load_target(workdir, step, mesh)
     checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
                                else params_checksum(target.params))  # hashed once, if needed
     weights = dict(target.draft_weights)
@@ -76,8 +83,8 @@ def _drafter(target: LoadedModel, target_checksum: Callable[[], str],
             raise CheckpointError(f"the {meta.get('objective')} head in {workdir} was trained "
                                   f"on the model in {meta['base']['workdir']}, not on the "
                                   f"weights of {target.workdir}")
-        return _load_head(workdir, None, meta)[1]
-    params, cfg, meta = load_params(workdir)
+        return _load_head(workdir, None, meta, target.mesh)[1]
+    params, cfg, meta = load_params(workdir, mesh=target.mesh)
     tokenizers = (target.meta.get("tokenizer", "bytes"), meta.get("tokenizer", "bytes"))
     if tokenizers[0] != tokenizers[1] or cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft model in {workdir} has tokenizer {tokenizers[1]!r} "
@@ -95,13 +102,13 @@ def _read_meta(workdir: str, step: int | None) -> dict[str, Any]:
         return {}
 
 
-def _load_target(workdir: str, step: int | None) -> LoadedModel:
+def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedModel:
     """The model (or a head's base and the head) in `workdir`, its metadata carrying the
     workdir's calibrated decoding defaults."""
     meta = _read_meta(workdir, step)
     if "base" not in meta:  # a model's workdir, not a head's
-        params, cfg, meta = load_params(workdir, step)
-        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir), {})
+        params, cfg, meta = load_params(workdir, step, mesh=mesh)
+        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir), {}, mesh)
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
         raise CheckpointError(f"the {meta['objective']} head in {workdir} was trained on the "
@@ -109,21 +116,22 @@ def _load_target(workdir: str, step: int | None) -> LoadedModel:
                               "that workdir back, or train the head again on the model where it "
                               "is now")
     try:
-        base = load_base(recorded["workdir"], recorded["step"])
+        base = load_base(recorded["workdir"], recorded["step"], mesh=mesh)
     except CheckpointError:  # that step was rotated out: the latest must be the same weights
-        base = load_base(recorded["workdir"])
+        base = load_base(recorded["workdir"], mesh=mesh)
     base.check_unchanged(recorded, workdir)
-    meta, weights = _load_head(workdir, step, meta)
-    return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights)
+    meta, weights = _load_head(workdir, step, meta, mesh)
+    return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights,
+                       mesh)
 
 
-def _load_head(workdir: str, step: int | None,
-               meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, DraftWeights]]:
+def _load_head(workdir: str, step: int | None, meta: dict[str, Any],
+               mesh: Mesh | None) -> tuple[dict[str, Any], dict[str, DraftWeights]]:
     """A head's checkpoint metadata and weights (for each strategy that reads them), given its
     metadata."""
     head = HEADS[meta["objective"]]
     settings = meta[head.record_key]
     params, _, meta = load_params(workdir, step, abstract=lambda cfg: head.abstract_params(
-        cfg, settings))
+        cfg, settings), mesh=mesh)
     weights = DraftWeights(params, settings.get("exit_layer"))
     return meta, {name: weights for name in head.strategies()}

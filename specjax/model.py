@@ -29,6 +29,7 @@ from specjax.nn.layer_kinds import LAYER_KINDS, Step
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
+from specjax.sharding import constrain_cache
 
 Params = dict[str, Any]
 
@@ -222,7 +223,8 @@ def allocate_cache(cfg: ModelConfig, batch: int, max_len: int, window: int = 1) 
     nodes), which state-space layers keep uncommitted."""
     layers = tuple(LAYER_KINDS[name].allocate(cfg, batch, max_len, window)
                    for name in cfg.layer_kinds)
-    return Cache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32), max_len=max_len)
+    return constrain_cache(Cache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32),
+                                 max_len=max_len), batch)
 
 
 def chain_mask(write_pos: jax.Array, steps: int, max_len: int) -> jax.Array:

@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -52,6 +52,21 @@ PARAM_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("mixer", "D"): ("ssm_heads",),
 }
 STACKS = ("layers", "mamba2_layers")
+
+# A decode cache leaf's logical axes by its field name (`cache.Cache`, `LayerKV`, `LayerSSM`).
+# "rows*kv_heads" is attention's merged axis of rows and K/V heads (row-major, see cache.py).
+CACHE_AXES: dict[str, tuple[str | None, ...]] = {
+    "lengths": ("batch",),
+    "k": ("rows*kv_heads", None, None),
+    "v": ("rows*kv_heads", None, None),
+    "state": ("batch", "ssm_heads", None, None),
+    "conv": ("batch", None, None),
+    "xbc": ("batch", None, None),
+    "x": ("batch", None, "ssm_heads", None),
+    "b": ("batch", None, None, None),
+    "dt": ("batch", None, "ssm_heads"),
+    "log_decay": ("batch", None, "ssm_heads"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +149,41 @@ def tree_shardings(mesh: Mesh, tree: Any) -> Any:
         shape = np.shape(leaf)
         return NamedSharding(mesh, logical_to_spec(mesh, param_axes(keys, len(shape)), shape))
     return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def cache_specs(mesh: Mesh | AbstractMesh, cache: Any, rows: int) -> Any:
+    """PartitionSpecs for a decode cache of `rows` rows (or any tree of layer caches) by
+    CACHE_AXES. The merged rows-and-K/V-heads axis splits like the rows and, when each shard
+    then holds one row, along its heads like the attention weights: the only splits of a
+    row-major merge that keep a head's K/V on the devices that project them."""
+    def spec(path, leaf):
+        axes = CACHE_AXES[path[-1].name]
+        if axes[0] != "rows*kv_heads":
+            return logical_to_spec(mesh, axes, leaf.shape)
+        by_rows = _mesh_axes(logical_to_spec(mesh, ("batch",), (rows,))[0])
+        heads = leaf.shape[0] // rows
+        by_heads = (_mesh_axes(logical_to_spec(mesh, ("heads",), (heads,))[0])
+                    if rows == math.prod(mesh.shape[a] for a in by_rows) else ())
+        merged = by_rows + by_heads
+        return PartitionSpec(merged[0] if len(merged) == 1 else (merged or None),
+                             *axes[1:])
+    return jax.tree_util.tree_map_with_path(spec, cache)
+
+
+def constrain_cache(cache: Any, rows: int) -> Any:
+    """`cache` laid out by `cache_specs` on the mesh the caller set (`jax.set_mesh`: decoding
+    on a mesh, `Generator(mesh=)`); unchanged without one. Freshly allocated zeros have no
+    layout of their own for jit to propagate: unconstrained, a tensor-parallel mesh kept every
+    K/V head's cache on every device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return cache
+    return jax.lax.with_sharding_constraint(cache, cache_specs(mesh, cache, rows))
+
+
+def _mesh_axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """A PartitionSpec entry as a tuple of mesh axes."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def with_shardings(abstract: Any, shardings: Any | None) -> Any:

@@ -2,6 +2,7 @@
 shared by tests/test_sharding.py and the 8-device subprocess it starts (`python -m
 tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -13,14 +14,15 @@ import optax
 from specjax.adapter import init_adapter
 from specjax.checkpoint import Checkpointer, abstract_tree
 from specjax.config import ModelConfig, SsmConfig
-from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.chain import Chain
+from specjax.decoding.draft_model import DraftModel
+from specjax.decoding.engine import AUTOREGRESSIVE, DraftWeights, Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.static_tree import StaticTree
-from specjax.model import init_params, unstack_layers
+from specjax.model import allocate_cache, init_params, unstack_layers
 from specjax.sharding import (
     MeshConfig,
     batch_sharding,
@@ -54,9 +56,12 @@ ATTENTION = ModelConfig(**MODEL, num_layers=4, init_std=0.3)
 HYBRID = ModelConfig(**MODEL, num_layers=4, init_std=0.3,
                      layer_pattern=("mamba2", "attention", "mamba2", "attention"),
                      ssm=SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8))
+DRAFT = dataclasses.replace(ATTENTION, num_layers=2)  # the draft model's config
 DECODINGS = {  # name: (model, strategy)
-    "selfspec dynamic tree": (ATTENTION, SelfSpeculative(2, DynamicTree(6, 2, 3))),
+    "ar": (ATTENTION, AUTOREGRESSIVE),
+    "selfspec chain eta": (ATTENTION, SelfSpeculative(1, Chain(4, 0.3))),
     "kangaroo tree": (ATTENTION, Kangaroo(1, StaticTree.from_branching((2, 1)))),
+    "draft model chain": (ATTENTION, DraftModel(Chain(3))),
     "hybrid static tree": (HYBRID, SelfSpeculative(1, StaticTree.from_branching((2, 2, 1)))),
 }
 
@@ -67,10 +72,21 @@ def decode(mesh: tuple[int, int, int] | None) -> dict[str, list[list[int]]]:
     tokens = {}
     for name, (cfg, strategy) in DECODINGS.items():
         params = init_params(cfg, jax.random.PRNGKey(0))
-        adapter = DraftWeights(init_adapter(params, cfg, 1), exit_layer=1)
-        generator = Generator(params, cfg, mesh=mesh, draft_weights={"kangaroo": adapter})
+        weights = {"kangaroo": DraftWeights(init_adapter(params, cfg, 1), exit_layer=1),
+                   "draft": DraftWeights(unstack_layers(init_params(
+                       DRAFT, jax.random.PRNGKey(1)), DRAFT), cfg=DRAFT)}
+        generator = Generator(params, cfg, mesh=mesh, draft_weights=weights)
         tokens[name] = generator.generate(PROMPTS, max_new_tokens=10, strategy=strategy).tokens
     return tokens
+
+
+def cache_layout(mesh: tuple[int, int, int]) -> dict[str, str]:
+    """The layout of an attention layer's K/V and a Mamba-2 layer's state, allocated for 4
+    rows inside a program jitted on `mesh` (`Generator(mesh=)` runs its loop so)."""
+    cfg = dataclasses.replace(HYBRID, num_layers=2, layer_pattern=("attention", "mamba2"))
+    with jax.set_mesh(make_mesh(MeshConfig(*mesh))):
+        cache = jax.jit(lambda: allocate_cache(cfg, 4, 32, 4))()
+    return {"k": _spec(cache.layers[0].k), "state": _spec(cache.layers[1].state)}
 
 
 def heads(mesh: tuple[int, int, int]) -> dict[str, Any]:
@@ -175,6 +191,7 @@ def main(out_path: str, directory: str) -> None:
     results["restored spec"] = str(state.params["layers"]["mlp"]["down"].sharding.spec)
     _, results["continued"] = train(obj, state, STEPS, MORE)
     results["decoded"] = decode(DECODE_MESH)
+    results["cache specs"] = cache_layout(DECODE_MESH)
     results["heads"] = heads((2, 2, 2))
     results["decoding exported for"] = export_decoding(DECODE_MESH)
     with open(out_path, "w") as f:

@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 from specjax.checkpoint import load_params
+from specjax.config import ModelConfig, SsmConfig
 from specjax.data import BatchSampler
+from specjax.model import allocate_cache
 from specjax.sharding import (
     MeshConfig,
+    cache_specs,
     check_batch,
     logical_to_spec,
     make_mesh,
@@ -89,8 +92,9 @@ def test_a_checkpoint_moves_to_another_mesh_and_to_one_device(on_eight_devices, 
 
 def test_two_processes_of_train_py_match_one_process(tmp_path):
     """`train/train.py --distributed` in two processes of 4 CPU devices each (jax.distributed,
-    gloo collectives), one (2, 2, 2) mesh over all 8: the logged train and eval losses and the
-    saved weights equal a one-device run of the same config. Catches a process that reads rows
+    gloo collectives), one mesh over all 8 from the command line (`--config.mesh.fsdp=4
+    --config.mesh.tensor=2`): the logged train and eval losses and the saved weights equal a
+    one-device run of the same config. Catches a process that reads rows
     other than its devices' (each reads only those), metrics written twice, a workdir lock that
     refuses the second process, a checkpoint that cannot be read on one device."""
     run = tiny_run(model=M.MODEL, train=dict(batch_size=8, total_steps=4, eval_every=2,
@@ -107,7 +111,7 @@ def test_two_processes_of_train_py_match_one_process(tmp_path):
     workdir = str(tmp_path / "sharded")
     workers = [subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "train", "train.py"), f"--config={config}",
-         f"--workdir={workdir}", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+         f"--workdir={workdir}", "--config.mesh.data=1", "--config.mesh.fsdp=4",
          "--config.mesh.tensor=2", "--distributed", f"--coordinator_address=127.0.0.1:{port}",
          "--num_processes=2", f"--process_id={i}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -133,12 +137,47 @@ def test_two_processes_of_train_py_match_one_process(tmp_path):
 
 
 def test_greedy_decoding_on_a_mesh_equals_one_device(on_eight_devices):
-    """Rows over data (4) and weights split over tensor (2): a dynamic tree, Kangaroo's adapter
-    and a hybrid's tree through SSM layers give one device's tokens.
+    """Rows over data (4) and weights split over tensor (2): `ar`, a selfspec chain with a
+    confidence stop (verified as far as its rows drafted), Kangaroo's tree, a draft model and
+    a hybrid's tree through SSM layers give one device's tokens.
     Catches a rule that splits a dimension the decode loop indexes per row or per head in a way
     the partitioner cannot keep exact (a cache written to the wrong rows, a K/V head split
     from its queries)."""
     assert on_eight_devices[0]["decoded"] == M.decode(None)
+
+
+def test_the_decode_cache_is_laid_out_by_the_rules():
+    """Rows over data; a Mamba-2 state's heads over tensor; attention's merged rows-and-heads
+    axis split by its heads too only where each shard holds one row (a row-major merge of two
+    split axes is otherwise not one split). Catches a cache left out of the rules (replicated)
+    and a merged axis split into blocks that mix rows and heads."""
+    cfg = ModelConfig(**M.MODEL, num_layers=2, layer_pattern=("attention", "mamba2"),
+                      ssm=SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2,
+                                    chunk_size=8))
+    mesh = jax.sharding.AbstractMesh((4, 1, 2), ("data", "fsdp", "tensor"))
+    P = jax.sharding.PartitionSpec
+
+    def specs(rows, on=mesh):
+        cache = jax.eval_shape(lambda: allocate_cache(cfg, rows, 32, 4))
+        return cache_specs(on, cache, rows)
+
+    four, eight = specs(4), specs(8)
+    assert four.layers[0].k == P(("data", "tensor"), None, None)  # a row per shard
+    assert eight.layers[0].v == P("data", None, None)              # two rows per shard
+    assert eight.layers[1].state == P("data", "tensor", None, None)
+    assert eight.layers[1].dt == P("data", None, "tensor") and eight.lengths == P("data")
+    tensor_only = jax.sharding.AbstractMesh((1, 1, 2), ("data", "fsdp", "tensor"))
+    assert specs(1, tensor_only).layers[0].k == P("tensor", None, None)  # batch 1: heads
+    assert specs(3, tensor_only).layers[0].k == P(None, None, None)
+
+
+def test_the_decode_loops_cache_carries_its_layout_on_a_mesh(on_eight_devices):
+    """Inside a jitted program on the (4, 1, 2) mesh (`jax.set_mesh`, as `Generator(mesh=)`
+    runs), a freshly allocated cache comes out as `cache_specs` says. Catches a constraint that
+    is never applied (zeros have no layout of their own: unconstrained, a tensor-parallel mesh
+    kept every head's K/V on every device)."""
+    assert on_eight_devices[0]["cache specs"] == {
+        "k": "P(('data', 'tensor'),)", "state": "P('data', 'tensor')"}  # trailing Nones dropped
 
 
 def test_heads_and_distillation_train_on_a_mesh_with_the_losses_of_one_device(

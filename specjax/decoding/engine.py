@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -93,8 +94,8 @@ class Generator:
     size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile. A
     drafter with weights of its own (`needs_weights`) drafts with `draft_weights[name]`, or
     with the `draft_params` of a call. On a `mesh`, weights (the drafters' too) are laid out by
-    `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly; the
-    loop's jit places everything else (the cache follows its rows and heads).
+    `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly;
+    the caches are laid out by `sharding.CACHE_AXES`, and jit places everything else.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
@@ -108,6 +109,10 @@ class Generator:
         layers = params.get("layers")
         self.params = self._place(params if isinstance(layers, (tuple, list))
                                   else unstack_layers(params, cfg))
+
+    def _on_mesh(self) -> contextlib.AbstractContextManager:
+        """The mesh the loop's caches are laid out on (`sharding.constrain_cache`), if any."""
+        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
     def _place(self, tree: Any) -> Any:
         return tree if self.mesh is None else jax.device_put(tree,
@@ -128,7 +133,8 @@ class Generator:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
                                     draft_params)
-        return generate_tokens(*args, **static)
+        with self._on_mesh():
+            return generate_tokens(*args, **static)
 
     def compile(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
@@ -139,7 +145,8 @@ class Generator:
         CPU kernel on or off) in one process."""
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, 0, None,
                                     draft_params)
-        program = generate_tokens.lower(*args, **static).compile()
+        with self._on_mesh():
+            program = generate_tokens.lower(*args, **static).compile()
 
         def decode(batch: Sequence[Sequence[int]], seed: int = 0,
                    eos_id: int | None = None) -> DecodeOutput:

@@ -27,6 +27,7 @@ from specjax.decoding.proposal import Proposal
 from specjax.decoding.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
 from specjax.model import unembed
+from specjax.sharding import constrain_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Kangaroo(HeadDrafter):
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> LayerKV:
         batch, width = prefilled.prompts.shape
-        kv = LayerKV.allocate(ctx.cfg, batch, prefilled.cache_len)
+        kv = constrain_cache(LayerKV.allocate(ctx.cfg, batch, prefilled.cache_len), batch)
         layout = chain_layout(jnp.zeros((batch,), jnp.int32), width, prefilled.cache_len)
         _, kv = run_adapter_cached(ctx.draft_params, ctx.cfg,
                                    prefilled.exit_hidden[self.exit_layer], kv, *layout)

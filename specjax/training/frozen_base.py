@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from specjax.checkpoint import CheckpointError, load_params
 from specjax.config import ModelConfig, dataclass_from_mapping
@@ -61,8 +62,9 @@ def params_checksum(params: Params) -> str:
     return digest.hexdigest()
 
 
-def load_base(workdir: str, step: int | None = None) -> FrozenBase:
-    """The model in `workdir` (its latest checkpoint, or `step`) as a frozen base."""
+def load_base(workdir: str, step: int | None = None, *, mesh: Mesh | None = None) -> FrozenBase:
+    """The model in `workdir` (its latest checkpoint, or `step`) as a frozen base, on one
+    device or laid out on `mesh` (one process's; the checksum reads every weight)."""
     if not workdir:
         raise ValueError("config.base_workdir is required: the workdir of the trained model "
                          "to build on (e.g. --config.base_workdir=runs/tiny)")
@@ -70,7 +72,7 @@ def load_base(workdir: str, step: int | None = None) -> FrozenBase:
         raise CheckpointError(f"base_workdir {workdir!r} does not exist: train the base model "
                               "first (python train/train.py --config configs/tiny_code.py "
                               f"--workdir {workdir})")
-    params, cfg, meta = load_params(workdir, step)
+    params, cfg, meta = load_params(workdir, step, mesh=mesh)
     return FrozenBase(os.path.abspath(workdir), int(meta["step"]), params, cfg, meta,
                       params_checksum(params))
 

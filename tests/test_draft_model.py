@@ -12,8 +12,14 @@ from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.static_tree import StaticTree
-from specjax.model import allocate_cache, embed, run_layers_cached, unstack_layers
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
+from specjax.model import allocate_cache, embed, run_layers_cached
+from tests.conftest import (
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    decode_rounds,
+    first_layers,
+)
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 DRAFT_CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3, "num_layers": 2})
@@ -27,13 +33,12 @@ SHAPES = {"chain K=3": Chain(3), "chain K=6 eta=.5": Chain(6, 0.5),
 def draft_of(params, noise=0.0):
     """A 2-layer draft model: the target's first two layers and head (so it often agrees with
     the target's damped deeper layers), plus noise."""
-    layers = jax.tree.map(lambda w: w[:2], params["layers"])
-    draft = {**params, "layers": layers}
+    draft, cfg = first_layers(params, CFG, 2)
+    assert cfg == DRAFT_CFG
     leaves, tree = jax.tree.flatten(draft)
     keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
-    draft = jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
-                                      for w, k in zip(leaves, keys, strict=True)])
-    return unstack_layers(draft, DRAFT_CFG)
+    return jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
+                                     for w, k in zip(leaves, keys, strict=True)])
 
 
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)

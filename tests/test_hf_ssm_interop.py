@@ -173,7 +173,8 @@ def _save(workdir, params, model):
 
 def test_what_cannot_be_converted_is_a_clear_error(tmp_path):
     """Features specjax's Mamba-2 layer does not have are refused at import, by name, instead
-    of being silently dropped: biased projections and a clamped time step."""
+    of being silently dropped: biased projections and a clamped time step. Catches an import
+    that ignores them and computes another model."""
     for extra, message in [(dict(use_bias=True), "use_bias=True"),
                            (dict(time_step_limit=(0.0, 0.1)), "time_step_limit")]:
         path = tmp_path / message.split("=")[0]

@@ -2,7 +2,6 @@
 `ar` equals a per-step argmax of `model.forward` (the whole-sequence scan, an independent path),
 and self-speculative chains and token trees equal `ar` token for token."""
 
-import dataclasses
 import functools
 
 import jax
@@ -24,7 +23,7 @@ from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.skip_search import AcceptanceProbe
 from specjax.decoding.static_tree import StaticTree
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds, first_layers
 
 SSM = SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8, dt_min=0.05,
                 dt_max=0.5)
@@ -38,15 +37,6 @@ PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-t
 NEW = 19
 
 
-def first_layers(name: str, params, count: int) -> DraftWeights:
-    """A draft model: the first `count` layers of model `name` (of whichever kinds) and its
-    head, which agrees with the damped deeper layers part of the time."""
-    cfg = CONFIGS[name]
-    draft_cfg = dataclasses.replace(cfg, num_layers=count, layer_pattern=cfg.layer_kinds[:count])
-    params = M.unstack_layers(params, cfg)
-    return DraftWeights({**params, "layers": params["layers"][:count]}, cfg=draft_cfg)
-
-
 @functools.cache
 def generator(name: str) -> Generator:
     """The damped model, with a Kangaroo adapter on exit 1 (the shared head plus noise) and a
@@ -55,9 +45,10 @@ def generator(name: str) -> Generator:
     params = damped_params(cfg, jax.random.PRNGKey(0), 0.4)
     adapter = jax.tree.map(lambda w: w + 0.05 * jax.random.normal(jax.random.PRNGKey(1), w.shape),
                            init_adapter(params, cfg, 1))
+    draft, draft_cfg = first_layers(params, cfg, 2)
     return Generator(params, cfg,
                      draft_weights={"kangaroo": DraftWeights(adapter, exit_layer=1),
-                                    "draft": first_layers(name, params, 2)})
+                                    "draft": DraftWeights(draft, cfg=draft_cfg)})
 
 
 @functools.cache

@@ -49,6 +49,8 @@ def test_weight_decay_spares_the_state_space_parameters():
 
 
 def test_the_hybrid_train_step_exports_for_tpu_and_cuda():
+    """Catches a Mamba-2 training path that lowers only for the CPU (a host callback, the CPU
+    kernel outside `lax.platform_dependent`, a shape known only at run time)."""
     run = parse_run_config(tiny_run(model=HYBRID))
     optimizer = make_optimizer(run.train)
     state = jax.eval_shape(lambda: init_train_state(run.model, optimizer, jax.random.PRNGKey(0)))

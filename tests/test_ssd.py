@@ -52,7 +52,9 @@ def test_the_chunked_scan_equals_the_recurrence(chunk, with_state):
 
 
 def test_the_step_and_the_reference_equal_the_recurrence():
-    """The decoding step run token by token and the whole-sequence quadratic form."""
+    """The decoding step run token by token and the whole-sequence quadratic form. Catches a
+    step that decays after adding the new token instead of before, and a reference whose
+    initial state is read without its decay."""
     x, dt, A, B, C, h0 = inputs(1)
     expected_y, expected_state = numpy_recurrence(x, dt, A, B, C, h0)
     state, ys = h0, []
@@ -124,7 +126,8 @@ def test_the_tree_scan_and_the_closed_form_state_equal_each_path_run_as_a_chain(
 
 
 def test_tokens_with_zero_step_leave_the_folded_state_unchanged():
-    """How commits drop tokens past the accepted count: dt = 0 must be an identity step."""
+    """How commits drop tokens past the accepted count: dt = 0 must be an identity step.
+    Catches a fold that decays the state by tokens it drops (or adds their dt x B^T)."""
     x, dt, A, B, C, h0 = inputs(4, length=6)
     keep = jnp.arange(6) < 4
     dropped = jnp.where(keep[None, :, None], dt, 0.0)

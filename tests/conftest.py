@@ -1,6 +1,7 @@
 """Shared tiny configurations: every test model compiles in seconds on a 2-core CPU."""
 
 import copy
+import dataclasses
 import importlib.util
 import os
 
@@ -9,7 +10,7 @@ import pytest
 
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_matmul
-from specjax.model import init_params
+from specjax.model import init_params, unstack_layers
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
 # same HLO and fusions, no fast-math either way) takes about a sixth off the suite, and XLA:CPU's
@@ -78,10 +79,6 @@ def first_layers(params, cfg: ModelConfig, count: int):
     """A draft model made of a model's first `count` layers (of whichever kinds) and its head:
     (its decoding params, its config). On damped params it agrees with the model part of the
     time."""
-    import dataclasses
-
-    from specjax.model import unstack_layers
-
     draft_cfg = dataclasses.replace(cfg, num_layers=count, layer_pattern=(
         None if cfg.layer_pattern is None else cfg.layer_kinds[:count]))
     params = unstack_layers(params, cfg)

@@ -1,5 +1,5 @@
-"""The bench's bandwidth references (what one decode step reads, the matrix-product ceiling)
-and its interleaved timing."""
+"""The bench's bandwidth references (what one decode step reads, the matrix-product ceiling),
+its interleaved timing and its sampled runs over several seeds."""
 
 import dataclasses
 from collections import Counter
@@ -7,7 +7,14 @@ from collections import Counter
 import jax
 import pytest
 
-from specjax.decoding.bench import bytes_per_token, decode_matrices, matvec_bandwidth
+from specjax.decoding.bench import (
+    bytes_per_token,
+    decode_matrices,
+    matvec_bandwidth,
+    run_benchmark,
+)
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.timing import time_interleaved
 from specjax.model import init_params, unstack_layers
 
@@ -44,3 +51,18 @@ def test_time_interleaved_runs_calls_in_turn_per_item_and_repeat():
     assert outputs == {"a": ["a0", "a1"], "b": ["b0", "b1"]}
     assert all(len(per_item) == 3 and min(per_item) >= 0
                for per_call in seconds.values() for per_item in per_call)
+
+
+def test_sampled_bench_decodes_every_prompt_once_per_seed(tiny_cfg, tiny_params):
+    """Catches seeds that are not passed to the decoder (every seed the same sample: the
+    averaging would be a no-op) or that are dropped from the totals; greedy runs refuse them."""
+    generator = Generator(tiny_params, tiny_cfg)
+    sampling, prompts = SamplingParams.create(temperature=1.0), [[1, 2, 3], [4, 5]]
+    [result] = run_benchmark(generator, {"ar": AUTOREGRESSIVE}, prompts, max_new_tokens=8,
+                             repeats=1, sampling=sampling, seeds=2)
+    assert result.rows == 4 and result.tokens == 4 * 8
+    expected = [generator.generate([prompt], max_new_tokens=8, sampling=sampling,
+                                   seed=seed).tokens[0] for seed in (0, 1) for prompt in prompts]
+    assert result.generated == expected and expected[0] != expected[2]
+    with pytest.raises(ValueError, match="and 1 for greedy decoding"):
+        run_benchmark(generator, {"ar": AUTOREGRESSIVE}, prompts, max_new_tokens=8, seeds=2)

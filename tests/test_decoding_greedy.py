@@ -119,21 +119,22 @@ def test_confidence_stopped_drafts_equal_autoregressive(generators, reference, e
             assert stats.rounds <= stats.drafted <= num_draft * stats.rounds
             assert 0 <= stats.accepted <= stats.drafted
     if threshold == 0.95:  # drafts really were cut short
-        assert out.total.drafted < num_draft * out.total.rounds
+        assert out.total.extra["stopped_after"] < num_draft * out.total.rounds
 
 
 def test_rows_that_stop_drafting_early_are_verified_only_as_far_as_they_drafted(generator):
-    """A confidence stop no draft can pass (eta .999): every row keeps only its first draft,
-    so one round's verification is the smallest pass (2 of K = 6 nodes): it writes the deep
-    layers' K/V at the pending token's and two nodes' slots and nowhere after. Catches
-    verification that runs all K nodes whatever the rows drafted (the stop would then save
-    drafting only)."""
+    """A confidence stop no draft can pass (eta .999): every row stops after its first draft,
+    so one round's verification is the smallest pass (2 of K = 6 nodes), which the chain fills:
+    2 drafts per row, and the deep layers' K/V written at the pending token's and two nodes'
+    slots and nowhere after. Catches verification that runs all K nodes whatever the rows
+    drafted (the stop would then save drafting only), and a chain not filled to its pass (1
+    draft counted where the pass verifies 2)."""
     strategy = chain(1, 6, 0.999)
     assert strategy.shape.verify_sizes == (2, 4, 6)
     prompts, lengths = generator.pad([list(range(1, 17))] * 2)  # no padding slots
     state = decode_rounds(generator.params, {}, CFG, strategy, prompts, lengths, rounds=1,
                           max_new_tokens=8, cache_len=32)
-    assert state.stats.drafted.tolist() == [1, 1] and state.stats.verified.tolist() == [3, 3]
+    assert state.stats.drafted.tolist() == [2, 2] and state.stats.verified.tolist() == [3, 3]
     written = jnp.any(state.cache.layers[-1].k != 0, axis=(0, 2))  # per slot
     assert written.tolist() == [True] * 19 + [False] * 13  # prompt, pending, two nodes
 

@@ -140,7 +140,7 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
     shape = strategy.shape
     if getattr(shape, "stop_below", 0) or getattr(shape, "stop_risk", 0):  # stops really cut
-        assert total.rounds <= total.drafted < shape.num_draft * total.rounds
+        assert total.rounds <= total.extra["stopped_after"] < shape.num_draft * total.rounds
 
 
 def _resample_from_target(key, draft, draft_probs, target_probs, num_valid):

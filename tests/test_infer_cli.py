@@ -114,7 +114,7 @@ def test_bad_files_fail_at_once_with_the_file_named(workdir, tmp_path):
         result = _run("generate.py", "--workdir", workdir, *args)
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
-    for flag in ("--repeats=0", "--num_prompts=0"):
+    for flag in ("--repeats=0", "--num_prompts=0", "--seeds=0"):
         result = _run("bench.py", "--workdir", workdir, flag)
         assert result.returncode == 1 and f"{flag} must be >= 1" in result.stderr
 

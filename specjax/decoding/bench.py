@@ -168,15 +168,22 @@ def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
 def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
                   prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 1,
                   repeats: int = 3, baseline: str = "ar",
-                  sampling: SamplingParams | None = None,
+                  sampling: SamplingParams | None = None, seeds: int = 1,
                   progress: Callable[[str], None] | None = None) -> list[StrategyResult]:
     """Decoding of `prompts` by each strategy (greedy unless `sampling`); see the module
-    docstring. Sampled runs use the same seed for every strategy; `progress` receives a line
-    after each compile and each timed repeat."""
+    docstring. Sampled runs decode every batch once per seed 0..`seeds`-1, the same seeds for
+    every strategy: one seed's τ, and so its speed, varies by up to ±10% between seeds at 16
+    prompts of 256 tokens. `progress` receives a line after each compile and each timed
+    repeat."""
+    if seeds < 1 or (seeds > 1 and sampling is None):
+        raise ValueError(f"seeds={seeds}: must be >= 1, and 1 for greedy decoding (which no "
+                         "seed changes; sample with a temperature > 0 to average over seeds)")
     progress = progress or (lambda line: None)
-    batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+    batches = [(prompts[i:i + batch_size], seed) for seed in range(seeds)
+               for i in range(0, len(prompts), batch_size)]
     def run(name, batch, new=max_new_tokens):
-        return jax.block_until_ready(generator.run(batch, max_new_tokens=new,
+        rows, seed = batch
+        return jax.block_until_ready(generator.run(rows, max_new_tokens=new, seed=seed,
                                                    strategy=strategies[name], sampling=sampling))
 
     compile_seconds = {}

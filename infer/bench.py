@@ -61,7 +61,8 @@ flags.DEFINE_float("temperature", 0.0, "0: greedy decoding (outputs checked iden
                    "else sampled decoding at this temperature (lossless in distribution).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
 flags.DEFINE_integer("seeds", 1, "Sampled runs: decode every prompt with seeds 0..N-1 (one "
-                     "seed's tau, and speed, varies by up to 10% at 16 prompts x 256 tokens).")
+                     "seed's tau, and so its speed, differed by 12% between two seeds at 16 "
+                     "prompts x 256 tokens).")
 flags.DEFINE_integer("bandwidth_mb", 512, "Array size for the read-bandwidth measurement.")
 flags.DEFINE_bool("compare_hf", False, "Also time Hugging Face transformers' greedy generate() "
                   "and assistant_early_exit on the same weights (needs the `hf` extra).")
@@ -192,7 +193,7 @@ def compare_with_hf(results, strategies, prompts) -> list[dict]:
 
 
 def format_report(report: dict) -> str:
-    seeds = report.get("seeds", 1)
+    seeds = report["seeds"]
     mode = ("greedy" if report["temperature"] == 0 else
             f"sampled (temperature {report['temperature']}, top-p {report['top_p']}"
             + (f", seeds 0..{seeds - 1}" if seeds > 1 else "") + ")")

@@ -172,7 +172,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
                   progress: Callable[[str], None] | None = None) -> list[StrategyResult]:
     """Decoding of `prompts` by each strategy (greedy unless `sampling`); see the module
     docstring. Sampled runs decode every batch once per seed 0..`seeds`-1, the same seeds for
-    every strategy: one seed's τ, and so its speed, varies by up to ±10% between seeds at 16
+    every strategy: one seed's τ, and so its speed, differed by 12% between two seeds at 16
     prompts of 256 tokens. `progress` receives a line after each compile and each timed
     repeat."""
     if seeds < 1 or (seeds > 1 and sampling is None):

@@ -20,8 +20,10 @@ def get_config() -> ml_collections.ConfigDict:
                                                     top_p=0.95))
     # Device mesh (data, fsdp, tensor): the base's weights and the head laid out as the rules say.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # 900 steps (381 s on an AMD Zen 5 VM, sampled): validation AUC .844 after 300 steps,
+    # .853 after 600, .855 after 900 (q(y), the signal eta reads: .795).
     config.train = ml_collections.ConfigDict(dict(
-        batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
+        batch_size=16, total_steps=900, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
         eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat=False))
     # K is the longest chain; a row stops once P(some draft rejected) > h.

@@ -117,6 +117,7 @@ STRATEGIES = {
     "draft-chain": DraftModel(Chain(3, stop_below=0.3)),
     "draft-tree": DraftModel(StaticTree.from_branching((2, 1))),
     "specdec-chain": SpecDecHead(1, Chain(3, stop_risk=0.6)),
+    "specdec-tree": SpecDecHead(1, DynamicTree(4, 2, 2)),
     "calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
 }
 

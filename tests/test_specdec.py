@@ -1,5 +1,6 @@
-"""SpecDec++: an acceptance head decides where each row's chain ends. The stop rule against a
-plain reference, lossless greedy decoding at several h, the head's evaluation metric, export.
+"""SpecDec++: an acceptance head decides where each row's chain ends, or where a dynamic tree
+grows. The stop rule against a plain reference, the tree's scores by hand, lossless greedy
+decoding at several h and with trees, the head's evaluation metric, export.
 
 The heads here are random (their output layer scaled up, so predictions spread over (0, 1) and
 rows stop after different numbers of drafts)."""
@@ -15,6 +16,7 @@ from specjax.acceptance_head import init_acceptance_head
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
+from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.registry import make_strategy
@@ -70,6 +72,36 @@ def test_a_chain_stops_where_the_predicted_risk_first_exceeds_h():
         assert np.all(np.asarray(proposal.valid) == (np.arange(num_draft) < size))
 
 
+def test_a_dynamic_tree_keeps_the_path_the_head_expects_accepted():
+    """Top 2 children per node, depth 2, one leaf: the draft prefers token 0 (q .4 against
+    .35 for token 1), the head token 1 (accept .9 against .3). Scored by the head, the leaf is
+    the path 1 -> 1 (.81, against .27 for 0 -> 1 and 1 -> 0); scored by q it would be 0 -> 0.
+    Catches the head's scores ignored (q's tree), a path scored by its last draft alone
+    (0 -> 1 ties 1 -> 1) and the head handed log q (or anything but q) as the distribution."""
+    batch, vocab = 2, 5
+    q = jnp.array([0.4, 0.35, 0.15, 0.06, 0.04])
+
+    def step(carry, tokens, layout):  # the same distribution at every node; keeps the token
+        return (jnp.broadcast_to(jnp.log(q), (*tokens.shape, vocab)), tokens[..., None] * 1.0,
+                carry)
+
+    def accept(kept, probs, token):  # q(token) / probs(token) is 1 when handed q
+        assert kept.shape == (*token.shape, 1) and probs.shape == (*token.shape, vocab)
+        handed = jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0]
+        return jnp.where(token == 1, 0.9, 0.3) * handed / q[token]
+
+    def leaf_path(**accept_model):
+        proposal, *_ = DynamicTree(3, 2, 2).draft(
+            step, (), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32),
+            jax.random.PRNGKey(0), None, 16, **accept_model)
+        tokens, parents = np.asarray(proposal.tokens), np.asarray(proposal.parents)
+        assert proposal.valid.all()
+        return [(tokens[row, parents[row, 2]], tokens[row, 2]) for row in range(batch)]
+
+    assert leaf_path(accept=accept) == [(1, 1)] * batch
+    assert leaf_path() == [(0, 0)] * batch
+
+
 @pytest.mark.parametrize("h", [0.3, 0.7])
 def test_greedy_specdec_equals_autoregressive(generator, h):
     """Catches a stop wired so that rows never stop early or always stop after the first
@@ -83,19 +115,33 @@ def test_greedy_specdec_equals_autoregressive(generator, h):
     assert out.total.rounds < out.total.extra["stopped_after"] < 8 * out.total.rounds
 
 
+def test_greedy_specdec_trees_equal_autoregressive(generator):
+    """Catches a head-scored tree that keeps a node whose ancestors it dropped, or marks
+    valid a node the draft never proposed (ragged prompts, batch 3)."""
+    reference = generator.generate(PROMPTS, max_new_tokens=NEW)
+    out = generator.generate(PROMPTS, max_new_tokens=NEW,
+                             strategy=SpecDecHead(1, DynamicTree(8, 2, 3)))
+    assert out.tokens == reference.tokens
+    assert out.total.accepted > 0
+
+
 def test_eos_inside_a_specdec_draft_ends_the_row_like_autoregressive(generator):
     check_eos_mid_draft(generator, PROMPTS, SpecDecHead(1, Chain(8, 0.0, 0.7)), NEW)
 
 
 def test_specdec_refuses_what_it_cannot_run(generator):
-    with pytest.raises(ValueError, match="set draft_risk"):
+    with pytest.raises(ValueError, match="draft_risk h in"):
         generator.generate([[1]], max_new_tokens=4, strategy=SpecDecHead(1, Chain(4)))
+    with pytest.raises(ValueError, match="not a static tree"):
+        generator.generate([[1]], max_new_tokens=4,
+                           strategy=make_strategy("specdec", DecodingConfig(tree="2,1",
+                                                                            draft_risk=0.5)))
     with pytest.raises(ValueError, match="needs an acceptance head"):
         generator.generate([[1]], max_new_tokens=4, strategy=SelfSpeculative(1, Chain(4, 0, .5)))
     with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):
         generator.generate([[1]], max_new_tokens=4, strategy=SpecDecHead(2, Chain(4, 0, .5)))
-    with pytest.raises(ValueError, match="draft_risk .* do not apply to trees"):
-        make_strategy("specdec", DecodingConfig(tree="2,1", draft_risk=0.5))
+    assert make_strategy("specdec", DecodingConfig(tree="dynamic", draft_risk=0.5)) == \
+        SpecDecHead(1, DynamicTree())
     with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4,
                                         strategy=SpecDecHead(1, Chain(4, 0, .5)))

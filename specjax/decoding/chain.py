@@ -33,8 +33,9 @@ from specjax.decoding.tree import chain_layout
 
 VERIFY_STEPS = 3  # verification sizes of a chain whose rows may stop early (`verify_sizes`)
 
-# accept(what the step kept at the draft's input position [B, ...], the draft distribution
-# [B, V] (greedy: softmax at temperature 1), the drawn tokens [B]) -> P(accepted) [B]
+# accept(what the step kept at the draft's input position [B, ..., D], the draft distribution
+# [B, ..., V] (greedy: softmax at temperature 1), the drafted tokens [B, ...]) ->
+# P(accepted) [B, ...]: a chain asks for one draft per row, a dynamic tree for every child
 AcceptModel = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 

@@ -27,7 +27,8 @@ DECODING_FLAGS = {
                        "below this (0: always K drafts).",
     "draft_risk": "Strategy specdec: a chain row stops drafting once its acceptance head "
                   "predicts that some draft so far is rejected with probability above this "
-                  "(SpecDec++'s h; K is the longest chain). Other strategies ignore it.",
+                  "(SpecDec++'s h; K is the longest chain). Other strategies, and specdec's "
+                  "dynamic trees (which the head scores), ignore it.",
     "tree": "A token tree instead of a chain: children per depth (2,2,1,1), a parents list "
             "([-1,0,0]) or JSON file of one, 'dynamic' (EAGLE-2) or 'auto' (a Sequoia tree "
             "shaped from measurements); 'chain' for a chain.",

@@ -9,7 +9,12 @@ remaining budget, T - k(D-1), goes to the best of all candidates that were not e
 node, every expanded node is kept: its K/V and exit state are reused by verification, so only
 the leaves run the drafter's layers again and the verify pass has a static size.
 
-Children are deterministic (the draft's top tokens), so sampling uses the top-k rule.
+With an acceptance model (SpecDec++'s head, `strategy specdec`) a path is scored instead by the
+cumulative log of its drafts' predicted acceptance, the log-probability that the target accepts
+the whole path: the tree grows where the head expects acceptance, not where the draft is sure.
+
+Children are deterministic (the draft's top tokens), so sampling uses the top-k rule; which of
+them the tree keeps depends on the draft alone, so any scoring stays lossless.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding.chain import AcceptModel
 from specjax.decoding.proposal import DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.tree import ancestor_matrix, inherit_validity, tree_layout
@@ -72,8 +78,9 @@ class DynamicTree:
         return f"dynamic T={self.num_nodes} k={self.top_k} D={self.depth}"
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
-              key: jax.Array, sampling: SamplingParams | None,
-              max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+              key: jax.Array, sampling: SamplingParams | None, max_len: int,
+              accept: AcceptModel | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+        """As `Shape.draft`; with `accept`, paths are scored by predicted acceptance."""
         del key  # children are deterministic
         batch, k, size = pending.shape[0], self.top_k, self.num_nodes + 1
         rows = jnp.arange(batch)[:, None]
@@ -82,7 +89,7 @@ class DynamicTree:
         tree = _Drafting(
             tokens=jnp.zeros((batch, size), jnp.int32).at[:, 0].set(pending),
             parents=jnp.full((batch, size - 1), -1, jnp.int32),
-            score=jnp.zeros((batch, size), jnp.float32),  # cumulative draft log-probability
+            score=jnp.zeros((batch, size), jnp.float32),  # cumulative log q (or log accept)
             pool_tokens=jnp.zeros((batch, (self.depth - 1) * k * k), jnp.int32),
             pool_parents=jnp.zeros((batch, (self.depth - 1) * k * k), jnp.int32),
             pool_score=jnp.full((batch, (self.depth - 1) * k * k), -jnp.inf, jnp.float32),
@@ -96,11 +103,15 @@ class DynamicTree:
                     if tree.kept is None else tree.kept).at[:, frontier].set(kept_here)
             log_q = (jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1) if sampling is None
                      else jnp.log(probabilities(logits, sampling)))
-            child_log_q, child_tokens = jax.lax.top_k(log_q, k)              # [B, n, k]
+            child_score, child_tokens = jax.lax.top_k(log_q, k)              # [B, n, k]
+            if accept is not None:
+                child_score = jnp.where(child_score > -jnp.inf,
+                                        _log_accept(accept, kept_here, log_q, child_tokens),
+                                        -jnp.inf)
             candidates = (child_tokens.reshape(batch, -1).astype(jnp.int32),
                           jnp.broadcast_to(frontier[None, :, None] - 1,
                                            child_tokens.shape).reshape(batch, -1),
-                          (tree.score[:, frontier, None] + child_log_q).reshape(batch, -1))
+                          (tree.score[:, frontier, None] + child_score).reshape(batch, -1))
             return tree.replace(kept=kept, carry=carry), candidates
 
         def place(tree: _Drafting, depth, chosen, candidates) -> _Drafting:
@@ -147,6 +158,15 @@ class DynamicTree:
             reuse=None, stats={}, shape=self)
         missing = jnp.broadcast_to(jnp.arange(leaves.start, size), (batch, size - leaves.start))
         return proposal, tree.kept, missing, tree.carry
+
+
+def _log_accept(accept: AcceptModel, kept: jax.Array, log_q: jax.Array,
+                tokens: jax.Array) -> jax.Array:
+    """log P(accepted) [B, n, k] of the children `tokens` [B, n, k] of n nodes, from what the
+    step kept at each node [B, n, ...] and its draft log-probabilities [B, n, V]."""
+    kept = jnp.broadcast_to(kept[:, :, None], (*tokens.shape, *kept.shape[2:]))
+    probs = jnp.broadcast_to(jnp.exp(log_q)[:, :, None], (*tokens.shape, log_q.shape[-1]))
+    return jnp.log(jnp.maximum(accept(kept, probs, tokens), jnp.finfo(jnp.float32).tiny))
 
 
 @flax.struct.dataclass

@@ -46,9 +46,9 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
                       accept: AcceptModel | None = None) -> tuple[Proposal, Cache, Any]:
     """A proposal of `shape` drafted by the layer ranges `ranges` (ascending, disjoint; the
     layers between them pass their input through) and `head`. The first range starts at layer
-    0; its end is the exit whose hidden states verification reuses, and which a chain's
-    acceptance model `accept` reads. Returns the proposal, the target cache and the head's
-    state."""
+    0; its end is the exit whose hidden states verification reuses, and which the acceptance
+    model `accept` reads (a chain's stop, a dynamic tree's scores). Returns the proposal, the
+    target cache and the head's state."""
     reuse_exit = ranges[0][1]
 
     def step(carry: tuple[Cache, Any], tokens: jax.Array, layout: Layout):
@@ -65,7 +65,7 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
         logits, head_state = head(ctx, hidden, layout, head_state)
         return logits, kept, (cache, head_state)
 
-    stop_model = {} if accept is None else {"accept": accept}  # chains only take one
+    stop_model = {} if accept is None else {"accept": accept}  # chains, dynamic trees
     proposal, kept, missing, (cache, head_state) = shape.draft(
         step, (cache, head_state), cache.lengths, pending, key, ctx.sampling, cache.max_len,
         **stop_model)

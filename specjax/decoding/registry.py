@@ -29,8 +29,8 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
     "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
     "draft": lambda options: DraftModel(shape_for(options)),
-    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(options,
-                                                                         options.draft_risk)),
+    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(
+        options, options.draft_risk if options.tree.strip() in CHAIN_SPECS else 0.0)),
     "calm": lambda options: Calm(early_exit(options), options.calm_threshold,
                                  options.calm_decay),
     "calmdraft": lambda options: CalmDraft(early_exit(options), options.calm_threshold,
@@ -49,7 +49,8 @@ def make_strategy(name: str, options: DecodingConfig) -> Drafter:
 
 def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:
     """The proposal shape the options describe: a chain unless `tree` is set. `stop_risk`: a
-    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on."""
+    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on (its trees
+    are scored by the head, so it passes none for them)."""
     tree = options.tree.strip()
     if tree in CHAIN_SPECS:
         return Chain(options.num_draft, options.draft_threshold, stop_risk)

@@ -2,11 +2,13 @@
 acceptance head decides. After each draft the head predicts the probability that the target
 accepts it (`specjax.acceptance_head`, from exit E's hidden state and the draft distribution);
 a row stops drafting once the predicted probability that some draft so far is rejected,
-1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound.
+1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound. A
+dynamic tree (`--tree dynamic`) grows instead where the head predicts that the whole path is
+accepted (`DynamicTree`: paths scored by the log of prod(accept), not of prod(q)).
 
 The drafts are `selfspec`'s (the shared head at exit E), so verification reuses the shallow
-layers the same way; the head only decides where a row's chain ends, which depends on the
-drafted prefix alone: sampled decoding stays lossless.
+layers the same way; the head only decides where a row's chain ends or which nodes a tree
+keeps, which depends on the drafts alone: sampled decoding stays lossless.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from specjax.acceptance_head import acceptance_probability
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext
+from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
 
@@ -27,16 +30,20 @@ from specjax.decoding.proposal import Proposal
 @dataclasses.dataclass(frozen=True)
 class SpecDecHead(HeadDrafter):
     """exit_layer = E, the exit the head was trained on; shape: a `Chain` with `stop_risk` = h
-    (and `num_draft` = K, the longest chain). Its params are the head's."""
+    (and `num_draft` = K, the longest chain) or a `DynamicTree` the head scores. Its params are
+    the head's."""
 
     name: ClassVar[str] = "specdec"
     head_kind: ClassVar[str] = "an acceptance head"
 
     def validate(self, cfg: ModelConfig) -> None:
         super().validate(cfg)
+        if isinstance(self.shape, DynamicTree):
+            return
         if not self.shape.is_chain or not self.shape.stop_risk:
             raise ValueError("strategy specdec drafts a chain whose length the acceptance head "
-                             "decides: set draft_risk (h) in (0, 1) and no tree")
+                             "decides (draft_risk h in (0, 1)) or a dynamic tree it grows "
+                             "(--tree dynamic), not a static tree or a chain without h")
 
     def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:

@@ -7,7 +7,8 @@ rejected exceeds h (--draft_risk). The model, tokenizer and data come from the b
     python infer/generate.py --workdir runs/specdec --strategy specdec --temperature 0.8 \\
         --top_p 0.95 --prompt "def main("
 Train for the decoding mode you use: the default is sampled drafts at T 0.8, top-p 0.95;
---config.specdec.temperature=0 trains for greedy decoding.
+--config.specdec.temperature=0 trains for greedy decoding; --config.specdec.children=k for
+dynamic trees of top_k k (each position's top k drafts, labelled with the target's probability).
 """
 
 import ml_collections
@@ -16,8 +17,9 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.base_workdir = ""  # required: the trained model's workdir
+    # children = k >= 1: trained for dynamic trees of top_k = k (--strategy specdec --tree dynamic)
     config.specdec = ml_collections.ConfigDict(dict(exit_layer=1, width=128, temperature=0.8,
-                                                    top_p=0.95))
+                                                    top_p=0.95, children=0))
     # Device mesh (data, fsdp, tensor): the base's weights and the head laid out as the rules say.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     # 900 steps (381 s on an AMD Zen 5 VM, sampled): validation AUC .844 after 300 steps,

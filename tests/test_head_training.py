@@ -95,7 +95,7 @@ def test_the_acceptance_head_learns_and_the_base_stays_bit_identical(base, tmp_p
     meta = Checkpointer(str(tmp_path)).read_meta()
     assert meta["objective"] == "specdec" and meta["base"]["checksum"] == before
     assert meta["acceptance_head"] == {"exit_layer": 1, "width": 16, "temperature": 0.8,
-                                       "top_p": 0.95}
+                                       "top_p": 0.95, "children": 0}
     assert meta["config"]["decoding"]["exit_layer"] == 1
     with pytest.raises(CheckpointError, match="specdec.width=32 differs from the checkpoint's 16"):
         Trainer({**head_run(base, "specdec"), "specdec": {"width": 32}}, str(tmp_path)).fit()

@@ -5,6 +5,7 @@ decoding at several h and with trees, the head's evaluation metric, export.
 The heads here are random (their output layer scaled up, so predictions spread over (0, 1) and
 rows stop after different numbers of drafts)."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -20,9 +21,11 @@ from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.registry import make_strategy
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.specdec import SpecDecHead
+from specjax.model import forward
 from specjax.training.ranking import auc
+from specjax.training.specdec import draft_labels
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -100,6 +103,34 @@ def test_a_dynamic_tree_keeps_the_path_the_head_expects_accepted():
 
     assert leaf_path(accept=accept) == [(1, 1)] * batch
     assert leaf_path() == [(0, 0)] * batch
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_tree_training_labels_each_top_child_with_the_targets_probability(sampled):
+    """`children` = 3: q's top 3 tokens at every position, labelled p(x) (greedy: x is the
+    target's argmax), against the model and its first layer run as plain forward passes.
+    Catches children other than q's top k, the chain's label min(1, p/q) kept, and labels
+    read from q or at the wrong position."""
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 12), 0, CFG.vocab_size)
+    sampling = SamplingParams.create(0.8, top_p=0.95) if sampled else None
+    hidden, q, children, label = draft_labels(PARAMS, CFG, 1, sampling, tokens,
+                                              jax.random.PRNGKey(0), children=3)
+    shallow = {**PARAMS, "layers": jax.tree.map(lambda w: w[:1], PARAMS["layers"])}
+    draft = forward(shallow, dataclasses.replace(CFG, num_layers=1), tokens)
+    final = forward(PARAMS, CFG, tokens)
+    if sampled:
+        want_q, p = probabilities(draft, sampling), probabilities(final, sampling)
+        want_label = np.take_along_axis(np.asarray(p), np.asarray(children), axis=-1)
+    else:
+        want_q = jax.nn.softmax(draft, axis=-1)
+        want_label = np.asarray(jnp.argmax(final, axis=-1))[..., None] == np.asarray(children)
+    assert hidden.shape == (2, 12, 3, CFG.d_model) and q.shape == (2, 12, 3, CFG.vocab_size)
+    np.testing.assert_allclose(np.asarray(q[:, :, 0]), want_q, rtol=1e-5, atol=1e-7)
+    drafted = np.take_along_axis(np.asarray(want_q), np.asarray(children), axis=-1)
+    np.testing.assert_allclose(drafted, -np.sort(-np.asarray(want_q), axis=-1)[..., :3],
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(label), want_label, rtol=1e-5, atol=1e-7)
+    assert 0 < np.asarray(label).mean() < 1
 
 
 @pytest.mark.parametrize("h", [0.3, 0.7])

@@ -108,12 +108,15 @@ class SpecDecConfig:
     model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to predict
     whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0: greedy
     drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
-    on the head's workdir."""
+    on the head's workdir. `children` = k >= 1 trains it for dynamic trees instead
+    (`--strategy specdec --tree dynamic`): on the draft's top k tokens at every position, each
+    labelled with the probability that the target's own choice is that token."""
 
     exit_layer: int = 1
     width: int = 128
     temperature: float = 0.8
     top_p: float = 0.95
+    children: int = 0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "specdec.exit_layer",
@@ -126,6 +129,8 @@ class SpecDecConfig:
                self.top_p, "must lie in (0, 1]")
         _check(self.temperature > 0 or self.top_p == 1, "specdec.top_p", self.top_p,
                "filters sampled drafts: set specdec.temperature > 0 (0 is greedy)")
+        _check(isinstance(self.children, int) and self.children >= 0, "specdec.children",
+               self.children, "must be an int >= 0 (0: a chain's drafts)")
 
 
 @dataclasses.dataclass(frozen=True)

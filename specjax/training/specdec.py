@@ -5,6 +5,9 @@ distribution q at the configured temperature / top-p, or its argmax when greedy)
 final layer is the target p. The label is the probability that speculative sampling accepts
 that token, min(1, p(y) / q(y)) (greedy: 1 if the target's argmax is the token, else 0); the
 head (`specjax.acceptance_head`) learns it by binary cross-entropy, the base runs forward only.
+For dynamic trees (`children` = k) every position proposes q's top k tokens instead, the
+children a tree node gets; the top-k rule accepts child x exactly when the target's own draw
+at the node is x, so x's label is p(x) (greedy: 1 if x is the target's argmax).
 Evaluation compares the head with a constant predictor and with the signal η reads, q(y):
 cross-entropy, calibration and AUC (how well each ranks accepted drafts above rejected ones).
 """
@@ -71,12 +74,16 @@ def sampling_of(section: SpecDecConfig) -> SamplingParams | None:
 
 
 def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
-                 sampling: SamplingParams | None, inputs: jax.Array,
-                 key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+                 sampling: SamplingParams | None, inputs: jax.Array, key: jax.Array,
+                 children: int = 0) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """For every position of `inputs` [B, T]: exit E's hidden state [B, T, D], the draft
-    distribution [B, T, V], a drawn draft token [B, T] and its acceptance probability [B, T]."""
+    distribution [B, T, V], a drawn draft token [B, T] and its acceptance probability [B, T];
+    with `children` = k, q's top k tokens [B, T, k] and their labels [B, T, k], the hidden
+    state and distribution repeated for each [B, T, k, ...]."""
     hidden, final_logits = base_pass(base, cfg, exit_layer, inputs)
     draft_logits = exit_logits(base, cfg, hidden)
+    if children:
+        return _children_labels(hidden, draft_logits, final_logits, sampling, children)
     if sampling is None:
         q = jax.nn.softmax(draft_logits, axis=-1)
         token = jnp.argmax(draft_logits, axis=-1)
@@ -89,6 +96,23 @@ def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
     return hidden, q, token.astype(jnp.int32), label
 
 
+def _children_labels(hidden: jax.Array, draft_logits: jax.Array, final_logits: jax.Array,
+                     sampling: SamplingParams | None,
+                     k: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """`draft_labels` for a dynamic tree's children: q's top k tokens, each labelled with the
+    target's probability of drawing it (greedy: whether it is the target's argmax)."""
+    if sampling is None:
+        q = jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
+        token = jax.lax.top_k(q, k)[1]
+        label = (jnp.argmax(final_logits, axis=-1)[..., None] == token).astype(jnp.float32)
+    else:
+        q, p = probabilities(draft_logits, sampling), probabilities(final_logits, sampling)
+        token = jax.lax.top_k(q, k)[1]
+        label = jnp.take_along_axis(p, token, axis=-1)
+    repeat = lambda x: jnp.broadcast_to(x[..., None, :], (*token.shape, x.shape[-1]))  # noqa: E731
+    return repeat(hidden), repeat(q), token.astype(jnp.int32), label
+
+
 class AcceptanceHeadObjective(HeadOnBase):
     """SpecDec++'s acceptance head at exit `specdec.exit_layer` of the frozen `base`."""
 
@@ -98,10 +122,11 @@ class AcceptanceHeadObjective(HeadOnBase):
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
-        sampling = sampling_of(run.specdec)
+        sampling, children = sampling_of(run.specdec), run.specdec.children
         self._train_step = self.jit_step(_make_train_step(run.model, self.exit_layer, sampling,
-                                                          self.optimizer))
-        self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling))
+                                                          children, self.optimizer))
+        self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling,
+                                                  children))
         self._key = jax.random.PRNGKey(run.train.seed + 1)
 
     @staticmethod
@@ -136,11 +161,11 @@ class AcceptanceHeadObjective(HeadOnBase):
 
 
 def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams | None,
-                     optimizer: optax.GradientTransformation) -> Callable:
+                     children: int, optimizer: optax.GradientTransformation) -> Callable:
     def train_step(state: TrainState, base: Params, batch: jax.Array,
                    key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         hidden, q, token, label = draft_labels(base, cfg, exit_layer, sampling, batch[:, :-1],
-                                               key)
+                                               key, children)
 
         def loss_fn(head):
             logits = acceptance_logits(head, cfg, hidden, q, token)
@@ -154,12 +179,12 @@ def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams
     return train_step
 
 
-def _make_eval_step(cfg: ModelConfig, exit_layer: int,
-                    sampling: SamplingParams | None) -> Callable:
+def _make_eval_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams | None,
+                    children: int) -> Callable:
     def eval_step(head: Params, base: Params, batch: jax.Array,
                   key: jax.Array) -> dict[str, jax.Array]:
         hidden, q, token, label = draft_labels(base, cfg, exit_layer, sampling, batch[:, :-1],
-                                               key)
+                                               key, children)
         return {"logit": acceptance_logits(head, cfg, hidden, q, token), "label": label,
                 "draft_prob": jnp.take_along_axis(q, token[..., None], axis=-1)[..., 0]}
 

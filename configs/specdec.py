@@ -1,14 +1,16 @@
 """SpecDec++'s acceptance head on a trained model (its base, frozen): an MLP on exit 1's hidden
 state and the draft distribution, trained to predict whether the final layer accepts the
 draft. Decoding with it stops a chain once the predicted probability that some draft so far is
-rejected exceeds h (--draft_risk). The model, tokenizer and data come from the base.
+rejected exceeds h (--draft_risk), or scores a dynamic tree's paths (--tree dynamic). The
+model, tokenizer and data come from the base.
     python train/train.py --config configs/specdec.py --config.base_workdir=runs/tiny \\
         --workdir runs/specdec
     python infer/generate.py --workdir runs/specdec --strategy specdec --temperature 0.8 \\
         --top_p 0.95 --prompt "def main("
 Train for the decoding mode you use: the default is sampled drafts at T 0.8, top-p 0.95;
---config.specdec.temperature=0 trains for greedy decoding; --config.specdec.children=k for
-dynamic trees of top_k k (each position's top k drafts, labelled with the target's probability).
+--config.specdec.temperature=0 --config.specdec.top_p=1 trains for greedy decoding;
+--config.specdec.children=k for dynamic trees of top_k k (each position's top k drafts,
+labelled with the target's probability; decode with the same --tree_top_k).
 """
 
 import ml_collections

@@ -2,7 +2,8 @@
 
 The head predicts, for each draft token, the probability that the target accepts it (given the
 drafts before it were accepted). A chain drafting with it stops once the predicted probability
-that some draft so far is rejected, 1 - prod(accept), exceeds h (`chain.Chain.stop_risk`).
+that some draft so far is rejected, 1 - prod(accept), exceeds h (`chain.Chain.stop_risk`); a
+dynamic tree keeps the paths with the highest prod(accept) (`dynamic_tree.DynamicTree`).
 """
 
 from __future__ import annotations

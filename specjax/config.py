@@ -221,9 +221,9 @@ class DecodingConfig:
     of the same names override them): draft with layers [0, exit_layer); a chain of up to
     `num_draft` tokens per round, a row stopping early at a draft whose probability is below
     `draft_threshold` (0: never), or once an acceptance head (strategy specdec) predicts that
-    some draft so far is rejected with probability above `draft_risk` (a specdec dynamic tree is
-    scored by that head instead); or, when `tree` is set, a
-    token tree: children per depth ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2:
+    some draft so far is rejected with probability above `draft_risk`; or, when `tree` is set, a
+    token tree (a specdec dynamic tree is scored by that head instead of `draft_risk`):
+    children per depth ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2:
     `tree_nodes` nodes, `tree_top_k` children per expanded node, `tree_depth` levels) or "auto"
     (shaped from measurements).
     `tree_children`: how a static tree's sampled children are drawn. `skip_layers`: the layers

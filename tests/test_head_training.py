@@ -1,6 +1,7 @@
 """Training heads on a frozen base (Kangaroo's adapter, SpecDec++'s acceptance head), and
 decoding from a head's workdir."""
 
+import glob
 import json
 import os
 import shutil
@@ -81,12 +82,16 @@ def test_the_adapter_learns_and_the_base_stays_bit_identical(base, tmp_path):
     assert meta["config"]["decoding"]["exit_layer"] == 1
 
 
-def test_the_acceptance_head_learns_and_the_base_stays_bit_identical(base, tmp_path):
-    """Catches a head that does not learn (its cross-entropy on validation drafts must fall),
-    gradients reaching the base, and settings missing from the checkpoint."""
+@pytest.mark.parametrize("children", [0, 2], ids=["chain", "tree"])
+def test_the_acceptance_head_learns_and_the_base_stays_bit_identical(base, tmp_path, children):
+    """Catches a head that does not learn (its cross-entropy on validation drafts, or on each
+    position's top 2 children for trees, must fall), gradients reaching the base, and settings
+    missing from the checkpoint."""
     before = load_base(base).checksum
-    trainer = Trainer(head_run(base, "specdec", total_steps=30, eval_every=30, save_every=30,
-                               learning_rate=1e-2), str(tmp_path))
+    run = head_run(base, "specdec", total_steps=30, eval_every=30, save_every=30,
+                   learning_rate=1e-2)
+    run["specdec"] = {**run["specdec"], "children": children}
+    trainer = Trainer(run, str(tmp_path))
     untrained = trainer.objective.evaluate(trainer.fresh_state(), trainer.eval_batches)
     result = trainer.fit()
     assert result.report.bce < untrained.bce - 0.02
@@ -95,10 +100,24 @@ def test_the_acceptance_head_learns_and_the_base_stays_bit_identical(base, tmp_p
     meta = Checkpointer(str(tmp_path)).read_meta()
     assert meta["objective"] == "specdec" and meta["base"]["checksum"] == before
     assert meta["acceptance_head"] == {"exit_layer": 1, "width": 16, "temperature": 0.8,
-                                       "top_p": 0.95, "children": 0}
+                                       "top_p": 0.95, "children": children}
     assert meta["config"]["decoding"]["exit_layer"] == 1
     with pytest.raises(CheckpointError, match="specdec.width=32 differs from the checkpoint's 16"):
         Trainer({**head_run(base, "specdec"), "specdec": {"width": 32}}, str(tmp_path)).fit()
+
+
+def test_a_head_saved_before_a_setting_existed_resumes_with_its_default(base, tmp_path):
+    """Catches a resume that refuses a checkpoint written before `specdec.children` existed:
+    a setting missing from the checkpoint's record reads as its default."""
+    run = head_run(base, "specdec", total_steps=4, save_every=2, eval_every=4)
+    assert Trainer(run, str(tmp_path)).fit(stop_requested=lambda step: step == 2).step == 2
+    for path in glob.glob(str(tmp_path / "checkpoints" / "*" / "meta" / "metadata")):
+        with open(path) as file:
+            meta = json.load(file)
+        del meta["acceptance_head"]["children"]
+        with open(path, "w") as file:
+            json.dump(meta, file)
+    assert Trainer(run, str(tmp_path)).fit().step == 4
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))

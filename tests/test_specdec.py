@@ -147,8 +147,9 @@ def test_greedy_specdec_equals_autoregressive(generator, h):
 
 
 def test_greedy_specdec_trees_equal_autoregressive(generator):
-    """Catches a head-scored tree that keeps a node whose ancestors it dropped, or marks
-    valid a node the draft never proposed (ragged prompts, batch 3)."""
+    """Catches a head-scored tree that breaks the cache, the reuse of drafted states or the
+    commit along the accepted path (ragged prompts, batch 3); which nodes the head keeps is
+    checked by hand above."""
     reference = generator.generate(PROMPTS, max_new_tokens=NEW)
     out = generator.generate(PROMPTS, max_new_tokens=NEW,
                              strategy=SpecDecHead(1, DynamicTree(8, 2, 3)))

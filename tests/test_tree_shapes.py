@@ -120,7 +120,7 @@ def test_the_registry_builds_chains_and_trees_from_options():
     assert shape_for(static) == StaticTree.from_branching((3, 1), "iid")
     with pytest.raises(ValueError, match="unknown strategy 'x'"):
         make_strategy("x", options)
-    with pytest.raises(ValueError, match="do not apply to trees"):
+    with pytest.raises(ValueError, match="does not apply to trees"):
         shape_for(DecodingConfig(tree="2,2", draft_threshold=0.4))
     with pytest.raises(ValueError, match="resolved from measurements"):
         shape_for(DecodingConfig(tree="auto"))

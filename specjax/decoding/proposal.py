@@ -78,7 +78,9 @@ class Shape(Protocol):
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
               key: jax.Array, sampling: SamplingParams | None,
               max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
-        """Drafts a proposal after `pending` [B] with `lengths` [B] committed tokens.
+        """Drafts a proposal after `pending` [B] with `lengths` [B] committed tokens. (`Chain`
+        and `DynamicTree` also take `accept`, an acceptance model: a chain's SpecDec++ stop, a
+        tree's scores.)
 
         Returns the proposal (reuse None, empty stats), what `step` kept at each position
         [B, 1+T, ...] (zeros where it did not run), the positions where it did not run [B, U],

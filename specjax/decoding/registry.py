@@ -29,8 +29,8 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
     "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
     "draft": lambda options: DraftModel(shape_for(options)),
-    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(
-        options, options.draft_risk if options.tree.strip() in CHAIN_SPECS else 0.0)),
+    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(options,
+                                                                         options.draft_risk)),
     "calm": lambda options: Calm(early_exit(options), options.calm_threshold,
                                  options.calm_decay),
     "calmdraft": lambda options: CalmDraft(early_exit(options), options.calm_threshold,
@@ -49,14 +49,14 @@ def make_strategy(name: str, options: DecodingConfig) -> Drafter:
 
 def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:
     """The proposal shape the options describe: a chain unless `tree` is set. `stop_risk`: a
-    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on (its trees
-    are scored by the head, so it passes none for them)."""
+    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on; trees have
+    none (that drafter scores a dynamic tree with its head instead)."""
     tree = options.tree.strip()
     if tree in CHAIN_SPECS:
         return Chain(options.num_draft, options.draft_threshold, stop_risk)
-    if options.draft_threshold or stop_risk:
-        raise ValueError("draft_threshold and draft_risk (a chain's stop rules) do not apply to "
-                         "trees; set them to 0")
+    if options.draft_threshold:
+        raise ValueError("draft_threshold (a chain's stop rule) does not apply to trees; set it "
+                         "to 0")
     if tree == "auto" or tree.startswith("auto:"):
         raise ValueError(f"tree {tree!r} must be resolved from measurements first "
                          "(infer/generate.py and infer/bench.py do)")

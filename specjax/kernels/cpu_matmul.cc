@@ -96,7 +96,7 @@ inline Vec MulAdd(Vec a, Vec b, Vec c) {
 #endif
 }
 inline float MulAdd(float a, float b, float c) {
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__AVX512F__)
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;
@@ -119,7 +119,7 @@ struct Problem {
   bool transposed;
 };
 
-// out[r, c..c + Vecs * 8) = sum over k in [k0, k1) of x[r, k] * W[k, c..]: a band of W read top
+// out[r, c..c + Vecs * kLanes) = sum over k in [k0, k1) of x[r, k] * W[k, c..]: a band of W read top
 // to bottom once, the sums kept in registers.
 template <int Rows, int Vecs>
 inline void Band(const Problem& p, int64_t k0, int64_t k1, int64_t c, float* out) {
@@ -218,8 +218,8 @@ void PartialNN(const Problem& p, int64_t k0, int64_t k1, float* out) {
   }
 }
 
-// out[r, n] = dot(x[r, :], W[n, :]) for n in [n0, n1), W [N,K]: eight lanes, then a fixed-order
-// reduction; each row of W is loaded once for all rows of x.
+// out[r, n] = dot(x[r, :], W[n, :]) for n in [n0, n1), W [N,K]: kLanes lanes, then a
+// fixed-order reduction; each row of W is loaded once for all rows of x.
 template <int Rows>
 inline void DotRows(const Problem& p, int64_t r0, int64_t n, float* out) {
   Vec acc[Rows] = {};

@@ -5,7 +5,8 @@
 h is the hidden state the draft came from (exit E's, before the shared head), q the draft
 distribution it was drawn from and y the token drawn. SpecDec++ reads only the draft model's
 hidden state; here the head also sees three numbers about q and y (log q(y), log max q and the
-entropy of q), so one forward pass per draft decides at once whether the row drafts on.
+entropy of q), so one forward pass per draft decides at once whether the row drafts on (or,
+for each child of a tree node, how likely its path is accepted).
 """
 
 import flax.linen as nn

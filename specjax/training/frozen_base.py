@@ -196,8 +196,10 @@ class HeadOnBase:
             except CheckpointError:
                 pass
         self.base.check_unchanged(recorded, f"this {self.name} head")
+        # A setting added since the checkpoint was written holds its default there.
+        saved = {**{field.name: field.default for field in dataclasses.fields(self.section)},
+                 **meta[self.record_key]}
         for key, value in self.settings().items():
-            if meta[self.record_key].get(key) != value:
+            if saved.get(key) != value:
                 raise CheckpointError(f"{self.name}.{key}={value!r} differs from the "
-                                      f"checkpoint's {meta[self.record_key].get(key)!r}; use a "
-                                      "new --workdir")
+                                      f"checkpoint's {saved.get(key)!r}; use a new --workdir")

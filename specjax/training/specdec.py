@@ -82,32 +82,31 @@ def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
     state and distribution repeated for each [B, T, k, ...]."""
     hidden, final_logits = base_pass(base, cfg, exit_layer, inputs)
     draft_logits = exit_logits(base, cfg, hidden)
-    if children:
-        return _children_labels(hidden, draft_logits, final_logits, sampling, children)
     if sampling is None:
-        q = jax.nn.softmax(draft_logits, axis=-1)
+        q, p = jax.nn.softmax(draft_logits, axis=-1), None
+    else:
+        q, p = probabilities(draft_logits, sampling), probabilities(final_logits, sampling)
+    if children:
+        return _children_labels(hidden, q, p, final_logits, children)
+    if p is None:
         token = jnp.argmax(draft_logits, axis=-1)
         label = (jnp.argmax(final_logits, axis=-1) == token).astype(jnp.float32)
     else:
-        q, p = probabilities(draft_logits, sampling), probabilities(final_logits, sampling)
         token = sample(key, q)
         p_y, q_y = (jnp.take_along_axis(x, token[..., None], axis=-1)[..., 0] for x in (p, q))
         label = jnp.minimum(1.0, p_y / q_y)
     return hidden, q, token.astype(jnp.int32), label
 
 
-def _children_labels(hidden: jax.Array, draft_logits: jax.Array, final_logits: jax.Array,
-                     sampling: SamplingParams | None,
+def _children_labels(hidden: jax.Array, q: jax.Array, p: jax.Array | None,
+                     final_logits: jax.Array,
                      k: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """`draft_labels` for a dynamic tree's children: q's top k tokens, each labelled with the
-    target's probability of drawing it (greedy: whether it is the target's argmax)."""
-    if sampling is None:
-        q = jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
-        token = jax.lax.top_k(q, k)[1]
+    target's probability p of drawing it (greedy, p None: whether it is the target's argmax)."""
+    token = jax.lax.top_k(q, k)[1]
+    if p is None:
         label = (jnp.argmax(final_logits, axis=-1)[..., None] == token).astype(jnp.float32)
     else:
-        q, p = probabilities(draft_logits, sampling), probabilities(final_logits, sampling)
-        token = jax.lax.top_k(q, k)[1]
         label = jnp.take_along_axis(p, token, axis=-1)
     repeat = lambda x: jnp.broadcast_to(x[..., None, :], (*token.shape, x.shape[-1]))  # noqa: E731
     return repeat(hidden), repeat(q), token.astype(jnp.int32), label

@@ -75,3 +75,47 @@ def test_rejection_resamples_from_the_residual_and_accepts_with_p_over_q():
     accepted, emitted = np.asarray(accepted), np.asarray(emitted)
     assert abs(accepted.mean() - 0.5) < 0.0125  # 3.5 standard errors; a 5% error is 7
     assert (emitted[accepted == 0, 0] == 1).all()
+
+
+def test_filters_keep_ties_at_the_cut_and_order_negative_logits():
+    """The nucleus here ends inside three tied tokens: all three are kept, the lower ones cut.
+    Would catch a cut that breaks ties (keeping one of the tied tokens, as a sort would), a
+    strict comparison at the cut (dropping all three), or keys that misorder negative
+    logits (-2 ranked above -1: the bit patterns of negative floats grow as they fall)."""
+    logits = jnp.asarray([[-1.0, 1.0, 3.0, 1.0, -2.0, 1.0]])
+    # p(3) = .69 < .8: the nucleus needs the next logit, 1, and so all three 1s.
+    kept = probabilities(logits, SamplingParams.create(1.0, 0, 0.8)) > 0
+    np.testing.assert_array_equal(kept[0], [False, True, True, True, False, True])
+    # top-2 is the 3 and every token tied with the second largest logit.
+    kept = probabilities(logits, SamplingParams.create(1.0, 2, 1.0)) > 0
+    np.testing.assert_array_equal(kept[0], [False, True, True, True, False, True])
+    kept = probabilities(logits, SamplingParams.create(1.0, 5, 1.0)) > 0
+    np.testing.assert_array_equal(kept[0], [True, True, True, True, False, True])
+
+
+def test_filters_match_the_reference_at_a_large_vocabulary():
+    """32,000 logits, one row of them consecutive floats (each one unit in the last place above
+    the one before): would catch a cut search that stops before the last bit, which keeps
+    tokens just below the cut once logits are that close."""
+    logits = np.random.default_rng(1).normal(size=(4, 32_000)).astype(np.float32) * 3
+    logits[0] = np.float32(1) + np.arange(32_000, dtype=np.float32) * np.spacing(np.float32(1))
+    # Neighbouring cuts, so that one of each pair falls on an odd key.
+    for top_k, top_p in [(500, 1.0), (501, 1.0), (0, 0.5), (0, 0.5 + 1 / 32_000), (500, 0.9)]:
+        got = probabilities(jnp.asarray(logits), SamplingParams.create(1.0, top_k, top_p))
+        want = _reference(logits, 1.0, top_k, top_p)
+        np.testing.assert_array_equal(np.asarray(got) > 0, want > 0)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_the_loop_key_follows_the_seed_for_raw_and_typed_keys():
+    """The decode loop draws from an rbg key derived from the caller's key. Would catch a
+    derivation that ignores the caller's key (every seed sampling the same tokens) or one that
+    rejects new-style typed keys."""
+    from specjax.decoding.loop import bit_generator_key
+
+    def bits(key):
+        return jax.random.bits(bit_generator_key(key), (8,), jnp.uint32)
+
+    np.testing.assert_array_equal(bits(jax.random.PRNGKey(3)), bits(jax.random.key(3)))
+    assert not np.array_equal(bits(jax.random.PRNGKey(3)), bits(jax.random.PRNGKey(4)))
+    assert str(jax.random.key_impl(bit_generator_key(jax.random.PRNGKey(0)))) == "rbg"

@@ -82,7 +82,7 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
     """
     ctx = DraftContext(params=params, draft_params=draft_params, sampling=sampling, cfg=cfg)
-    prefill_key, loop_key = jax.random.split(key)
+    prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
                     max_new_tokens=max_new_tokens, cache_len=cache_len)
     final = jax.lax.while_loop(
@@ -91,6 +91,16 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
         state)
     return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats,
                         trace=final.trace)
+
+
+def bit_generator_key(key: jax.Array) -> jax.Array:
+    """A key of JAX's "rbg" PRNG seeded from `key` (any PRNG's, raw or typed), for the loop's
+    draws. XLA:CPU lowers a threefry draw as a while loop of five trips (about a hundred small
+    operations, each launched on its own), and a sampled round draws K + 3 times; rbg draws
+    with one `RngBitGenerator` operation (its split and fold_in still hash the key with
+    threefry). The distributions are the same; the tokens a seed gives may differ between
+    backends."""
+    return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
 
 
 def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,

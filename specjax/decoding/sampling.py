@@ -48,27 +48,47 @@ def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *
 def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """Temperature, then top-k, then top-p; returns normalised float32 probabilities [..., V].
 
-    Both filters come from one descending sort, and a runtime branch skips the sort when
-    neither filter is active. Tokens tied with the last kept logit are kept too.
+    A runtime branch skips each filter that is off. Tokens tied with the last kept logit are
+    kept too.
     """
     logits = logits.astype(jnp.float32) / params.temperature
-    active = (params.top_k > 0) | (params.top_p < 1.0)
-    logits = jax.lax.cond(active, _filter, lambda x, _: x, logits, params)
+    logits = jax.lax.cond(params.top_k > 0, _top_k, lambda x, _: x, logits, params)
+    logits = jax.lax.cond(params.top_p < 1.0, _top_p, lambda x, _: x, logits, params)
     return jax.nn.softmax(logits, axis=-1)
 
 
-def _filter(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    vocab = logits.shape[-1]
-    descending = -jnp.sort(-logits, axis=-1)
-    rank = jnp.arange(vocab)
-    top_k = jnp.where(params.top_k > 0, jnp.minimum(params.top_k, vocab), vocab)
-    descending = jnp.where(rank < top_k, descending, -jnp.inf)
-    sorted_probs = jax.nn.softmax(descending, axis=-1)
-    # Nucleus: the smallest prefix of the sorted tokens whose mass reaches top_p.
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    kept = jnp.sum((mass_before < params.top_p) & (rank < top_k), axis=-1, keepdims=True)
-    threshold = jnp.take_along_axis(descending, kept - 1, axis=-1)
-    return jnp.where(logits >= threshold, logits, -jnp.inf)
+def _top_k(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """-inf below the k-th largest logit."""
+    k = jnp.minimum(params.top_k, logits.shape[-1])
+    return _keep_from(logits, jnp.ones_like(logits), k)
+
+
+def _top_p(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """-inf outside the nucleus: the fewest most likely tokens whose mass reaches top_p."""
+    return _keep_from(logits, jax.nn.softmax(logits, axis=-1), params.top_p)
+
+
+def _keep_from(logits: jax.Array, weights: jax.Array, target: jax.Array) -> jax.Array:
+    """-inf below the cut: the largest logit c such that the logits >= c weigh at least
+    `target`. As c grows their weight only falls, so c is found by bisection on the bits of
+    an order-preserving integer key, most significant first: 32 masked sums over [..., V].
+    XLA:CPU sorts instead in 13 us for 259 logits, 75 us for 5 rows and 4.7 ms for 32,000
+    (bisection: 8 us, 21 us and 0.18 ms), and a sampled round filters once per draft and
+    once per verified position."""
+    keys = _order_keys(logits)
+    cut = jnp.zeros((*keys.shape[:-1], 1), jnp.uint32)
+    for bit in range(31, -1, -1):
+        candidate = cut | jnp.uint32(1 << bit)
+        weight = jnp.sum(jnp.where(keys >= candidate, weights, 0.0), axis=-1, keepdims=True)
+        cut = jnp.where(weight >= target, candidate, cut)
+    return jnp.where(keys >= cut, logits, -jnp.inf)
+
+
+def _order_keys(values: jax.Array) -> jax.Array:
+    """uint32 keys [..., V] in the order of float32 `values` (negative floats' bits inverted,
+    positive floats' sign bit set)."""
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:

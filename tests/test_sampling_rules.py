@@ -80,8 +80,9 @@ def test_rejection_resamples_from_the_residual_and_accepts_with_p_over_q():
 def test_filters_keep_ties_at_the_cut_and_order_negative_logits():
     """The nucleus here ends inside three tied tokens: all three are kept, the lower ones cut.
     Would catch a cut that breaks ties (keeping one of the tied tokens, as a sort would), a
-    strict comparison at the cut (dropping all three), or keys that misorder negative
-    logits (-2 ranked above -1: the bit patterns of negative floats grow as they fall)."""
+    strict comparison at the cut (dropping all three), keys that misorder negative logits (-2
+    ranked above -1: the bit patterns of negative floats grow as they fall), a top-p that
+    weighs only k of the tokens top-k kept, or keys that tell -0 from +0."""
     logits = jnp.asarray([[-1.0, 1.0, 3.0, 1.0, -2.0, 1.0]])
     # p(3) = .69 < .8: the nucleus needs the next logit, 1, and so all three 1s.
     kept = probabilities(logits, SamplingParams.create(1.0, 0, 0.8)) > 0
@@ -91,6 +92,14 @@ def test_filters_keep_ties_at_the_cut_and_order_negative_logits():
     np.testing.assert_array_equal(kept[0], [False, True, True, True, False, True])
     kept = probabilities(logits, SamplingParams.create(1.0, 5, 1.0)) > 0
     np.testing.assert_array_equal(kept[0], [True, True, True, True, False, True])
+    # Top-p weighs every token top-k kept, ties too (Hugging Face's order of filters): with
+    # the three 1s, p(3) = .71 < .8, so they stay; over exactly two tokens it would be .88.
+    kept = probabilities(logits, SamplingParams.create(1.0, 2, 0.8)) > 0
+    np.testing.assert_array_equal(kept[0], [False, True, True, True, False, True])
+    # -0 equals +0: a cut at zero keeps both.
+    kept = probabilities(jnp.asarray([[1.0, 0.0, -0.0, -1.0]]),
+                         SamplingParams.create(1.0, 2, 1.0)) > 0
+    np.testing.assert_array_equal(kept[0], [True, True, True, False])
 
 
 def test_filters_match_the_reference_at_a_large_vocabulary():

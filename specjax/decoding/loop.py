@@ -99,7 +99,8 @@ def bit_generator_key(key: jax.Array) -> jax.Array:
     operations, each launched on its own), and a sampled round draws K + 3 times; rbg draws
     with one `RngBitGenerator` operation (its split and fold_in still hash the key with
     threefry). The distributions are the same; the tokens a seed gives may differ between
-    backends."""
+    backends. Not for `jax.vmap` over keys: JAX batches `RngBitGenerator` by drawing from the
+    first key only."""
     return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
 
 

@@ -58,7 +58,8 @@ def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def _top_k(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """-inf below the k-th largest logit."""
+    """-inf below the k-th largest logit. Tokens tied with it are kept, as Hugging Face's
+    top-k keeps them, and top-p then weighs all of them."""
     k = jnp.minimum(params.top_k, logits.shape[-1])
     return _keep_from(logits, jnp.ones_like(logits), k)
 
@@ -86,8 +87,8 @@ def _keep_from(logits: jax.Array, weights: jax.Array, target: jax.Array) -> jax.
 
 def _order_keys(values: jax.Array) -> jax.Array:
     """uint32 keys [..., V] in the order of float32 `values` (negative floats' bits inverted,
-    positive floats' sign bit set)."""
-    bits = jax.lax.bitcast_convert_type(values, jnp.uint32)
+    positive floats' sign bit set; -0 taken as +0, which it equals)."""
+    bits = jax.lax.bitcast_convert_type(jnp.where(values == 0, 0.0, values), jnp.uint32)
     return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
 
 

@@ -135,6 +135,7 @@ def benchmark() -> dict:
     peers = compare_with_hf(results, strategies, prompts) if FLAGS.compare_hf else []
     return {
         "workdir": os.path.abspath(FLAGS.workdir), "step": meta["step"],
+        "unfinished_training": list(loaded.unfinished),
         "model": cfg.to_dict(), "prompts": len(prompts), "mean_prompt_tokens": mean_prompt,
         "max_new_tokens": FLAGS.max_new_tokens, "batch_size": FLAGS.batch_size,
         "repeats": FLAGS.repeats, "seeds": FLAGS.seeds, "temperature": FLAGS.temperature,
@@ -204,6 +205,7 @@ def format_report(report: dict) -> str:
                 if report.get("mesh") else "") + ")",
              f"{'strategy':<34}{'tok/s':>9}{'speedup':>9}{'tau':>7}{'accept':>8}{'nodes':>7}"
              f"{'decode tok/s':>14}{'compile s':>11}{'distinct 4g':>13}  identical to ar"]
+    lines[:0] = [f"WARNING: {note}" for note in report.get("unfinished_training", [])]
     for r in report["results"]:
         same = {True: "yes", False: "NO", None: "n/a (sampled)"}[r["identical_to_ar"]]
         accept = "n/a" if r["strategy"] == "ar" else f"{r['acceptance_rate']:.2f}"

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from absl import logging
 from jax.sharding import Mesh
 
 from specjax.calibrated import with_calibrated
@@ -44,6 +45,7 @@ class LoadedModel:
     meta: dict[str, Any]
     draft_weights: dict[str, DraftWeights]
     mesh: Mesh | None = None
+    unfinished: tuple[str, ...] = ()  # `unfinished_training`'s notes, one per workdir
 
     def generator(self, **options: Any) -> Generator:
         """A `Generator` over this model (on its mesh, if any) that drafts with its trained
@@ -58,19 +60,38 @@ def load_model(workdir: str, step: int | None = None,
     """The workdir's latest checkpoint (or `step`) ready for decoding, with the drafters in
     `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
     strategy's draft model) or a head trained on this model. On `mesh`, every weight is
-    restored straight into its layout there."""
+    restored straight into its layout there. Logs a warning for each workdir whose training
+    stopped before its total steps (`LoadedModel.unfinished`)."""
     target = _load_target(workdir, step, mesh)
+    notes = [] if step is not None else [unfinished_training(workdir, target.meta)]
     checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
                                else params_checksum(target.params))  # hashed once, if needed
     weights = dict(target.draft_weights)
     extra = [draft_workdir] if isinstance(draft_workdir, str) else list(draft_workdir or [])
     for path in extra:
+        notes.append(unfinished_training(path, _read_meta(path, None)))
         added = _drafter(target, checksum, path)
         clash = sorted(set(added) & set(weights))
         if clash:
             raise ValueError(f"{path} adds a second {clash[0]!r} drafter; give one per strategy")
         weights.update(added)
-    return dataclasses.replace(target, draft_weights=weights)
+    notes = tuple(note for note in notes if note)
+    for note in notes:
+        logging.warning(note)
+    return dataclasses.replace(target, draft_weights=weights, unfinished=notes)
+
+
+def unfinished_training(workdir: str, meta: dict[str, Any]) -> str | None:
+    """A one-line note when the checkpoint in `workdir` (its metadata `meta`) stopped before
+    its run's total steps, as an interrupted run leaves it; None for a finished run or an
+    imported checkpoint (no run recorded)."""
+    total = meta.get("config", {}).get("train", {}).get("total_steps")
+    step = meta.get("step")
+    if total is None or step is None or step >= total:
+        return None
+    return (f"{workdir} holds step {step} of its run's {total}: the training was interrupted, "
+            "so its figures are not the trained model's (rerun the same train command to "
+            "finish it)")
 
 
 def _drafter(target: LoadedModel, target_checksum: Callable[[], str],
@@ -133,5 +154,5 @@ def _load_head(workdir: str, step: int | None, meta: dict[str, Any],
     settings = meta[head.record_key]
     params, _, meta = load_params(workdir, step, abstract=lambda cfg: head.abstract_params(
         cfg, settings), mesh=mesh)
-    weights = DraftWeights(params, settings.get("exit_layer"))
+    weights = DraftWeights(params, settings.get("exit_layer"), settings=settings)
     return meta, {name: weights for name in head.strategies()}

@@ -123,11 +123,17 @@ def test_a_head_saved_before_a_setting_existed_resumes_with_its_default(base, tm
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_an_interrupted_head_run_resumes_exactly(base, trained_heads, tmp_path, name):
     """Catches a resume that loses optimizer state or (for the sampled acceptance labels) the
-    per-step randomness."""
+    per-step randomness, and a loader that is silent about a head whose run was interrupted
+    (a benchmark then times a half-trained head without a word, as happened once)."""
     straight, resumed = trained_heads[name], str(tmp_path / "resumed")
     first = Trainer(head_run(base, name), resumed).fit(stop_requested=lambda step: step == 4)
     assert first.interrupted and first.step == 4
+    assert load_model(base, draft_workdir=resumed).unfinished == (
+        f"{resumed} holds step 4 of its run's 10: the training was interrupted, so its figures "
+        "are not the trained model's (rerun the same train command to finish it)",)
+    assert len(load_model(resumed).unfinished) == 1
     Trainer(head_run(base, name), resumed).fit()
+    assert load_model(base, draft_workdir=resumed).unfinished == ()
     assert _losses(straight) == _losses(resumed)
     a, b = (load_model(w).draft_weights[name].params for w in (straight, resumed))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

@@ -202,6 +202,7 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     for row in report["results"]:
         assert row["identical_to_ar"] and row["tokens"] == 2 * 48 and row["tokens_per_s"] > 0
     assert report["results"][0]["speedup"] == 1.0
+    assert report["unfinished_training"] == [] and "WARNING" not in result.stdout  # 6 of 6
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
     assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
     assert report["cpu_matmul_kernel"] == cpu_matmul.available()

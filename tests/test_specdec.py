@@ -15,7 +15,7 @@ import pytest
 
 from specjax.acceptance_head import init_acceptance_head
 from specjax.config import DecodingConfig, ModelConfig
-from specjax.decoding import loop
+from specjax.decoding import loop, specdec
 from specjax.decoding.chain import Chain
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import DraftWeights, Generator
@@ -177,6 +177,25 @@ def test_specdec_refuses_what_it_cannot_run(generator):
     with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         Generator(PARAMS, CFG).generate([[1]], max_new_tokens=4,
                                         strategy=SpecDecHead(1, Chain(4, 0, .5)))
+
+
+@pytest.mark.parametrize("trained, shape, warned", [
+    (0, Chain(4, 0, .5), False), (2, DynamicTree(8, 2, 3), False),
+    (0, DynamicTree(8, 2, 3), True), (2, DynamicTree(8, 3, 3), True),
+    (2, Chain(4, 0, .5), True)])
+def test_a_head_asked_about_other_drafts_than_it_learned_warns(caplog, trained, shape,
+                                                               warned):
+    """Catches a silent mismatch between what a head learned and what decoding asks of it: a
+    chain's head (min(1, p/q) of a sampled draft) scoring a tree's children, a tree head of
+    top_k 2 scoring a tree of top_k 3, or a tree head (p(x)) deciding a chain's stops."""
+    specdec._warn_once.cache_clear()
+    weights = DraftWeights(random_head(), 1, settings={"children": trained})
+    with caplog.at_level("WARNING"):
+        assert SpecDecHead(1, shape).bind(weights) == SpecDecHead(1, shape)
+    messages = [r.getMessage() for r in caplog.records]
+    assert bool(messages) == warned
+    if warned:
+        assert f"--config.specdec.children={getattr(shape, 'top_k', 0)}" in messages[0]
 
 
 def test_soft_label_auc_equals_counting_pairs():

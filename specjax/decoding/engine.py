@@ -65,11 +65,13 @@ class RowStats:
 @dataclasses.dataclass(frozen=True)
 class DraftWeights:
     """A drafter's own weights: a Kangaroo adapter's (and the exit it was trained on) or a
-    draft model's (and its config)."""
+    draft model's (and its config); a head's `settings` are those its checkpoint records
+    (SpecDec++'s: exit_layer, width, temperature, top_p, children)."""
 
     params: Params
     exit_layer: int | None = None
     cfg: ModelConfig | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,15 +14,18 @@ keeps, which depends on the drafts alone: sampled decoding stays lossless.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import jax
+from absl import logging
 
 from specjax.acceptance_head import acceptance_probability
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext
 from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.engine import DraftWeights
 from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
 
@@ -45,6 +48,18 @@ class SpecDecHead(HeadDrafter):
                              "decides (draft_risk h in (0, 1)) or a dynamic tree it grows "
                              "(--tree dynamic), not a static tree or a chain without h")
 
+    def bind(self, weights: DraftWeights) -> SpecDecHead:
+        """As `HeadDrafter.bind`; warns (once) when the head learned other drafts than this
+        shape asks it about: a chain's drafts (`children` 0) or a tree's top k children."""
+        super().bind(weights)
+        trained = weights.settings.get("children", 0)
+        wanted = self.shape.top_k if isinstance(self.shape, DynamicTree) else 0
+        if trained != wanted:
+            _warn_once(f"the specdec head was trained on {_drafts(trained)} and now scores "
+                       f"{_drafts(wanted)}: train one with --config.specdec.children={wanted} "
+                       "for what it predicts to match what decoding asks")
+        return self
+
     def propose(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Any]:
         def accept(hidden: jax.Array, probs: jax.Array, token: jax.Array) -> jax.Array:
@@ -53,3 +68,13 @@ class SpecDecHead(HeadDrafter):
         proposal, cache, _ = draft_with_layers(ctx, self.shape, cache, pending, key,
                                                ((0, self.exit_layer),), accept=accept)
         return proposal, cache, state
+
+
+def _drafts(children: int) -> str:
+    return ("a chain's drafts (P(accepted) = min(1, p/q) sampled)" if not children else
+            f"a dynamic tree's top {children} children (P(accepted) = p(x))")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logging.warning(message)

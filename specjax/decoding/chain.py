@@ -27,7 +27,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding.proposal import DraftStep, Proposal
+from specjax.decoding.proposal import DraftStep, Proposal, pass_index
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.tree import chain_layout
 
@@ -134,8 +134,8 @@ class Chain:
         sizes = jnp.asarray(self.verify_sizes)
 
         def verified(num_valid: jax.Array) -> jax.Array:
-            """The pass that holds every row's drafts: the smallest verification size."""
-            return sizes[jnp.searchsorted(sizes, jnp.max(num_valid))]
+            """The node count of the pass that holds every row's drafts."""
+            return sizes[pass_index(self.verify_sizes, num_valid)]
 
         end = jax.lax.while_loop(
             lambda s: (s.k < num_draft) & (jnp.any(s.drafting) | (s.k < verified(s.num_valid))),

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree import Layout
@@ -64,7 +65,7 @@ class Shape(Protocol):
     is_chain: bool
     num_nodes: int
     verify_sizes: tuple[int, ...]  # node counts a verification pass may cover (ascending, the
-    # last is num_nodes): the smallest holding every row's valid nodes runs (`verify.verify`)
+    # last is num_nodes): the smallest holding every row's valid nodes runs (`pass_index`)
     depth: int
     max_children: int
     children: str  # how sampled children are drawn: one of CHILD_RULES
@@ -85,3 +86,10 @@ class Shape(Protocol):
         Returns the proposal (reuse None, empty stats), what `step` kept at each position
         [B, 1+T, ...] (zeros where it did not run), the positions where it did not run [B, U],
         and the final carry."""
+
+
+def pass_index(verify_sizes: tuple[int, ...], num_valid: jax.Array) -> jax.Array:
+    """Which of a shape's `verify_sizes` a round verifies: the smallest that holds the most
+    valid nodes of any row (`num_valid` [B]). A chain fills its rows to it, and `verify.verify`
+    runs the pass of that size."""
+    return jnp.searchsorted(jnp.asarray(verify_sizes), jnp.max(num_valid))

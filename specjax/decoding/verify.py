@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.branching import switch
-from specjax.decoding.proposal import Proposal
+from specjax.decoding.proposal import Proposal, pass_index
 from specjax.decoding.tree import Layout, ancestor_matrix, chain_layout, tree_layout
 from specjax.model import Params, embed, exit_logits, run_layers_cached
 
@@ -64,11 +64,10 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
                                reused_hidden=_pad_nodes(out.reused_hidden, num_nodes))
         return run
 
-    drafted = jnp.max(jnp.sum(proposal.valid, axis=1))
     full = jax.eval_shape(lambda: _verify(params, cfg, cache, pending, proposal))
     empty = jax.tree.map(lambda like: jnp.zeros(like.shape, like.dtype), full).replace(
         cache=cache)
-    return switch(jnp.searchsorted(jnp.asarray(sizes), drafted),
+    return switch(pass_index(sizes, jnp.sum(proposal.valid, axis=1)),
                   [first_nodes(size) for size in sizes], empty)
 
 

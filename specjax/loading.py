@@ -45,7 +45,7 @@ class LoadedModel:
     meta: dict[str, Any]
     draft_weights: dict[str, DraftWeights]
     mesh: Mesh | None = None
-    unfinished: tuple[str, ...] = ()  # `unfinished_training`'s notes, one per workdir
+    unfinished: tuple[str, ...] = ()  # `unfinished_training`'s note for each such workdir
 
     def generator(self, **options: Any) -> Generator:
         """A `Generator` over this model (on its mesh, if any) that drafts with its trained
@@ -60,8 +60,9 @@ def load_model(workdir: str, step: int | None = None,
     """The workdir's latest checkpoint (or `step`) ready for decoding, with the drafters in
     `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
     strategy's draft model) or a head trained on this model. On `mesh`, every weight is
-    restored straight into its layout there. Logs a warning for each workdir whose training
-    stopped before its total steps (`LoadedModel.unfinished`)."""
+    restored straight into its layout there. Logs a warning for each workdir whose checkpoint
+    stopped before its run's total steps (`LoadedModel.unfinished`; not for `workdir` when
+    `step` names one)."""
     target = _load_target(workdir, step, mesh)
     notes = [] if step is not None else [unfinished_training(workdir, target.meta)]
     checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
@@ -69,8 +70,8 @@ def load_model(workdir: str, step: int | None = None,
     weights = dict(target.draft_weights)
     extra = [draft_workdir] if isinstance(draft_workdir, str) else list(draft_workdir or [])
     for path in extra:
-        notes.append(unfinished_training(path, _read_meta(path, None)))
-        added = _drafter(target, checksum, path)
+        added, meta = _drafter(target, checksum, path)
+        notes.append(unfinished_training(path, meta))
         clash = sorted(set(added) & set(weights))
         if clash:
             raise ValueError(f"{path} adds a second {clash[0]!r} drafter; give one per strategy")
@@ -89,29 +90,30 @@ def unfinished_training(workdir: str, meta: dict[str, Any]) -> str | None:
     step = meta.get("step")
     if total is None or step is None or step >= total:
         return None
-    return (f"{workdir} holds step {step} of its run's {total}: the training was interrupted, "
-            "so its figures are not the trained model's (rerun the same train command to "
-            "finish it)")
+    return (f"{workdir} holds step {step} of its run's {total}: its training stopped early "
+            "(interrupted, diverged or still running), so its figures are not the trained "
+            "model's (an interrupted run finishes with its train command run again)")
 
 
 def _drafter(target: LoadedModel, target_checksum: Callable[[], str],
-             workdir: str) -> dict[str, DraftWeights]:
+             workdir: str) -> tuple[dict[str, DraftWeights], dict[str, Any]]:
     """The draft weights in `workdir`, by strategy, checked to fit the `target` model (whose
-    weights' checksum `target_checksum` gives)."""
+    weights' checksum `target_checksum` gives), and the metadata of the checkpoint loaded."""
     meta = _read_meta(workdir, None)
     if "base" in meta:  # a head: it must have been trained on exactly these weights
         if meta["base"].get("checksum") != target_checksum():
             raise CheckpointError(f"the {meta.get('objective')} head in {workdir} was trained "
                                   f"on the model in {meta['base']['workdir']}, not on the "
                                   f"weights of {target.workdir}")
-        return _load_head(workdir, None, meta, target.mesh)[1]
+        meta, weights = _load_head(workdir, None, meta, target.mesh)
+        return weights, meta
     params, cfg, meta = load_params(workdir, mesh=target.mesh)
     tokenizers = (target.meta.get("tokenizer", "bytes"), meta.get("tokenizer", "bytes"))
     if tokenizers[0] != tokenizers[1] or cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft model in {workdir} has tokenizer {tokenizers[1]!r} "
                          f"with {cfg.vocab_size} ids, the target {tokenizers[0]!r} with "
                          f"{target.cfg.vocab_size}: a draft model must share the target's")
-    return {"draft": DraftWeights(unstack_layers(params, cfg), cfg=cfg)}
+    return {"draft": DraftWeights(unstack_layers(params, cfg), cfg=cfg)}, meta
 
 
 def _read_meta(workdir: str, step: int | None) -> dict[str, Any]:

@@ -129,8 +129,9 @@ def test_an_interrupted_head_run_resumes_exactly(base, trained_heads, tmp_path, 
     first = Trainer(head_run(base, name), resumed).fit(stop_requested=lambda step: step == 4)
     assert first.interrupted and first.step == 4
     assert load_model(base, draft_workdir=resumed).unfinished == (
-        f"{resumed} holds step 4 of its run's 10: the training was interrupted, so its figures "
-        "are not the trained model's (rerun the same train command to finish it)",)
+        f"{resumed} holds step 4 of its run's 10: its training stopped early (interrupted, "
+        "diverged or still running), so its figures are not the trained model's (an "
+        "interrupted run finishes with its train command run again)",)
     assert len(load_model(resumed).unfinished) == 1
     Trainer(head_run(base, name), resumed).fit()
     assert load_model(base, draft_workdir=resumed).unfinished == ()

@@ -181,15 +181,19 @@ def test_specdec_refuses_what_it_cannot_run(generator):
 
 @pytest.mark.parametrize("trained, shape, warned", [
     (0, Chain(4, 0, .5), False), (2, DynamicTree(8, 2, 3), False),
+    (3, DynamicTree(8, 2, 3), False), (None, DynamicTree(8, 2, 3), False),
     (0, DynamicTree(8, 2, 3), True), (2, DynamicTree(8, 3, 3), True),
     (2, Chain(4, 0, .5), True)])
 def test_a_head_asked_about_other_drafts_than_it_learned_warns(caplog, trained, shape,
                                                                warned):
     """Catches a silent mismatch between what a head learned and what decoding asks of it: a
     chain's head (min(1, p/q) of a sampled draft) scoring a tree's children, a tree head of
-    top_k 2 scoring a tree of top_k 3, or a tree head (p(x)) deciding a chain's stops."""
+    top_k 2 scoring a tree of top_k 3, or a tree head (p(x)) deciding a chain's stops; and a
+    warning where nothing is wrong (a head that saw more children than the tree asks about,
+    hand-built weights with no recorded settings)."""
     specdec._warn_once.cache_clear()
-    weights = DraftWeights(random_head(), 1, settings={"children": trained})
+    weights = DraftWeights(random_head(), 1,
+                           settings={} if trained is None else {"children": trained})
     with caplog.at_level("WARNING"):
         assert SpecDecHead(1, shape).bind(weights) == SpecDecHead(1, shape)
     messages = [r.getMessage() for r in caplog.records]

@@ -49,12 +49,16 @@ class SpecDecHead(HeadDrafter):
                              "(--tree dynamic), not a static tree or a chain without h")
 
     def bind(self, weights: DraftWeights) -> SpecDecHead:
-        """As `HeadDrafter.bind`; warns (once) when the head learned other drafts than this
-        shape asks it about: a chain's drafts (`children` 0) or a tree's top k children."""
+        """As `HeadDrafter.bind`; warns (once) when a head's recorded settings say it learned
+        other drafts than this shape asks it about: a chain's drafts (`children` 0) against a
+        dynamic tree's top k children, or fewer children than the tree's top k."""
         super().bind(weights)
+        if not weights.settings or not (isinstance(self.shape, DynamicTree)
+                                        or self.shape.stop_risk):
+            return self  # hand-built weights, or a shape `validate` refuses
         trained = weights.settings.get("children", 0)
         wanted = self.shape.top_k if isinstance(self.shape, DynamicTree) else 0
-        if trained != wanted:
+        if (trained == 0) != (wanted == 0) or trained < wanted:
             _warn_once(f"the specdec head was trained on {_drafts(trained)} and now scores "
                        f"{_drafts(wanted)}: train one with --config.specdec.children={wanted} "
                        "for what it predicts to match what decoding asks")

@@ -61,10 +61,11 @@ def load_model(workdir: str, step: int | None = None,
     `draft_workdir` (one or several workdirs, their latest checkpoints): a model (the `draft`
     strategy's draft model) or a head trained on this model. On `mesh`, every weight is
     restored straight into its layout there. Logs a warning for each workdir whose checkpoint
-    stopped before its run's total steps (`LoadedModel.unfinished`; not for `workdir` when
-    `step` names one)."""
+    stopped before its run's total steps, a head's base included (`LoadedModel.unfinished`;
+    not for `workdir` when `step` names one)."""
     target = _load_target(workdir, step, mesh)
-    notes = [] if step is not None else [unfinished_training(workdir, target.meta)]
+    notes = [*target.unfinished,
+             *([] if step is not None else [unfinished_training(workdir, target.meta)])]
     checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
                                else params_checksum(target.params))  # hashed once, if needed
     weights = dict(target.draft_weights)
@@ -144,8 +145,9 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
         base = load_base(recorded["workdir"], mesh=mesh)
     base.check_unchanged(recorded, workdir)
     meta, weights = _load_head(workdir, step, meta, mesh)
+    base_note = unfinished_training(recorded["workdir"], base.meta)  # a head on a partial base
     return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights,
-                       mesh)
+                       mesh, unfinished=(base_note,) if base_note else ())
 
 
 def _load_head(workdir: str, step: int | None, meta: dict[str, Any],

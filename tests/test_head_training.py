@@ -141,6 +141,17 @@ def test_an_interrupted_head_run_resumes_exactly(base, trained_heads, tmp_path, 
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_head_on_a_partly_trained_base_warns_about_the_base(tmp_path):
+    """Catches a loader that checks the head's own run but not the base it was trained on (a
+    head can be trained on a base whose run was interrupted, and then carries its figures)."""
+    partial, head = str(tmp_path / "base"), str(tmp_path / "head")
+    Trainer(BASE_RUN, partial).fit(stop_requested=lambda step: step == 2)
+    Trainer(head_run(partial, "specdec", total_steps=3, warmup_steps=1, eval_every=3,
+                     save_every=3), head).fit()
+    notes = load_model(head).unfinished
+    assert len(notes) == 1 and notes[0].startswith(f"{partial} holds step 2 of its run's 4")
+
+
 def test_a_missing_or_changed_base_is_refused(base, tmp_path):
     """Catches an adapter resumed or decoded on a base trained again from scratch in the same
     workdir. A base that merely trained on keeps the step the adapter started on: resuming

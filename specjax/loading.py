@@ -64,8 +64,9 @@ def load_model(workdir: str, step: int | None = None,
     stopped before its run's total steps, a head's base included (`LoadedModel.unfinished`;
     not for `workdir` when `step` names one)."""
     target = _load_target(workdir, step, mesh)
-    notes = [*target.unfinished,
-             *([] if step is not None else [unfinished_training(workdir, target.meta)])]
+    notes = list(target.unfinished)
+    if step is None:
+        notes.append(unfinished_training(workdir, target.meta))
     checksum = functools.cache(lambda: target.meta["base"]["checksum"] if "base" in target.meta
                                else params_checksum(target.params))  # hashed once, if needed
     weights = dict(target.draft_weights)

@@ -183,14 +183,16 @@ def test_specdec_refuses_what_it_cannot_run(generator):
     (0, Chain(4, 0, .5), False), (2, DynamicTree(8, 2, 3), False),
     (3, DynamicTree(8, 2, 3), False), (None, DynamicTree(8, 2, 3), False),
     (0, DynamicTree(8, 2, 3), True), (2, DynamicTree(8, 3, 3), True),
-    (2, Chain(4, 0, .5), True)])
+    (2, Chain(4, 0, .5), True),
+    (2, make_strategy("specdec", DecodingConfig(tree="2,1", draft_risk=0.5)).shape, False)])
 def test_a_head_asked_about_other_drafts_than_it_learned_warns(caplog, trained, shape,
                                                                warned):
     """Catches a silent mismatch between what a head learned and what decoding asks of it: a
     chain's head (min(1, p/q) of a sampled draft) scoring a tree's children, a tree head of
     top_k 2 scoring a tree of top_k 3, or a tree head (p(x)) deciding a chain's stops; and a
     warning where nothing is wrong (a head that saw more children than the tree asks about,
-    hand-built weights with no recorded settings)."""
+    hand-built weights with no recorded settings); and a crash instead of `validate`'s clear
+    refusal for a static tree, which has no stop rule to read."""
     specdec._warn_once.cache_clear()
     weights = DraftWeights(random_head(), 1,
                            settings={} if trained is None else {"children": trained})

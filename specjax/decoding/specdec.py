@@ -53,11 +53,15 @@ class SpecDecHead(HeadDrafter):
         other drafts than this shape asks it about: a chain's drafts (`children` 0) against a
         dynamic tree's top k children, or fewer children than the tree's top k."""
         super().bind(weights)
-        if not weights.settings or not (isinstance(self.shape, DynamicTree)
-                                        or self.shape.stop_risk):
-            return self  # hand-built weights, or a shape `validate` refuses
+        if isinstance(self.shape, DynamicTree):
+            wanted = self.shape.top_k
+        elif self.shape.is_chain and self.shape.stop_risk:
+            wanted = 0
+        else:
+            return self  # a shape `validate` refuses (a static tree, a chain without h)
+        if not weights.settings:
+            return self  # hand-built weights: nothing recorded to compare
         trained = weights.settings.get("children", 0)
-        wanted = self.shape.top_k if isinstance(self.shape, DynamicTree) else 0
         if (trained == 0) != (wanted == 0) or trained < wanted:
             _warn_once(f"the specdec head was trained on {_drafts(trained)} and now scores "
                        f"{_drafts(wanted)}: train one with --config.specdec.children={wanted} "

@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["specjax", "specjax.*"]),
-    package_data={"specjax.kernels": ["*.cc"]},  # compiled on first use (kernels/cpu_matmul.py)
+    package_data={"specjax.kernels": ["*.cc", "*.h"]},  # compiled on first use (kernels/library.py)
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",

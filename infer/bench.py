@@ -38,7 +38,7 @@ from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.decoding.tree_search import pass_seconds
 from specjax.entrypoint import parse_flags
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
@@ -144,6 +144,7 @@ def benchmark() -> dict:
         "single_thread_read_bandwidth_gb_s": single_thread_bandwidth / 1e9,
         "matvec_chain_gb_s": matvec / 1e9,
         "cpu_matmul_kernel": jax.default_backend() == "cpu" and cpu_matmul.available(),
+        "cpu_attention_kernel": jax.default_backend() == "cpu" and cpu_attention.available(),
         "ar_bytes_per_token": per_token,
         "ar_decode_tokens_per_s": ar_rate,
         "ar_achieved_gb_s": per_token * ar_rate / 1e9 if measured else None,

@@ -1,13 +1,16 @@
-"""Decoding speed with the CPU matmul kernel against XLA's dot, on an idle and on a busy machine.
+"""Decoding speed with specjax's CPU kernels against XLA's own ops, on an idle and on a busy
+machine.
 
-    python infer/busy_bench.py --workdir runs/tiny [--busy 0,1,2] [--pairs 20]
+    python infer/busy_bench.py --workdir runs/tiny [--busy 0,1,2] [--pairs 20] \
+        [--kernel matmul|attention|all]
 
 For each count in --busy, that many processes spin on the cores (`python -c 'while True:
 pass'`, as a data loader or a second job would) while both programs decode the same held-out
 prompts, each prompt by one and then by the other. Both programs are compiled ahead
 of time in this one process; the ratio is the median over pairs of XLA's time over the
-kernel's (above 1: the kernel is faster). The kernel's target: at least 1.25 idle, at least
-0.9 (never more than 10% slower) busy.
+kernel's (above 1: the kernel is faster). --kernel picks what the XLA program goes without:
+the matrix kernel (the default), the attention kernel, or both. The matrix kernel's target:
+at least 1.25 idle, at least 0.9 (never more than 10% slower) busy.
 """
 
 import contextlib
@@ -32,13 +35,17 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.timing import time_interleaved
 from specjax.entrypoint import parse_flags
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
+
+KERNELS = {"matmul": cpu_matmul, "attention": cpu_attention}
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
 flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")
 flags.DEFINE_integer("pairs", 20, "Timed (kernel, XLA) pairs per measurement.")
+flags.DEFINE_enum("kernel", "matmul", [*KERNELS, "all"],
+                  "The kernel (or all) that the XLA program goes without.")
 flags.DEFINE_enum("strategy", "ar", sorted(STRATEGIES), "Decoding strategy (greedy), with "
                   "the checkpoint's decoding defaults.")
 flags.DEFINE_integer("num_prompts", 4, "Held-out prompts, decoded one at a time.")
@@ -56,9 +63,12 @@ def main(argv):
 def measure() -> list[dict]:
     busy_counts = [_count(value) for value in FLAGS.busy]
     require_positive_flags("pairs", "num_prompts", "prompt_len", "max_new_tokens")
-    if not cpu_matmul.available():
-        raise ValueError("the CPU matmul kernel is not available here (SPECJAX_CPU_MATMUL=0, "
-                         "no C++ compiler, or not a CPU backend): nothing to compare")
+    compared = [name for name in KERNELS if FLAGS.kernel in (name, "all")]
+    for name in compared:
+        if not KERNELS[name].available():
+            raise ValueError(f"the CPU {name} kernel is not available here "
+                             f"(SPECJAX_CPU_{name.upper()}=0, no C++ compiler, or not a CPU "
+                             "backend): nothing to compare")
     loaded = load_model(FLAGS.workdir)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
@@ -68,7 +78,9 @@ def measure() -> list[dict]:
                              decoding_options(decoding_defaults(meta), cfg, {}))
     generator = loaded.generator()
     programs = {}
-    for name, routing in (("kernel", contextlib.nullcontext), ("xla", cpu_matmul.xla_dot_only)):
+    without = [f"cpu_{name}.cc" for name in compared]
+    for name, routing in (("kernel", contextlib.nullcontext),
+                          ("xla", lambda: library.xla_only(*without))):
         with routing():
             jax.clear_caches()
             programs[name] = generator.compile(prompts[:1], max_new_tokens=FLAGS.max_new_tokens,
@@ -79,7 +91,8 @@ def measure() -> list[dict]:
         print("note: kernel and XLA outputs differ (float rounding changed an argmax)")
     print(f"{FLAGS.strategy}, {len(prompts)} prompts x {FLAGS.max_new_tokens} new tokens, "
           f"{FLAGS.pairs} pairs per row")
-    print("| busy processes | kernel tokens/s | XLA dot tokens/s | kernel / XLA |")
+    print(f"kernel: {', '.join(compared)}; XLA: without it")
+    print("| busy processes | kernel tokens/s | XLA tokens/s | kernel / XLA |")
     print("|---|---|---|---|")
     rows = []
     for busy in busy_counts:

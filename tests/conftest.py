@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.model import init_params, unstack_layers
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
@@ -123,6 +123,8 @@ def missing_test_requirements() -> list[str]:
                if importlib.util.find_spec(name) is None]
     if not cpu_matmul.available():
         missing.append("the CPU matmul kernel (a C++ compiler; SPECJAX_CPU_MATMUL unset)")
+    if not cpu_attention.available():
+        missing.append("the CPU attention kernel (a C++ compiler; SPECJAX_CPU_ATTENTION unset)")
     return missing
 
 

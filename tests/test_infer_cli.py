@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from specjax.kernels import cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
 
@@ -206,6 +206,7 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
     assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
     assert report["cpu_matmul_kernel"] == cpu_matmul.available()
+    assert report["cpu_attention_kernel"] == cpu_attention.available()
     assert "identical to ar" in result.stdout and "GB/s read bandwidth" in result.stdout
     assert "[bench] timed repeat 2/2 of 5 strategies" in result.stderr  # progress
     assert "matrix-vector products alone" in result.stdout
@@ -219,12 +220,13 @@ def test_busy_bench_compares_the_kernel_with_xla_under_load(workdir, tmp_path):
     report = tmp_path / "busy.json"
     result = _run("busy_bench.py", "--workdir", workdir, "--busy", "0,1", "--pairs", "1",
                   "--num_prompts", "1", "--prompt_len", "16", "--max_new_tokens", "8",
-                  "--output_json", str(report))
+                  "--kernel", "all", "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(report.read_text())
     assert [r["busy"] for r in rows] == [0, 1]
     assert all(r["kernel_tokens_per_s"] > 0 and r["xla_tokens_per_s"] > 0 for r in rows)
     assert "| busy processes | kernel tokens/s |" in result.stdout
+    assert "kernel: matmul, attention; XLA: without it" in result.stdout
     assert not _processes_running("while True: pass")  # none left spinning
 
 

@@ -26,27 +26,20 @@
 #include <vector>
 #include <unistd.h>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
-
+#include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-// Vectors of 16 lanes where the CPU has AVX-512, else 8; loads are unaligned. Several rows of x
-// multiply a few-row product in as many operations as one row: with 512-bit vectors and 8 rows
-// of W per pass, 3 to 8 rows took 1.4-1.7x less time than with 256-bit vectors and 4 rows of W
-// (AMD Zen 5, one thread, the default model's products from L3; one row: the same).
+// Several rows of x multiply a few-row product in as many operations as one row: with 512-bit
+// vectors and 8 rows of W per pass, 3 to 8 rows took 1.4-1.7x less time than with 256-bit vectors
+// and 4 rows of W (AMD Zen 5, one thread, the default model's products from L3; one row: the
+// same).
 #if defined(__AVX512F__)
-typedef float Vec __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kLanes = 16;
 constexpr int64_t kRowsPerPass = 8;  // rows of W [K,N] multiply-added per pass over the outputs
 #else
-typedef float Vec __attribute__((vector_size(32), aligned(4)));
-constexpr int64_t kLanes = 8;
 constexpr int64_t kRowsPerPass = 4;  // (with 256-bit vectors 8 measured the same)
 #endif
 constexpr int64_t kBlock = 1024;     // output columns per cache-resident accumulator block
@@ -68,47 +61,6 @@ inline void CpuRelax() {
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
-#endif
-}
-
-// Unaligned loads and stores as single vector instructions where the CPU has them: as memcpy,
-// GCC tuned for some CPUs (-march=znver2) copies through the stack in 16-byte halves, and the
-// 32-byte reload of two 16-byte stores cannot be forwarded (measured 10x slower products).
-inline Vec Load(const float* p) {
-#if defined(__AVX512F__)
-  return (Vec)_mm512_loadu_ps(p);
-#elif defined(__AVX__)
-  return (Vec)_mm256_loadu_ps(p);
-#else
-  Vec v; std::memcpy(&v, p, sizeof(v)); return v;
-#endif
-}
-
-// a * b + c, fused (one rounding) wherever the CPU can: every path uses these two, so a row's
-// result is the same whatever code path (row count, vector body or tail) computed it.
-inline Vec MulAdd(Vec a, Vec b, Vec c) {
-#if defined(__AVX512F__)
-  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-  return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-  return a * b + c;
-#endif
-}
-inline float MulAdd(float a, float b, float c) {
-#if defined(__FMA__) || defined(__AVX512F__)
-  return __builtin_fmaf(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
-inline void Store(float* p, Vec v) {
-#if defined(__AVX512F__)
-  _mm512_storeu_ps(p, (__m512)v);
-#elif defined(__AVX__)
-  _mm256_storeu_ps(p, (__m256)v);
-#else
-  std::memcpy(p, &v, sizeof(v));
 #endif
 }
 
@@ -230,8 +182,7 @@ inline void DotRows(const Problem& p, int64_t r0, int64_t n, float* out) {
     for (int r = 0; r < Rows; ++r) acc[r] = MulAdd(Load(p.x + (r0 + r) * p.k + k), wv, acc[r]);
   }
   for (int r = 0; r < Rows; ++r) {
-    float sum = 0.f;
-    for (int64_t lane = 0; lane < kLanes; ++lane) sum += acc[r][lane];
+    float sum = LaneSum(acc[r]);
     for (int64_t kk = k; kk < p.k; ++kk) sum = MulAdd(p.x[(r0 + r) * p.k + kk], w[kk], sum);
     out[(r0 + r) * p.n + n] = sum;
   }

@@ -5,12 +5,15 @@ The fused projection kernel is [d_model, num_kv_heads, group + 2, head_dim]: for
 decoding, and a tensor-parallel mesh can shard the kv-head axis without splitting a group.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_attention
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
 from specjax.nn.rope import Rope, apply_rope
@@ -46,16 +49,39 @@ class Attention(nn.Module):
             kv = _write(kv, k, v, write_pos, kv_heads)
             k, v = kv.k, kv.v
 
-        scores = jnp.einsum("nqd,nsd->nqs", q, k, preferred_element_type=jnp.float32)
-        scores = scores.reshape(batch, kv_heads, group, steps, -1) * head_dim ** -0.5
-        scores = jnp.where(mask[:, None, None], scores, _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
-        probs = probs.reshape(batch * kv_heads, group * steps, -1)
-        attended = jnp.einsum("nqs,nsd->nqd", probs, v)
+        if kv is not None and _on_kernel(q, k, steps):
+            mask = jnp.broadcast_to(mask, (batch, steps, mask.shape[-1]))
+            attended = jax.lax.platform_dependent(
+                q, k, v, mask, default=functools.partial(_attend, cfg),
+                cpu=functools.partial(cpu_attention.cached_attention, scale=head_dim ** -0.5))
+        else:
+            attended = _attend(cfg, q, k, v, mask)
         attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
         attended = attended.transpose(0, 3, 1, 2, 4)
         out = out.reshape(-1, cfg.d_model).astype(cfg.compute_dtype)
         return matmul(attended.reshape(batch, steps, -1), out), kv
+
+
+def _on_kernel(q: jax.Array, k: jax.Array, steps: int) -> bool:
+    """Whether a cached layer's attention runs on the CPU kernel (`kernels.cpu_attention`):
+    float32, a few new tokens (decoding, verification; not prefill), the kernel available. The
+    choice is static; `lax.platform_dependent` keeps GPU/TPU programs on `_attend`."""
+    return (q.dtype == k.dtype == jnp.float32 and steps <= cpu_attention.MAX_TOKENS
+            and cpu_attention.available())
+
+
+def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
+            mask: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(Dh)) v over the slots `mask` [1 or B, T, S] shows, in XLA: queries
+    [B*K, G*T, Dh] (`project`'s layout), keys and values [B*K, S, Dh]; the same layout out."""
+    rows, queries, head_dim = q.shape
+    steps = mask.shape[1]
+    scores = jnp.einsum("nqd,nsd->nqs", q, k, preferred_element_type=jnp.float32)
+    scores = scores.reshape(-1, cfg.num_kv_heads, queries // steps, steps,
+                            k.shape[1]) * head_dim ** -0.5
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+    return jnp.einsum("nqs,nsd->nqd", probs.reshape(rows, queries, -1), v)
 
 
 def project(cfg: ModelConfig, x: jax.Array, qkv: jax.Array, bias: jax.Array | None,

@@ -1,0 +1,111 @@
+"""Builds and loads specjax's C++ kernels for XLA:CPU (`cpu_matmul.cc`, `cpu_attention.cc`).
+
+Each kernel is compiled from source with the machine's C++ compiler (`CXX`, default `c++`) the
+first time a process needs it, against the FFI headers of the installed jaxlib, into
+`SPECJAX_KERNEL_CACHE` (default `~/.cache/specjax/kernels`), keyed by its source, the shared
+`simd.h`, compiler, flags, jax version and CPU, and registered as an XLA:CPU FFI target. No
+compiler, a failed build or the kernel's switch (`SPECJAX_CPU_MATMUL=0`,
+`SPECJAX_CPU_ATTENTION=0`) leaves XLA's own ops in place (with one warning for a failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+import jax
+from absl import logging
+
+_DIRECTORY = pathlib.Path(__file__).parent
+_HEADER = _DIRECTORY / "simd.h"
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-shared", "-fPIC", "-pthread")
+
+
+def _cpu_signature() -> str:
+    """The CPU model and feature flags: -march=native code is only valid on such a CPU."""
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in info if line.startswith(("model name",
+                                                                            "flags"))}))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _library_path(source: pathlib.Path, compiler: str) -> pathlib.Path:
+    key = hashlib.sha256("\0".join([
+        source.read_text(), _HEADER.read_text(), compiler, " ".join(_FLAGS), jax.__version__,
+        _cpu_signature(),
+    ]).encode()).hexdigest()[:16]
+    cache = os.environ.get("SPECJAX_KERNEL_CACHE",
+                           os.path.join(os.path.expanduser("~"), ".cache", "specjax", "kernels"))
+    return pathlib.Path(cache) / f"{source.stem}-{key}.so"
+
+
+def _build(compiler: str, source: pathlib.Path, target: pathlib.Path) -> None:
+    """Compiles to a temporary file, then renames it into place: concurrent builders (pytest
+    workers) each write their own file and the last rename wins with an identical library."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = pathlib.Path(scratch) / target.name
+        subprocess.run([compiler, *_FLAGS, "-isystem", jax.ffi.include_dir(), "-I",
+                        str(_DIRECTORY), str(source), "-o", str(built)],
+                       check=True, capture_output=True, text=True)
+        os.replace(built, target)
+
+
+KERNELS = ("cpu_matmul.cc", "cpu_attention.cc")
+_switched_off: frozenset[str] = frozenset()
+
+
+@contextlib.contextmanager
+def xla_only(*sources: str) -> Iterator[None]:
+    """Programs traced inside use XLA's own ops instead of the kernels built from `sources`
+    (default: every kernel), for comparing the two in one process (clear jit caches on entry
+    and exit, or compile ahead of time: the choice is made when tracing)."""
+    global _switched_off
+    unknown = set(sources) - set(KERNELS)
+    if unknown:
+        raise ValueError(f"unknown kernel {sorted(unknown)[0]!r}; kernels: {', '.join(KERNELS)}")
+    before, _switched_off = _switched_off, _switched_off | frozenset(sources or KERNELS)
+    try:
+        yield
+    finally:
+        _switched_off = before
+
+
+def available(source: str, symbol: str, target: str, switch: str) -> bool:
+    """Whether ops traced now go to the kernel built from `source` (a file in this folder)
+    whose FFI handler `symbol` is registered as `target`: it is built, loaded and registered in
+    this process, the environment variable `switch` is not "0", and not inside `xla_only`."""
+    return source not in _switched_off and _loaded(source, symbol, target, switch)
+
+
+@functools.cache
+def _loaded(source: str, symbol: str, target: str, switch: str) -> bool:
+    if os.environ.get(switch, "1") == "0":
+        return False
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        return False
+    path = _DIRECTORY / source
+    library = _library_path(path, compiler)
+    try:
+        if not library.exists():
+            _build(compiler, path, library)
+        handler = getattr(ctypes.CDLL(str(library)), symbol)
+    except (OSError, AttributeError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", None) or error
+        logging.warning("specjax: CPU kernel %s unavailable, using XLA's ops: %s", source,
+                        detail)
+        return False
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
+    return True

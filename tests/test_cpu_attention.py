@@ -1,0 +1,195 @@
+"""The CPU attention kernel for decoding: it is built where a compiler exists, matches a float64
+reference, gives each query a result independent of the other queries and of hidden slots (the
+lossless loop relies on it), is what cached attention runs on CPU (never in GPU/TPU exports or
+prefill), and keeps greedy decoding identical to a per-step argmax of the model."""
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.cache import LayerKV
+from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.static_tree import StaticTree
+from specjax.kernels import cpu_attention
+from specjax.nn.attention import Attention
+from specjax.nn.rope import rope_tables
+
+needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler")
+# (batch, kv heads, group, tokens, slots, head_dim): head_dim 64 and 128 (whole vectors), 32,
+# 24 and 8 (tails); slot counts that end mid-block.
+SHAPES = [(1, 2, 2, 1, 45, 64), (2, 2, 3, 5, 37, 24), (1, 1, 1, 9, 70, 8),
+          (2, 1, 2, 7, 130, 128), (1, 2, 2, 33, 64, 32)]
+
+
+def _operands(batch, heads, group, steps, slots, dim, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(batch * heads, group * steps, dim)).astype(np.float32)
+    k, v = (rng.normal(size=(batch * heads, slots, dim)).astype(np.float32) for _ in range(2))
+    mask = rng.random((batch, steps, slots)) < 0.5
+    mask[..., 0] = True
+    return q, k, v, mask
+
+
+def _kernel(q, k, v, mask):
+    return np.asarray(jax.jit(functools.partial(cpu_attention.cached_attention,
+                                                scale=q.shape[-1] ** -0.5))(q, k, v, mask))
+
+
+def _reference(q, k, v, mask):
+    """float64 softmax attention over the visible slots, in the kernel's layout."""
+    rows, queries, dim = q.shape
+    batch, steps, _ = mask.shape
+    scores = np.einsum("nqd,nsd->nqs", q.astype(np.float64), k.astype(np.float64)) * dim ** -0.5
+    visible = np.repeat(mask, rows // batch, axis=0)  # [N, T, S]
+    visible = np.tile(visible, (1, queries // steps, 1))  # row g * T + t sees mask[b, t]
+    scores = np.where(visible, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("nqs,nsd->nqd", weights, v.astype(np.float64))
+
+
+def test_kernel_builds_where_a_compiler_exists():
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler on this machine")
+    assert cpu_attention.available()
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_matches_float64_reference(shape):
+    q, k, v, mask = _operands(*shape)
+    np.testing.assert_allclose(_kernel(q, k, v, mask), _reference(q, k, v, mask),
+                               rtol=2e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_a_query_that_sees_nothing_gets_zeros():
+    q, k, v, mask = _operands(1, 2, 2, 3, 40, 32)
+    mask[0, 1] = False
+    out = _kernel(q, k, v, mask)
+    assert np.all(out[:, [1, 4]] == 0) and np.all(np.isfinite(out))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim", [64, 24, 8])
+def test_each_query_is_bitwise_independent_of_the_others_and_of_hidden_slots(dim):
+    """What verification relies on: a drafted token's attention has the bits of decoding it
+    alone. Token t of a tree-shaped call sees a prefix of 40 + t slots and, for odd t, 8 slots
+    far beyond it (blocks the others skip), so the blocks visited differ between the call and
+    each query alone. Catches any sum whose order follows the call rather than the query (e.g.
+    the softmax's sum kept in two accumulators alternating over the blocks visited), and
+    hidden slots that leak (their contents are replaced by large finite garbage)."""
+    batch, heads, group, steps, slots = 2, 2, 2, 6, 170
+    q, k, v, _ = _operands(batch, heads, group, steps, slots, dim, seed=1)
+    mask = np.zeros((batch, steps, slots), bool)
+    for t in range(steps):
+        mask[:, t, :40 + t] = True
+        mask[:, t, 90 + 12 * t:98 + 12 * t] = t % 2 == 1
+    mask[1, :, :5] = False  # a ragged row: its prompt starts later
+    together = _kernel(q, k, v, mask)
+    garbage = np.where(np.repeat(mask.any(1), heads, axis=0)[..., None], 0, 1e4).astype(np.float32)
+    messy = _kernel(q, k + garbage, v - garbage, mask)
+    np.testing.assert_array_equal(messy, together)
+    rows = q.reshape(batch * heads, group, steps, dim)
+    for t in range(steps):  # each token alone
+        alone = _kernel(rows[:, :, t], k, v, mask[:, t:t + 1])
+        np.testing.assert_array_equal(alone, together.reshape(rows.shape)[:, :, t])
+    for g in range(group):  # each head of the group alone
+        alone = _kernel(rows[:, g], k, v, mask)
+        np.testing.assert_array_equal(alone, together.reshape(rows.shape)[:, g])
+    for b in range(batch):  # each sequence alone
+        n = slice(b * heads, (b + 1) * heads)
+        np.testing.assert_array_equal(_kernel(q[n], k[n], v[n], mask[b:b + 1]), together[n])
+
+
+def _cached_attention(cfg, steps, dtype=jnp.float32):
+    """An attention layer's call against a cache of 40 slots, `steps` new tokens."""
+    layer = Attention(cfg)
+    x = jnp.zeros((1, steps, cfg.d_model), dtype)
+    positions = jnp.arange(steps)[None]
+    params = layer.init(jax.random.PRNGKey(0), x, rope_tables(cfg, positions),
+                        jnp.ones((1, steps, steps), bool))["params"]
+    kv = LayerKV(jnp.zeros((cfg.num_kv_heads, 40, cfg.head_dim), dtype),
+                 jnp.zeros((cfg.num_kv_heads, 40, cfg.head_dim), dtype))
+
+    def call(params, x, kv):
+        mask = jnp.arange(40)[None, None] <= positions[..., None]
+        return layer.apply({"params": params}, x, rope_tables(cfg, positions), mask, kv,
+                           jnp.zeros((1,), jnp.int32))[0]
+    return call, (params, x, kv)
+
+
+@needs_kernel
+def test_cached_attention_routes_decoding_to_the_kernel():
+    """Decoding and verification (float32, at most MAX_TOKENS new tokens) on CPU; not prefill,
+    not bfloat16, and never in a program exported for GPU/TPU."""
+    target = "specjax_cached_attention_f32"
+    cfg = ModelConfig(vocab_size=16, d_model=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                      mlp_dim=32)
+    call, args = _cached_attention(cfg, 3)
+    assert target in jax.jit(call).lower(*args).as_text()
+    exported = jax.export.export(jax.jit(call), platforms=("tpu", "cuda"))(*args)
+    assert target not in exported.mlir_module()
+    call, args = _cached_attention(cfg, cpu_attention.MAX_TOKENS + 1)
+    assert target not in jax.jit(call).lower(*args).as_text()
+    bf16 = ModelConfig(**{**cfg.to_dict(), "dtype": "bfloat16", "param_dtype": "bfloat16"})
+    call, args = _cached_attention(bf16, 3, jnp.bfloat16)
+    assert target not in jax.jit(call).lower(*args).as_text()
+
+
+@needs_kernel
+def test_greedy_decoding_on_the_kernel_is_a_per_step_argmax_of_the_model():
+    """A model whose head_dim (64) takes the kernel's vector paths: `ar`, a chain and a tree
+    decode the tokens a per-step argmax of `model.forward` (XLA's attention, no cache) picks.
+    Catches a kernel that misreads which mask row a query reads (its token) or the group
+    layout in real decoding."""
+    cfg = ModelConfig(vocab_size=64, d_model=128, num_layers=3, num_heads=4, num_kv_heads=2,
+                      mlp_dim=96, init_std=0.3)
+    params = M.init_params(cfg, jax.random.PRNGKey(3))
+    generator = Generator(params, cfg)
+    prompts, new = [[1, 2, 3, 4, 5, 6, 7], [9, 8]], 20
+    ar = generator.generate(prompts, max_new_tokens=new).tokens
+
+    @jax.jit
+    def next_token(sequence, length):
+        return jnp.argmax(M.forward(params, cfg, sequence[None])[0, length - 1])
+
+    for prompt, generated in zip(prompts, ar, strict=True):
+        sequence = list(prompt)
+        for _ in range(new):
+            padded = jnp.asarray(sequence + [0] * (len(prompt) + new - len(sequence)))
+            sequence.append(int(next_token(padded, len(sequence))))
+        assert generated == sequence[len(prompt):]
+    for shape in (Chain(4), StaticTree.from_branching((2, 2, 1))):
+        out = generator.generate(prompts, max_new_tokens=new,
+                                 strategy=SelfSpeculative(1, shape))
+        assert out.tokens == ar
+
+
+@pytest.mark.parametrize("env", [{"SPECJAX_CPU_ATTENTION": "0"}, {"CXX": "false"}],
+                         ids=["switched-off", "failing-compiler"])
+def test_without_the_kernel_attention_falls_back_to_xla(env, tmp_path):
+    """Switched off, or when the build fails (a 'compiler' that exits 1): no kernel, a warning
+    for the failure, and cached attention still runs (XLA's ops)."""
+    probe = ("import jax.numpy as jnp; from specjax.kernels import cpu_attention; "
+             "from specjax.nn.attention import _attend; from specjax.config import ModelConfig; "
+             "cfg = ModelConfig(vocab_size=8, d_model=8, num_layers=1, num_heads=1, "
+             "num_kv_heads=1, mlp_dim=8); "
+             "out = _attend(cfg, jnp.ones((1, 1, 8)), jnp.ones((1, 4, 8)), "
+             "jnp.arange(4.0)[None, :, None] * jnp.ones((1, 4, 8)), jnp.ones((1, 1, 4), bool)); "
+             "print(cpu_attention.available(), float(out[0, 0, 0]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "SPECJAX_KERNEL_CACHE": str(tmp_path), **env})
+    assert out.stdout.split() == ["False", "1.5"]
+    assert ("cpu_attention.cc unavailable" in out.stderr) == ("CXX" in env)

@@ -230,6 +230,25 @@ def test_busy_bench_compares_the_kernel_with_xla_under_load(workdir, tmp_path):
     assert not _processes_running("while True: pass")  # none left spinning
 
 
+def test_attention_bench_times_the_kernel_against_xla(workdir, tmp_path):
+    """The README's attention command: a row per (tokens, filled) case with both timings; a
+    case that does not fit the cache is a one-line error."""
+    if not cpu_attention.available():
+        pytest.skip("no C++ compiler: nothing to compare")
+    report = tmp_path / "attention.json"
+    result = _run("attention_bench.py", "--workdir", workdir, "--tokens", "1,3",
+                  "--filled", "5", "--slots", "40", "--calls", "2", "--repeats", "1",
+                  "--output_json", str(report))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(report.read_text())
+    assert [(r["tokens"], r["filled"]) for r in rows] == [(1, 5), (3, 5)]
+    assert all(r["xla_us"] > 0 and r["kernel_us"] > 0 for r in rows)
+    assert "| new tokens | filled slots | XLA | kernel | XLA / kernel |" in result.stdout
+    result = _run("attention_bench.py", "--workdir", workdir, "--filled", "40", "--slots", "40")
+    assert result.returncode != 0
+    assert "--filled=40 plus --tokens=1 exceed --slots=40" in result.stderr.strip().splitlines()[-1]
+
+
 def _processes_running(text):
     found = []
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):

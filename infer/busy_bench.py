@@ -78,7 +78,7 @@ def measure() -> list[dict]:
                              decoding_options(decoding_defaults(meta), cfg, {}))
     generator = loaded.generator()
     programs = {}
-    without = [f"cpu_{name}.cc" for name in compared]
+    without = [KERNELS[name].SOURCE for name in compared]
     for name, routing in (("kernel", contextlib.nullcontext),
                           ("xla", lambda: library.xla_only(*without))):
         with routing():

@@ -170,6 +170,14 @@ def cache_specs(mesh: Mesh | AbstractMesh, cache: Any, rows: int) -> Any:
     return jax.tree_util.tree_map_with_path(spec, cache)
 
 
+def traced_for_one_device() -> bool:
+    """Whether the program being traced runs on one device: no mesh set (`jax.set_mesh`), or a
+    mesh of one device. The CPU kernels (`specjax.kernels`) have no partitioning rule: on a
+    larger mesh XLA would gather their operands onto every device, so its own ops run there."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.size == 1
+
+
 def constrain_cache(cache: Any, rows: int) -> Any:
     """`cache` laid out by `cache_specs` on the mesh the caller set (`jax.set_mesh`: decoding
     on a mesh, `Generator(mesh=)`); unchanged without one. Freshly allocated zeros have no

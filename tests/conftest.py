@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_attention, cpu_matmul
+from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.model import init_params, unstack_layers
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
@@ -115,6 +115,29 @@ def check_eos_mid_draft(generator, prompts, strategy, max_new_tokens: int) -> No
     assert expected[0][-1] == eos and len(expected[0]) < max_new_tokens
     assert generator.generate(prompts, max_new_tokens=max_new_tokens, eos_id=eos,
                               strategy=strategy).tokens == expected
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+# Builds of each CPU kernel the tests run: this machine's, and on an AVX-512 CPU also the
+# 8-lane build CPUs without it use (their code paths differ).
+KERNEL_BUILDS = ["native"] + (["no-avx512"] if " avx512f" in _cpu_flags() else [])
+
+
+def kernel_build(kernel, build: str) -> str:
+    """The FFI target of a `KERNEL_BUILDS` build of `kernel` (a `specjax.kernels` module),
+    built and registered on first use."""
+    if build == "native":
+        return kernel.TARGET
+    target = f"{kernel.TARGET}_{build.replace('-', '_')}"
+    assert library.load(kernel.SOURCE, kernel.SYMBOL, target, (*library.FLAGS, "-mno-avx512f"))
+    return target
 
 
 def missing_test_requirements() -> list[str]:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AbstractMesh, AxisType
 
 from specjax import model as M
 from specjax.cache import LayerKV
@@ -21,9 +22,10 @@ from specjax.decoding.chain import Chain
 from specjax.decoding.engine import Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.static_tree import StaticTree
-from specjax.kernels import cpu_attention
+from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.nn.attention import Attention
 from specjax.nn.rope import rope_tables
+from tests.conftest import KERNEL_BUILDS, kernel_build
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler")
 # (batch, kv heads, group, tokens, slots, head_dim): head_dim 64 and 128 (whole vectors), 32,
@@ -41,9 +43,10 @@ def _operands(batch, heads, group, steps, slots, dim, seed=0):
     return q, k, v, mask
 
 
-def _kernel(q, k, v, mask):
-    return np.asarray(jax.jit(functools.partial(cpu_attention.cached_attention,
-                                                scale=q.shape[-1] ** -0.5))(q, k, v, mask))
+def _kernel(q, k, v, mask, build="native"):
+    attend = functools.partial(cpu_attention.cached_attention, scale=q.shape[-1] ** -0.5,
+                               target=kernel_build(cpu_attention, build))
+    return np.asarray(jax.jit(attend)(q, k, v, mask))
 
 
 def _reference(q, k, v, mask):
@@ -66,10 +69,11 @@ def test_kernel_builds_where_a_compiler_exists():
 
 
 @needs_kernel
+@pytest.mark.parametrize("build", KERNEL_BUILDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_kernel_matches_float64_reference(shape):
+def test_kernel_matches_float64_reference(shape, build):
     q, k, v, mask = _operands(*shape)
-    np.testing.assert_allclose(_kernel(q, k, v, mask), _reference(q, k, v, mask),
+    np.testing.assert_allclose(_kernel(q, k, v, mask, build), _reference(q, k, v, mask),
                                rtol=2e-5, atol=2e-6)
 
 
@@ -82,35 +86,40 @@ def test_a_query_that_sees_nothing_gets_zeros():
 
 
 @needs_kernel
+@pytest.mark.parametrize("build", KERNEL_BUILDS)
 @pytest.mark.parametrize("dim", [64, 24, 8])
-def test_each_query_is_bitwise_independent_of_the_others_and_of_hidden_slots(dim):
+def test_each_query_is_bitwise_independent_of_the_others_and_of_hidden_slots(dim, build):
     """What verification relies on: a drafted token's attention has the bits of decoding it
-    alone. Token t of a tree-shaped call sees a prefix of 40 + t slots and, for odd t, 8 slots
-    far beyond it (blocks the others skip), so the blocks visited differ between the call and
-    each query alone. Catches any sum whose order follows the call rather than the query (e.g.
-    the softmax's sum kept in two accumulators alternating over the blocks visited), and
-    hidden slots that leak (their contents are replaced by large finite garbage)."""
-    batch, heads, group, steps, slots = 2, 2, 2, 6, 170
-    q, k, v, _ = _operands(batch, heads, group, steps, slots, dim, seed=1)
+    alone. Token t of a tree-shaped call sees a prefix of 40 + t slots; tokens 2 and 5 each
+    also see 8 slots far beyond it (one block more, with 16 lanes or 8), so token 5's far block
+    is one block later in the call than alone. Catches any sum whose order follows the call
+    rather than the query (e.g. the softmax's sum kept in two accumulators alternating over the
+    blocks visited: 32 queries of token 5 with 8 lanes each exposed), and hidden slots that leak
+    (their contents replaced by large finite garbage)."""
+    batch, heads, group, steps, slots = 2, 4, 4, 6, 170
     mask = np.zeros((batch, steps, slots), bool)
     for t in range(steps):
         mask[:, t, :40 + t] = True
-        mask[:, t, 90 + 12 * t:98 + 12 * t] = t % 2 == 1
+    mask[:, 2, 96:104] = mask[:, 5, 128:136] = True
     mask[1, :, :5] = False  # a ragged row: its prompt starts later
-    together = _kernel(q, k, v, mask)
-    garbage = np.where(np.repeat(mask.any(1), heads, axis=0)[..., None], 0, 1e4).astype(np.float32)
-    messy = _kernel(q, k + garbage, v - garbage, mask)
-    np.testing.assert_array_equal(messy, together)
-    rows = q.reshape(batch * heads, group, steps, dim)
-    for t in range(steps):  # each token alone
-        alone = _kernel(rows[:, :, t], k, v, mask[:, t:t + 1])
-        np.testing.assert_array_equal(alone, together.reshape(rows.shape)[:, :, t])
-    for g in range(group):  # each head of the group alone
-        alone = _kernel(rows[:, g], k, v, mask)
-        np.testing.assert_array_equal(alone, together.reshape(rows.shape)[:, g])
-    for b in range(batch):  # each sequence alone
-        n = slice(b * heads, (b + 1) * heads)
-        np.testing.assert_array_equal(_kernel(q[n], k[n], v[n], mask[b:b + 1]), together[n])
+    seen = np.repeat(mask.any(1), heads, axis=0)[..., None]
+    for seed in (1, 2):
+        q, k, v, _ = _operands(batch, heads, group, steps, slots, dim, seed=seed)
+        together = _kernel(q, k, v, mask, build)
+        garbage = np.where(seen, 0, 1e4).astype(np.float32)
+        np.testing.assert_array_equal(_kernel(q, k + garbage, v - garbage, mask, build),
+                                      together)
+        rows, split = q.reshape(batch * heads, group, steps, dim), together.reshape(-1, group,
+                                                                                    steps, dim)
+        for t in range(steps):  # each token alone
+            alone = _kernel(rows[:, :, t], k, v, mask[:, t:t + 1], build)
+            np.testing.assert_array_equal(alone, split[:, :, t])
+        for g in (0, group - 1):  # a head of the group alone
+            np.testing.assert_array_equal(_kernel(rows[:, g], k, v, mask, build), split[:, g])
+        for b in range(batch):  # each sequence alone
+            n = slice(b * heads, (b + 1) * heads)
+            np.testing.assert_array_equal(_kernel(q[n], k[n], v[n], mask[b:b + 1], build),
+                                          together[n])
 
 
 def _cached_attention(cfg, steps, dtype=jnp.float32):
@@ -132,13 +141,18 @@ def _cached_attention(cfg, steps, dtype=jnp.float32):
 
 @needs_kernel
 def test_cached_attention_routes_decoding_to_the_kernel():
-    """Decoding and verification (float32, at most MAX_TOKENS new tokens) on CPU; not prefill,
-    not bfloat16, and never in a program exported for GPU/TPU."""
-    target = "specjax_cached_attention_f32"
+    """Decoding and verification (float32, at most MAX_TOKENS new tokens) on CPU in a program for
+    one device; not prefill, not bfloat16, not on a mesh of several devices (both kernels: XLA
+    would gather their operands onto every device), never in a program exported for GPU/TPU."""
+    target = cpu_attention.TARGET
     cfg = ModelConfig(vocab_size=16, d_model=64, num_layers=1, num_heads=2, num_kv_heads=1,
                       mlp_dim=32)
     call, args = _cached_attention(cfg, 3)
     assert target in jax.jit(call).lower(*args).as_text()
+    mesh = AbstractMesh((2,), ("data",), axis_types=(AxisType.Auto,))
+    with jax.sharding.use_abstract_mesh(mesh):
+        on_mesh = jax.jit(call).trace(*args).lower().as_text()
+    assert target not in on_mesh and cpu_matmul.TARGET not in on_mesh
     exported = jax.export.export(jax.jit(call), platforms=("tpu", "cuda"))(*args)
     assert target not in exported.mlir_module()
     call, args = _cached_attention(cfg, cpu_attention.MAX_TOKENS + 1)
@@ -146,6 +160,22 @@ def test_cached_attention_routes_decoding_to_the_kernel():
     bf16 = ModelConfig(**{**cfg.to_dict(), "dtype": "bfloat16", "param_dtype": "bfloat16"})
     call, args = _cached_attention(bf16, 3, jnp.bfloat16)
     assert target not in jax.jit(call).lower(*args).as_text()
+
+
+@needs_kernel
+def test_cached_attention_differentiates_like_xla():
+    """The kernel has no derivative of its own: catches a routing that makes a cached layer
+    impossible to differentiate (its gradient is XLA's attention's)."""
+    cfg = ModelConfig(vocab_size=16, d_model=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                      mlp_dim=32)
+    call, (params, x, kv) = _cached_attention(cfg, 3)
+    x = jax.random.normal(jax.random.PRNGKey(1), x.shape)
+    loss = lambda params, x: jnp.sum(jnp.sin(call(params, x, kv)))  # noqa: E731
+    grads = jax.jit(jax.grad(loss, (0, 1)))(params, x)
+    with library.xla_only(cpu_attention.SOURCE):
+        reference = jax.jit(jax.grad(lambda *a: loss(*a), (0, 1)))(params, x)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(reference), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 @needs_kernel

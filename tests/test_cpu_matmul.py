@@ -2,6 +2,7 @@
 reference, gives each row a result independent of the other rows (the lossless loop relies on
 it), is deterministic under concurrent calls, differentiates, and stays out of GPU/TPU exports."""
 
+import functools
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from specjax.kernels import cpu_matmul
 from specjax.nn.linear import matmul
+from tests.conftest import KERNEL_BUILDS, kernel_build
 
 needs_kernel = pytest.mark.skipif(not cpu_matmul.available(), reason="no C++ compiler")
 SHAPES = [(1, 37, 53), (3, 256, 1030), (7, 64, 8), (16, 131, 259)]  # (rows, K, N): ragged tails
@@ -33,23 +35,27 @@ def test_kernel_builds_where_a_compiler_exists():
 
 
 @needs_kernel
+@pytest.mark.parametrize("build", KERNEL_BUILDS)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rows,k,n", SHAPES)
-def test_kernel_matches_float64_reference(rows, k, n, transposed):
+def test_kernel_matches_float64_reference(rows, k, n, transposed, build):
     x, w = _operands(rows, k, n, transposed)
-    got = jax.jit(cpu_matmul.small_matmul, static_argnums=2)(x, w, transposed)
+    call = functools.partial(cpu_matmul.small_matmul, target=kernel_build(cpu_matmul, build))
+    got = jax.jit(call, static_argnums=2)(x, w, transposed)
     w64 = np.asarray(w, np.float64)
     want = np.asarray(x, np.float64) @ (w64.T if transposed else w64)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
+@pytest.mark.parametrize("build", KERNEL_BUILDS)
 @pytest.mark.parametrize("transposed", [False, True])
-def test_each_row_is_bitwise_independent_of_the_others(transposed):
+def test_each_row_is_bitwise_independent_of_the_others(transposed, build):
     """Catches a code path chosen by row count (registers for 1-2 rows, streaming for more)
     that sums in another order or fuses differently: rows must not depend on M."""
     x, w = _operands(16, 131, 1078, transposed)  # 1024 + 48 + 6: every column path
-    call = jax.jit(cpu_matmul.small_matmul, static_argnums=2)
+    call = jax.jit(functools.partial(cpu_matmul.small_matmul,
+                                     target=kernel_build(cpu_matmul, build)), static_argnums=2)
     together = np.asarray(call(x, w, transposed))
     for rows in (slice(0, 1), slice(5, 12), slice(3, 4), slice(8, 10), slice(1, 4)):
         np.testing.assert_array_equal(np.asarray(call(x[rows], w, transposed)), together[rows])

@@ -16,6 +16,7 @@
 // is the slot's own. Verifying K+1 drafted tokens at once gives each token the bits of decoding
 // it alone, as the lossless decoding loop needs.
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -28,14 +29,17 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// exp(x) for x <= 0 (scores minus their maximum), one vector at a time: Cody-Waite reduction
-// x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial for exp(r) (Cephes' expf coefficients,
-// about 1 ulp), then 2^n built in the exponent bits. Below -87.3 (2^n subnormal) it is 0.
+// exp(x) for x <= 0 (scores minus their maximum; -inf for hidden slots), one vector at a time:
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial for exp(r) (Cephes'
+// expf coefficients, about 1 ulp), then 2^n built in the exponent bits. Below -87.3 (2^n
+// subnormal) it is 0; the reduction runs on x clamped there, so n always converts exactly.
 inline Vec ExpNonPositive(Vec x) {
+  constexpr float kSmallest = -87.3365447f;  // ln of the smallest normal float
   const Vec zero = Vec{} + 0.f;
-  const Vec round = x * 1.44269504088896341f + 12582912.f;  // 1.5 * 2^23: rounds to an integer
+  const Vec clamped = x < kSmallest ? zero + kSmallest : x;
+  const Vec round = clamped * 1.44269504088896341f + 12582912.f;  // 1.5 * 2^23: to an integer
   const Vec n = round - 12582912.f;
-  Vec r = x - n * 0.693359375f;
+  Vec r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   Vec p = zero + 1.9875691500e-4f;
   p = MulAdd(p, r, zero + 1.3981999507e-3f);
@@ -45,7 +49,7 @@ inline Vec ExpNonPositive(Vec x) {
   p = MulAdd(p, r, zero + 5.0000001201e-1f);
   const Vec y = MulAdd(p, r * r, r) + 1.f;
   const IntVec bits = (__builtin_convertvector(n, IntVec) + 127) << 23;
-  return x < -87.3365447f ? zero : y * (Vec)bits;
+  return x < kSmallest ? zero : y * (Vec)bits;
 }
 
 using Tensor = ffi::Buffer<ffi::F32, 3>;
@@ -71,6 +75,20 @@ inline Bytes MaskBlock(const bool* row, int64_t s0, int64_t slots) {
   return bytes;
 }
 
+// Mask bytes as 0/1 lanes of int32, in one instruction where the CPU has it (the compiler
+// otherwise moves them one byte at a time).
+inline IntVec Widen(Bytes bytes) {
+#if defined(__AVX512F__)
+  return (IntVec)_mm512_cvtepu8_epi32((__m128i)bytes);
+#elif defined(__AVX2__)
+  uint64_t word;
+  std::memcpy(&word, &bytes, sizeof(word));
+  return (IntVec)_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(word)));
+#else
+  return __builtin_convertvector(bytes, IntVec);
+#endif
+}
+
 // The blocks of kLanes slots (block i: slots [i * kLanes, (i + 1) * kLanes)) that some token of
 // batch row b sees.
 void ActiveBlocks(const Problem& p, int64_t b, std::vector<int32_t>& blocks) {
@@ -90,30 +108,19 @@ void ActiveBlocks(const Problem& p, int64_t b, std::vector<int32_t>& blocks) {
   }
 }
 
-// One query's masked, scaled scores for slots [s0, s0 + kLanes), slot s0 + i in lane i: -inf
-// where the query's mask row hides it (or past the last slot).
+// q . k of one query for slots [s0, s0 + kLanes), slot s0 + i in lane i (0 past the last
+// slot), any head_dim: slot i's products summed lane by lane over head_dim's vectors in order,
+// those lanes by LaneSums, then head_dim's tail in order.
 template <int Vecs>
-Vec BlockScores(const Problem& p, const float* q, const float* k, const bool* mask, int64_t s0) {
+Vec QueryScores(const Problem& p, const float* q, const float* k, int64_t s0) {
   const int64_t vecs = Vecs ? Vecs : p.dim / kLanes, count = std::min(kLanes, p.slots - s0);
-  Vec acc[kLanes];  // slot i's products, summed lane by lane over head_dim's vectors
-  if (Vecs && count == kLanes) {  // a whole block: fixed offsets, the sums in registers
-    constexpr int64_t dim = Vecs * kLanes;
-    const float* keys = k + s0 * dim;
-    for (int64_t i = 0; i < kLanes; ++i) acc[i] = Vec{};
-    for (int64_t j = 0; j < Vecs; ++j) {
-      const Vec query = Load(q + j * kLanes);
-      for (int64_t i = 0; i < kLanes; ++i) {
-        acc[i] = MulAdd(query, Load(keys + i * dim + j * kLanes), acc[i]);
-      }
+  Vec acc[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) {
+    Vec sum{};
+    for (int64_t j = 0; j < vecs && i < count; ++j) {
+      sum = MulAdd(Load(q + j * kLanes), Load(k + (s0 + i) * p.dim + j * kLanes), sum);
     }
-  } else {
-    for (int64_t i = 0; i < kLanes; ++i) {
-      Vec sum{};
-      for (int64_t j = 0; j < vecs && i < count; ++j) {
-        sum = MulAdd(Load(q + j * kLanes), Load(k + (s0 + i) * p.dim + j * kLanes), sum);
-      }
-      acc[i] = sum;
-    }
+    acc[i] = sum;
   }
   Vec score = LaneSums(acc);
   for (int64_t i = 0; i < count && vecs * kLanes < p.dim; ++i) {  // head_dim's tail
@@ -123,8 +130,66 @@ Vec BlockScores(const Problem& p, const float* q, const float* k, const bool* ma
     }
     score[i] = sum;
   }
-  const IntVec seen = __builtin_convertvector(MaskBlock(mask, s0, p.slots), IntVec);
-  return seen != 0 ? score * p.scale : Vec{} - INFINITY;
+  return score;
+}
+
+// QueryScores of Rows consecutive queries q[r * dim] over a whole block (head_dim = Vecs
+// vectors), bit for bit: each key vector is loaded once for all of them, and Rows x Slots
+// sums (8) are independent chains of multiply-adds in registers, so their latency overlaps.
+template <int Vecs, int Rows>
+void TileScores(const float* q, const float* keys, Vec* scores) {
+  constexpr int64_t dim = Vecs * kLanes, kSlots = std::max(1, 8 / Rows);
+  Vec acc[Rows][kLanes];
+  for (int64_t i0 = 0; i0 < kLanes; i0 += kSlots) {
+    Vec sum[Rows][kSlots];
+    for (int r = 0; r < Rows; ++r) {
+      for (int64_t i = 0; i < kSlots; ++i) sum[r][i] = Vec{};
+    }
+    for (int64_t j = 0; j < Vecs; ++j) {
+      Vec key[kSlots];
+      for (int64_t i = 0; i < kSlots; ++i) key[i] = Load(keys + (i0 + i) * dim + j * kLanes);
+      for (int r = 0; r < Rows; ++r) {
+        const Vec query = Load(q + r * dim + j * kLanes);
+        for (int64_t i = 0; i < kSlots; ++i) sum[r][i] = MulAdd(query, key[i], sum[r][i]);
+      }
+    }
+    for (int r = 0; r < Rows; ++r) {
+      for (int64_t i = 0; i < kSlots; ++i) acc[r][i0 + i] = sum[r][i];
+    }
+  }
+  for (int r = 0; r < Rows; ++r) scores[r] = LaneSums(acc[r]);
+}
+
+// Every query's masked, scaled scores for active block a (slots [s0, s0 + kLanes)) of kv head
+// n: weights[r * stride + a * kLanes + i], -inf where query r's token does not see the slot.
+template <int Vecs>
+void BlockScores(const Problem& p, int64_t n, const float* k, int64_t s0, float* weights,
+                 int64_t stride, int64_t a) {
+  const int64_t queries = p.group * p.steps, b = n / p.kv_heads;
+  const float* q = p.q + n * queries * p.dim;
+  auto store = [&](int64_t r, Vec score) {
+    const bool* mask = p.mask + (b * p.steps + r % p.steps) * p.slots;
+    const IntVec seen = Widen(MaskBlock(mask, s0, p.slots));
+    Store(weights + r * stride + a * kLanes, seen != 0 ? score * p.scale : Vec{} - INFINITY);
+  };
+  int64_t r = 0;
+  if constexpr (Vecs > 0) {
+    if (s0 + kLanes <= p.slots) {  // a whole block: tiles of 8, 4, 2, 1 queries
+      const float* keys = k + s0 * p.dim;
+      Vec scores[8];
+      auto tiles = [&](auto rows) {
+        for (; r + rows() <= queries; r += rows()) {
+          TileScores<Vecs, rows()>(q + r * p.dim, keys, scores);
+          for (int64_t u = 0; u < rows(); ++u) store(r + u, scores[u]);
+        }
+      };
+      tiles(std::integral_constant<int, 8>{});
+      tiles(std::integral_constant<int, 4>{});
+      tiles(std::integral_constant<int, 2>{});
+      tiles(std::integral_constant<int, 1>{});
+    }
+  }
+  for (; r < queries; ++r) store(r, QueryScores<Vecs>(p, q + r * p.dim, k, s0));
 }
 
 // Softmax weights, in place, of one row's `count` masked scores (a multiple of kLanes; hidden:
@@ -219,8 +284,8 @@ void AllWeightedValues(const Problem& p, const float* v, const std::vector<int32
 
 template <int Vecs>
 void Attend(const Problem& p, int64_t rows) {
-  // rows per tile of weighted values: 16 vectors of sums (of 32 registers with AVX-512)
-  constexpr int kTile = Vecs == 0 ? 8 : Vecs >= 16 ? 1 : 16 / Vecs;
+  // rows per tile of weighted values: their sums fill half the vector registers
+  constexpr int kTile = Vecs == 0 ? 8 : std::max(1, static_cast<int>(kRegisters / 2 / Vecs));
   thread_local std::vector<int32_t> blocks;
   thread_local std::vector<float> weights, inverse;
   const int64_t queries = p.group * p.steps;
@@ -228,16 +293,12 @@ void Attend(const Problem& p, int64_t rows) {
     const int64_t b = n / p.kv_heads;
     const float* k = p.k + n * p.slots * p.dim;
     const float* v = p.v + n * p.slots * p.dim;
-    ActiveBlocks(p, b, blocks);
+    if (n % p.kv_heads == 0) ActiveBlocks(p, b, blocks);  // a sequence's kv heads share them
     const int64_t stride = static_cast<int64_t>(blocks.size()) * kLanes;
     weights.resize(queries * stride);
     inverse.resize(queries);
     for (size_t a = 0; a < blocks.size(); ++a) {  // a block's keys stay in L1 for every query
-      for (int64_t r = 0; r < queries; ++r) {
-        const bool* mask = p.mask + (b * p.steps + r % p.steps) * p.slots;
-        Store(weights.data() + r * stride + a * kLanes,
-              BlockScores<Vecs>(p, p.q + (n * queries + r) * p.dim, k, mask, blocks[a] * kLanes));
-      }
+      BlockScores<Vecs>(p, n, k, blocks[a] * kLanes, weights.data(), stride, a);
     }
     for (int64_t r = 0; r < queries; ++r) inverse[r] = Softmax(weights.data() + r * stride, stride);
     AllWeightedValues<Vecs, kTile>(p, v, blocks, weights.data(), stride, inverse.data(),
@@ -259,10 +320,13 @@ ffi::Error CachedAttention(Tensor q, Tensor k, Tensor v, Mask mask, ffi::Result<
   const Problem p{q.typed_data(), k.typed_data(), v.typed_data(), mask.typed_data(),
                   out->typed_data(), rows / batch, qd[1] / steps, steps, slots, dim, scale};
   switch (dim % kLanes ? 0 : dim / kLanes) {  // head_dim in vectors, fixed at compile time
+    case 1: Attend<1>(p, rows); break;
     case 2: Attend<2>(p, rows); break;
     case 4: Attend<4>(p, rows); break;
+    case 6: Attend<6>(p, rows); break;
     case 8: Attend<8>(p, rows); break;
-    default: Attend<0>(p, rows); break;
+    case 16: Attend<16>(p, rows); break;
+    default: Attend<0>(p, rows); break;  // any other head_dim: loops of run-time length
   }
   return ffi::Error::Success();
 }

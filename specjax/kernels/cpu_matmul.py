@@ -14,20 +14,22 @@ import numpy as np
 from specjax.kernels import library
 
 MAX_ROWS = 8  # measured: with more rows XLA's dot (YNNPACK) is as fast as this kernel or faster
-_TARGET = "specjax_small_matmul_f32"
+SOURCE = "cpu_matmul.cc"  # in this folder; its FFI handler SYMBOL registers as TARGET
+SYMBOL = "SpecjaxSmallMatmulF32"
+TARGET = "specjax_small_matmul_f32"
 
 
 def available() -> bool:
     """Whether products traced now go to the kernel (`library.available`)."""
-    return library.available("cpu_matmul.cc", "SpecjaxSmallMatmulF32", _TARGET,
-                             "SPECJAX_CPU_MATMUL")
+    return library.available(SOURCE, SYMBOL, TARGET, "SPECJAX_CPU_MATMUL")
 
 
-def small_matmul(x: jax.Array, w: jax.Array, transposed: bool) -> jax.Array:
+def small_matmul(x: jax.Array, w: jax.Array, transposed: bool,
+                 target: str = TARGET) -> jax.Array:
     """x [M, K] @ w [K, N] (or w [N, K] contracted on its last axis when `transposed`), float32,
     on the CPU kernel; requires `available()`. Each output row is bitwise independent of the
-    other rows and of M."""
+    other rows and of M. `target`: a variant build's FFI target (`library.load`)."""
     rows, n = x.shape[0], w.shape[0] if transposed else w.shape[1]
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((rows, n), np.float32),
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, n), np.float32),
                             vmap_method="sequential")
     return call(x, w, transposed=bool(transposed))

@@ -27,7 +27,7 @@ from absl import logging
 
 _DIRECTORY = pathlib.Path(__file__).parent
 _HEADER = _DIRECTORY / "simd.h"
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-shared", "-fPIC", "-pthread")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-shared", "-fPIC", "-pthread")
 
 
 def _cpu_signature() -> str:
@@ -40,9 +40,9 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
-def _library_path(source: pathlib.Path, compiler: str) -> pathlib.Path:
+def _library_path(source: pathlib.Path, compiler: str, flags: tuple[str, ...]) -> pathlib.Path:
     key = hashlib.sha256("\0".join([
-        source.read_text(), _HEADER.read_text(), compiler, " ".join(_FLAGS), jax.__version__,
+        source.read_text(), _HEADER.read_text(), compiler, " ".join(flags), jax.__version__,
         _cpu_signature(),
     ]).encode()).hexdigest()[:16]
     cache = os.environ.get("SPECJAX_KERNEL_CACHE",
@@ -50,13 +50,14 @@ def _library_path(source: pathlib.Path, compiler: str) -> pathlib.Path:
     return pathlib.Path(cache) / f"{source.stem}-{key}.so"
 
 
-def _build(compiler: str, source: pathlib.Path, target: pathlib.Path) -> None:
+def _build(compiler: str, source: pathlib.Path, target: pathlib.Path,
+           flags: tuple[str, ...]) -> None:
     """Compiles to a temporary file, then renames it into place: concurrent builders (pytest
     workers) each write their own file and the last rename wins with an identical library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = pathlib.Path(scratch) / target.name
-        subprocess.run([compiler, *_FLAGS, "-isystem", jax.ffi.include_dir(), "-I",
+        subprocess.run([compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I",
                         str(_DIRECTORY), str(source), "-o", str(built)],
                        check=True, capture_output=True, text=True)
         os.replace(built, target)
@@ -85,22 +86,26 @@ def xla_only(*sources: str) -> Iterator[None]:
 def available(source: str, symbol: str, target: str, switch: str) -> bool:
     """Whether ops traced now go to the kernel built from `source` (a file in this folder)
     whose FFI handler `symbol` is registered as `target`: it is built, loaded and registered in
-    this process, the environment variable `switch` is not "0", and not inside `xla_only`."""
-    return source not in _switched_off and _loaded(source, symbol, target, switch)
+    this process (`load`), the environment variable `switch` is not "0", and not inside
+    `xla_only`."""
+    return (source not in _switched_off and os.environ.get(switch, "1") != "0"
+            and load(source, symbol, target))
 
 
 @functools.cache
-def _loaded(source: str, symbol: str, target: str, switch: str) -> bool:
-    if os.environ.get(switch, "1") == "0":
-        return False
+def load(source: str, symbol: str, target: str, flags: tuple[str, ...] = FLAGS) -> bool:
+    """Builds `source` with `flags` (unless its library is cached), loads it and registers its
+    handler `symbol` as the XLA:CPU FFI target `target`; False without a compiler or after a
+    failed build (logged). Other flags give a variant under another target (tests build the
+    kernels without AVX-512 this way)."""
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
         return False
     path = _DIRECTORY / source
-    library = _library_path(path, compiler)
+    library = _library_path(path, compiler, flags)
     try:
         if not library.exists():
-            _build(compiler, path, library)
+            _build(compiler, path, library, flags)
         handler = getattr(ctypes.CDLL(str(library)), symbol)
     except (OSError, AttributeError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", None) or error

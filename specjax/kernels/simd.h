@@ -16,10 +16,12 @@
 typedef float Vec __attribute__((vector_size(64), aligned(4)));
 typedef int32_t IntVec __attribute__((vector_size(64), aligned(4)));
 constexpr int64_t kLanes = 16;
+constexpr int64_t kRegisters = 32;  // vector registers
 #else
 typedef float Vec __attribute__((vector_size(32), aligned(4)));
 typedef int32_t IntVec __attribute__((vector_size(32), aligned(4)));
 constexpr int64_t kLanes = 8;
+constexpr int64_t kRegisters = 16;
 #endif
 
 // Unaligned loads and stores as single vector instructions where the CPU has them: as memcpy,
@@ -84,7 +86,7 @@ inline float LaneSum(Vec v) {
 // LaneSums(v)[j] = LaneSum(v[j]), bit for bit, for kLanes vectors at once: the same pairwise
 // tree, with each level's shuffles and adds shared by all of them (a few operations a vector
 // instead of a full reduction each).
-inline Vec LaneSums(const Vec* v) {
+__attribute__((always_inline)) inline Vec LaneSums(const Vec* v) {
 #if defined(__AVX512F__)
   Vec eight[8], four[4], two[2];
   for (int i = 0; i < 8; ++i) {

@@ -17,6 +17,7 @@ from specjax.kernels import cpu_attention
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
 from specjax.nn.rope import Rope, apply_rope
+from specjax.sharding import traced_for_one_device
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
@@ -50,10 +51,8 @@ class Attention(nn.Module):
             k, v = kv.k, kv.v
 
         if kv is not None and _on_kernel(q, k, steps):
-            mask = jnp.broadcast_to(mask, (batch, steps, mask.shape[-1]))
-            attended = jax.lax.platform_dependent(
-                q, k, v, mask, default=functools.partial(_attend, cfg),
-                cpu=functools.partial(cpu_attention.cached_attention, scale=head_dim ** -0.5))
+            attended = _kernel_or_xla(cfg, q, k, v,
+                                      jnp.broadcast_to(mask, (batch, steps, mask.shape[-1])))
         else:
             attended = _attend(cfg, q, k, v, mask)
         attended = attended.reshape(batch, kv_heads, group, steps, head_dim)
@@ -64,10 +63,27 @@ class Attention(nn.Module):
 
 def _on_kernel(q: jax.Array, k: jax.Array, steps: int) -> bool:
     """Whether a cached layer's attention runs on the CPU kernel (`kernels.cpu_attention`):
-    float32, a few new tokens (decoding, verification; not prefill), the kernel available. The
-    choice is static; `lax.platform_dependent` keeps GPU/TPU programs on `_attend`."""
+    float32, a few new tokens (decoding, verification; not prefill), one device, the kernel
+    available. The choice is static; `lax.platform_dependent` keeps GPU/TPU programs on
+    `_attend`."""
     return (q.dtype == k.dtype == jnp.float32 and steps <= cpu_attention.MAX_TOKENS
-            and cpu_attention.available())
+            and traced_for_one_device() and cpu_attention.available())
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _kernel_or_xla(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
+                   mask: jax.Array) -> jax.Array:
+    """`_attend` on the CPU kernel (mask [B, T, S]); its derivative is `_attend`'s."""
+    return jax.lax.platform_dependent(
+        q, k, v, mask, default=functools.partial(_attend, cfg),
+        cpu=functools.partial(cpu_attention.cached_attention, scale=cfg.head_dim ** -0.5))
+
+
+@_kernel_or_xla.defjvp
+def _kernel_or_xla_jvp(cfg, primals, tangents):
+    q, k, v, mask = primals
+    _, tangent = jax.jvp(lambda q, k, v: _attend(cfg, q, k, v, mask), (q, k, v), tangents[:3])
+    return _kernel_or_xla(cfg, *primals), tangent
 
 
 def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,

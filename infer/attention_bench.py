@@ -18,7 +18,7 @@ import numpy as np
 from absl import app, flags
 
 from specjax.config import ModelConfig
-from specjax.decoding.cli import require_positive_flags, run_writing_json
+from specjax.decoding.cli import require_positive_flags, run_writing_json, whole_numbers_flag
 from specjax.decoding.timing import time_interleaved
 from specjax.entrypoint import parse_flags
 from specjax.kernels import cpu_attention
@@ -47,8 +47,8 @@ def measure() -> list[dict]:
         raise ValueError("the CPU attention kernel is not available here "
                          "(SPECJAX_CPU_ATTENTION=0, no C++ compiler): nothing to compare")
     cfg = load_model(FLAGS.workdir).cfg
-    cases = [(_positive("tokens", t), _positive("filled", f)) for t in FLAGS.tokens
-             for f in FLAGS.filled]
+    cases = [(tokens, filled) for tokens in whole_numbers_flag("tokens", 1)
+             for filled in whole_numbers_flag("filled", 1)]
     for tokens, filled in cases:
         if filled + tokens > FLAGS.slots:
             raise ValueError(f"--filled={filled} plus --tokens={tokens} exceed --slots="
@@ -73,16 +73,6 @@ def measure() -> list[dict]:
         print(f"| {tokens} | {filled} | {micros['xla']:.1f} | {micros['kernel']:.1f} | "
               f"{micros['xla'] / micros['kernel']:.2f} |", flush=True)
     return rows
-
-
-def _positive(name: str, value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"--{name}={value!r}: expected whole numbers") from None
-    if number < 1:
-        raise ValueError(f"--{name}={number} must be >= 1")
-    return number
 
 
 def _operands(cfg: ModelConfig, tokens: int, filled: int) -> tuple[jax.Array, ...]:

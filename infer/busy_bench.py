@@ -30,6 +30,7 @@ from specjax.decoding.cli import (
     decoding_options,
     require_positive_flags,
     run_writing_json,
+    whole_numbers_flag,
 )
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
@@ -61,7 +62,7 @@ def main(argv):
 
 
 def measure() -> list[dict]:
-    busy_counts = [_count(value) for value in FLAGS.busy]
+    busy_counts = whole_numbers_flag("busy", 0)
     require_positive_flags("pairs", "num_prompts", "prompt_len", "max_new_tokens")
     compared = [name for name in KERNELS if FLAGS.kernel in (name, "all")]
     for name in compared:
@@ -130,16 +131,6 @@ def _busy_processes(count: int) -> Iterator[None]:
         for proc in procs:
             proc.kill()
             proc.wait()
-
-
-def _count(value: str) -> int:
-    try:
-        count = int(value)
-    except ValueError:
-        raise ValueError(f"--busy={value!r}: expected whole numbers") from None
-    if count < 0:
-        raise ValueError(f"--busy={count} must be >= 0")
-    return count
 
 
 def _tokens(output) -> list[int]:

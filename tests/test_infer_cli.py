@@ -232,7 +232,7 @@ def test_busy_bench_compares_the_kernel_with_xla_under_load(workdir, tmp_path):
 
 def test_attention_bench_times_the_kernel_against_xla(workdir, tmp_path):
     """The README's attention command: a row per (tokens, filled) case with both timings; a
-    case that does not fit the cache is a one-line error."""
+    case that does not fit the cache, or a token count below 1, is a one-line error."""
     if not cpu_attention.available():
         pytest.skip("no C++ compiler: nothing to compare")
     report = tmp_path / "attention.json"
@@ -247,6 +247,8 @@ def test_attention_bench_times_the_kernel_against_xla(workdir, tmp_path):
     result = _run("attention_bench.py", "--workdir", workdir, "--filled", "40", "--slots", "40")
     assert result.returncode != 0
     assert "--filled=40 plus --tokens=1 exceed --slots=40" in result.stderr.strip().splitlines()[-1]
+    result = _run("attention_bench.py", "--workdir", workdir, "--tokens", "1,0")
+    assert result.returncode != 0 and "--tokens=0 must be >= 1" in result.stderr
 
 
 def _processes_running(text):

@@ -129,6 +129,20 @@ def require_positive_flags(*names: str) -> None:
             raise ValueError(f"--{name}={flags.FLAGS[name].value} must be >= 1")
 
 
+def whole_numbers_flag(name: str, minimum: int) -> list[int]:
+    """The comma-separated list flag `name` as integers, each at least `minimum`; a one-line
+    error otherwise."""
+    numbers = []
+    for value in flags.FLAGS[name].value:
+        try:
+            numbers.append(int(value))
+        except ValueError:
+            raise ValueError(f"--{name}={value!r}: expected whole numbers") from None
+        if numbers[-1] < minimum:
+            raise ValueError(f"--{name}={numbers[-1]} must be >= {minimum}")
+    return numbers
+
+
 def read_prompts_file(path: str) -> list[str]:
     """One JSON object per line with a "prompt" field."""
     if os.path.isdir(path):

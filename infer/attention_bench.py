@@ -45,7 +45,7 @@ def measure() -> list[dict]:
     require_positive_flags("slots", "calls", "repeats")
     if not cpu_attention.available():
         raise ValueError("the CPU attention kernel is not available here "
-                         "(SPECJAX_CPU_ATTENTION=0, no C++ compiler): nothing to compare")
+                         f"({cpu_attention.SWITCH}=0, no C++ compiler): nothing to compare")
     cfg = load_model(FLAGS.workdir).cfg
     cases = [(tokens, filled) for tokens in whole_numbers_flag("tokens", 1)
              for filled in whole_numbers_flag("filled", 1)]

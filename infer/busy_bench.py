@@ -36,11 +36,9 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.timing import time_interleaved
 from specjax.entrypoint import parse_flags
-from specjax.kernels import cpu_attention, cpu_matmul, library
+from specjax.kernels import KERNELS, library
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
-
-KERNELS = {"matmul": cpu_matmul, "attention": cpu_attention}
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
 flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")
@@ -68,7 +66,7 @@ def measure() -> list[dict]:
     for name in compared:
         if not KERNELS[name].available():
             raise ValueError(f"the CPU {name} kernel is not available here "
-                             f"(SPECJAX_CPU_{name.upper()}=0, no C++ compiler, or not a CPU "
+                             f"({KERNELS[name].SWITCH}=0, no C++ compiler, or not a CPU "
                              "backend): nothing to compare")
     loaded = load_model(FLAGS.workdir)
     cfg, meta = loaded.cfg, loaded.meta

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.kernels import cpu_attention, cpu_matmul, library
+from specjax.kernels import KERNELS, library
 from specjax.model import init_params, unstack_layers
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
@@ -117,17 +117,9 @@ def check_eos_mid_draft(generator, prompts, strategy, max_new_tokens: int) -> No
                               strategy=strategy).tokens == expected
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
 # Builds of each CPU kernel the tests run: this machine's, and on an AVX-512 CPU also the
 # 8-lane build CPUs without it use (their code paths differ).
-KERNEL_BUILDS = ["native"] + (["no-avx512"] if " avx512f" in _cpu_flags() else [])
+KERNEL_BUILDS = ["native"] + (["no-avx512"] if " avx512f" in library.cpu_signature() else [])
 
 
 def kernel_build(kernel, build: str) -> str:
@@ -144,10 +136,8 @@ def missing_test_requirements() -> list[str]:
     """What would make the kernel or Hugging Face tests skip on this machine."""
     missing = [f"{name} (pip install -e '.[test,hf]')" for name in ("torch", "transformers")
                if importlib.util.find_spec(name) is None]
-    if not cpu_matmul.available():
-        missing.append("the CPU matmul kernel (a C++ compiler; SPECJAX_CPU_MATMUL unset)")
-    if not cpu_attention.available():
-        missing.append("the CPU attention kernel (a C++ compiler; SPECJAX_CPU_ATTENTION unset)")
+    missing += [f"the CPU {name} kernel (a C++ compiler; {kernel.SWITCH} unset)"
+                for name, kernel in KERNELS.items() if not kernel.available()]
     return missing
 
 

@@ -21,11 +21,12 @@ MAX_TOKENS = 48
 SOURCE = "cpu_attention.cc"  # in this folder; its FFI handler SYMBOL registers as TARGET
 SYMBOL = "SpecjaxCachedAttentionF32"
 TARGET = "specjax_cached_attention_f32"
+SWITCH = "SPECJAX_CPU_ATTENTION"  # set to 0: XLA's own ops
 
 
 def available() -> bool:
     """Whether cached attention traced now goes to the kernel (`library.available`)."""
-    return library.available(SOURCE, SYMBOL, TARGET, "SPECJAX_CPU_ATTENTION")
+    return library.available(SOURCE, SYMBOL, TARGET, SWITCH)
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,

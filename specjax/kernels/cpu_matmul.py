@@ -17,11 +17,12 @@ MAX_ROWS = 8  # measured: with more rows XLA's dot (YNNPACK) is as fast as this 
 SOURCE = "cpu_matmul.cc"  # in this folder; its FFI handler SYMBOL registers as TARGET
 SYMBOL = "SpecjaxSmallMatmulF32"
 TARGET = "specjax_small_matmul_f32"
+SWITCH = "SPECJAX_CPU_MATMUL"  # set to 0: XLA's own ops
 
 
 def available() -> bool:
     """Whether products traced now go to the kernel (`library.available`)."""
-    return library.available(SOURCE, SYMBOL, TARGET, "SPECJAX_CPU_MATMUL")
+    return library.available(SOURCE, SYMBOL, TARGET, SWITCH)
 
 
 def small_matmul(x: jax.Array, w: jax.Array, transposed: bool,

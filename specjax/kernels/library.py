@@ -30,7 +30,7 @@ _HEADER = _DIRECTORY / "simd.h"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-shared", "-fPIC", "-pthread")
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """The CPU model and feature flags: -march=native code is only valid on such a CPU."""
     try:
         info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
@@ -43,7 +43,7 @@ def _cpu_signature() -> str:
 def _library_path(source: pathlib.Path, compiler: str, flags: tuple[str, ...]) -> pathlib.Path:
     key = hashlib.sha256("\0".join([
         source.read_text(), _HEADER.read_text(), compiler, " ".join(flags), jax.__version__,
-        _cpu_signature(),
+        cpu_signature(),
     ]).encode()).hexdigest()[:16]
     cache = os.environ.get("SPECJAX_KERNEL_CACHE",
                            os.path.join(os.path.expanduser("~"), ".cache", "specjax", "kernels"))
@@ -63,7 +63,7 @@ def _build(compiler: str, source: pathlib.Path, target: pathlib.Path,
         os.replace(built, target)
 
 
-KERNELS = ("cpu_matmul.cc", "cpu_attention.cc")
+_SOURCES = tuple(sorted(path.name for path in _DIRECTORY.glob("*.cc")))  # every kernel
 _switched_off: frozenset[str] = frozenset()
 
 
@@ -73,10 +73,10 @@ def xla_only(*sources: str) -> Iterator[None]:
     (default: every kernel), for comparing the two in one process (clear jit caches on entry
     and exit, or compile ahead of time: the choice is made when tracing)."""
     global _switched_off
-    unknown = set(sources) - set(KERNELS)
+    unknown = set(sources) - set(_SOURCES)
     if unknown:
-        raise ValueError(f"unknown kernel {sorted(unknown)[0]!r}; kernels: {', '.join(KERNELS)}")
-    before, _switched_off = _switched_off, _switched_off | frozenset(sources or KERNELS)
+        raise ValueError(f"unknown kernel {sorted(unknown)[0]!r}; kernels: {', '.join(_SOURCES)}")
+    before, _switched_off = _switched_off, _switched_off | frozenset(sources or _SOURCES)
     try:
         yield
     finally:

@@ -1,9 +1,12 @@
 """Decoding benchmark: strategies x prompts on the same weights, cache code and process.
 
 Protocol: every strategy is compiled and run once (its compile time is the first call minus a
-warm call); then, for each repeat, every prompt batch is decoded by every strategy in turn
-(interleaved, so drift in machine speed hits all strategies alike). A strategy's time on a batch
-is the median over repeats; tokens/s is total tokens over the summed medians.
+warm call), for every padded batch shape, so that no compile lands in a timed call; then, for
+each repeat, every prompt batch is decoded by every strategy in turn (interleaved, so drift in
+machine speed hits all strategies alike). A strategy's time on a batch is the median over
+repeats; tokens/s is total tokens over the summed medians. A sweep whose programs would take
+the process past the machine's limit on memory mappings is refused as soon as the strategies
+compiled so far project it there (`mappings.MappingBudget`), not left to crash at the limit.
 
 The memory-bandwidth limit of batch-1 decoding is bandwidth / bytes read per token (weights plus
 the live KV cache); `read_bandwidth` measures the machine's bandwidth in the same process.
@@ -25,6 +28,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.timing import time_interleaved, timed
+from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
@@ -186,12 +190,19 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
         return jax.block_until_ready(generator.run(rows, max_new_tokens=new, seed=seed,
                                                    strategy=strategies[name], sampling=sampling))
 
-    compile_seconds = {}
-    for name in strategies:
+    shapes = {}  # a batch of each padded shape (rows, width): each compiles programs of its own
+    for index, (rows, _) in enumerate(batches):
+        shapes.setdefault(generator.pad(rows)[0].shape, index)
+    compile_seconds, budget = {}, MappingBudget()
+    for done, name in enumerate(strategies, 1):
         run(name, batches[0], 1)
         first = timed(run, name, batches[0])
         compile_seconds[name] = max(first - timed(run, name, batches[0]), 0.0)
+        for index in set(shapes.values()) - {0}:
+            run(name, batches[index], 1)
+            run(name, batches[index])
         progress(f"compiled {name} ({compile_seconds[name]:.1f} s)")
+        budget.check(done, len(strategies), "strategies")
     calls = {}
     for name in strategies:  # each strategy's one-token (prefill) call just before its full one
         calls[name, "prefill"] = lambda index, name=name: run(name, batches[index], 1)

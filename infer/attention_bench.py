@@ -10,6 +10,7 @@ gives the median microseconds per call over --repeats.
 """
 
 import functools
+import itertools
 import statistics
 
 import jax
@@ -46,9 +47,9 @@ def measure() -> list[dict]:
     if not cpu_attention.available():
         raise ValueError("the CPU attention kernel is not available here "
                          f"({cpu_attention.SWITCH}=0, no C++ compiler): nothing to compare")
+    cases = list(itertools.product(whole_numbers_flag("tokens", 1),
+                                   whole_numbers_flag("filled", 1)))
     cfg = load_model(FLAGS.workdir).cfg
-    cases = [(tokens, filled) for tokens in whole_numbers_flag("tokens", 1)
-             for filled in whole_numbers_flag("filled", 1)]
     for tokens, filled in cases:
         if filled + tokens > FLAGS.slots:
             raise ValueError(f"--filled={filled} plus --tokens={tokens} exceed --slots="

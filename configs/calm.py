@@ -20,5 +20,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.train = ml_collections.ConfigDict(dict(
         batch_size=16, total_steps=200, learning_rate=1e-2, warmup_steps=20, min_lr_ratio=0.1,
         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
-        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat=False))
+        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
+        grad_accum=1, frozen=""))
     return config

@@ -44,22 +44,29 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         # (300 steps): exit-1/exit-2 agreement with the final layer .830/.887 versus .785/.836
         # when all 8 exits share the loss, for a final loss of 1.371 versus 1.337 nats/byte.
         exit_layers=(1, 2, 8)))
-    # source: "stdlib" (embedded), "files" (files: comma-separated .jsonl or text paths) or "hub"
-    # (hub_name, hub_config, hub_split; needs the network); text_field names the JSONL/hub column.
+    # source: "stdlib" (embedded), "files" (files: comma-separated paths or globs of .jsonl,
+    # .parquet or text files) or "hub" (a `datasets` name or local dataset folder, streamed);
+    # text_field names the JSONL/Parquet/hub column. tokenizer: "bytes" or a tokenizer.json (a
+    # run on init.source takes the source's); bos_id/eos_id -1: the ones found beside it.
     config.data = ml_collections.ConfigDict(dict(
         source="stdlib", files="", hub_name="", hub_config="", hub_split="train",
-        text_field="text", tokenizer="bytes", seq_len=256, val_fraction=0.05, max_documents=0))
+        text_field="text", tokenizer="bytes", bos_id=-1, eos_id=-1, seq_len=256,
+        val_fraction=0.05, max_documents=0, cache_dir=""))
+    # Continual training: source = a Hugging Face checkpoint directory or a specjax workdir whose
+    # weights are step 0 (its model and tokenizer replace the sections here).
+    config.init = ml_collections.ConfigDict(dict(source=""))
     # Device mesh (data, fsdp, tensor); -1 = the devices the others leave. One device: (1, 1, 1).
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     config.train = ml_collections.ConfigDict(dict(
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=40, min_lr_ratio=0.1,
         weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
-        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat=False))
+        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
+        grad_accum=1, frozen=""))
     # Layer dropout is available (p_max, dropout_schedule="exp" from scratch) but off: at this
     # scale p_max=0.1 left every exit's agreement unchanged and cost 0.012 nats of final loss.
     config.layerskip = ml_collections.ConfigDict(dict(
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
-        curriculum="none", rotation_interval=1))
+        curriculum="none", rotation_interval=1, e_scale_warmup=0))
     # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
     config.decoding = ml_collections.ConfigDict(dict(exit_layer=1, num_draft=6))
     if variant == "draft":  # no early exits: it drafts with all of its layers

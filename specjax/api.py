@@ -22,6 +22,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import RowStats
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
+from specjax.exit_report import DraftExitReport, model_exit_report
 from specjax.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer
 
@@ -47,6 +48,7 @@ class LanguageModel:
         self.tokenizer: Tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"),
                                                   loaded.workdir)
         self.decoding_defaults: DecodingConfig = decoding_defaults(loaded.meta)
+        self._meta = loaded.meta
         self._generator = loaded.generator()
 
     def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
@@ -77,6 +79,15 @@ class LanguageModel:
                        for text, tokens, stats, trace in zip(texts, out.tokens, out.stats,
                                                              out.trace, strict=True)]
         return completions[0] if isinstance(prompts, str) else completions
+
+    def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:
+        """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
+        predicted tau and speed-up of drafting K tokens from it (estimates; infer/bench.py
+        measures). `texts`: held-out documents (default: the validation documents of the
+        workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
+        num_drafts=, costs=...). The same report as `infer/exits.py`."""
+        return model_exit_report(self._generator.params, self.config, self.tokenizer,
+                                 self._meta, texts, **options)
 
 
 def load(workdir: str, step: int | None = None,

@@ -1,40 +1,53 @@
-"""Input pipeline: documents -> train/validation split -> packed fixed-length sequences -> batches.
+"""Input pipeline: documents -> train/validation split -> the model's tokens (cached on disk) ->
+packed fixed-length sequences -> batches.
 
-Documents come from an HF `datasets.Dataset` with a `key` and a `text` column. Sources:
+Documents are (key, text) pairs read one at a time, so a corpus larger than memory streams
+through. Sources:
   - "stdlib": the embedded default corpus, the Python standard library source of the running
     interpreter (every .py file, without test/tests folders and site-packages): real text present
     on every machine, no download;
-  - "files": local .jsonl files (one JSON object per line, text in `text_field`) or plain text
-    files (one document each);
-  - "hub": an HF hub dataset (needs the network; tests never use it).
+  - "files": local files and globs: .jsonl/.json (one JSON object per line, text in
+    `text_field`), .parquet (text in column `text_field`) or plain text (one document each);
+  - "hub": a Hugging Face `datasets` dataset, streamed: a hub name (needs the network) or a
+    local dataset folder (`load_dataset` on local files works offline).
 
-The split is by document key (a stable hash), so it is deterministic across machines and runs.
-Batch `i` of an epoch is a fixed function of (seed, i): data order is reproducible and a run
-resumes exactly from the number of batches already consumed.
+The split is by document key (a stable hash), so it is deterministic across machines and runs,
+and no validation document is ever trained on. Tokens go to `token_cache` once per (documents,
+tokenizer); batch `i` of an epoch is a fixed function of (seed, i), so a run resumes exactly from
+the number of sequences already consumed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 import os
 import sysconfig
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import datasets
 import numpy as np
 
 from specjax.config import dataclass_from_mapping
-from specjax.tokenizer import Tokenizer, get_tokenizer
+from specjax.token_cache import token_streams
+from specjax.tokenizer import Tokenizer, load_tokenizer
 
 SOURCES = ("stdlib", "files", "hub")
 _EXCLUDED_DIRS = frozenset({"test", "tests", "site-packages", "__pycache__"})
+UNSET_ID = -1  # bos_id / eos_id: the ones found beside the tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the text comes from and how it is cut into training sequences."""
+    """Where the text comes from, how it is tokenized and cut into training sequences.
+
+    `tokenizer`: "bytes", or a tokenizer.json (or a folder holding one; a run on `init.source`
+    takes the source's); `bos_id` / `eos_id` >= 0 override the ids found beside it.
+    `cache_dir`: where tokenized corpora are kept (default $SPECJAX_CACHE, else
+    ~/.cache/specjax)."""
 
     source: str = "stdlib"
     files: tuple[str, ...] = ()
@@ -43,9 +56,12 @@ class DataConfig:
     hub_split: str = "train"
     text_field: str = "text"
     tokenizer: str = "bytes"
+    bos_id: int = UNSET_ID
+    eos_id: int = UNSET_ID
     seq_len: int = 256
     val_fraction: float = 0.05
     max_documents: int = 0
+    cache_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -60,7 +76,13 @@ class DataConfig:
             raise ValueError(f"data.val_fraction={self.val_fraction} must lie in (0, 1)")
         if self.max_documents < 0:
             raise ValueError(f"data.max_documents={self.max_documents} must be >= 0 (0 = all)")
-        get_tokenizer(self.tokenizer)
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"data.tokenizer={self.tokenizer!r} must be 'bytes' or the path of "
+                             "a tokenizer.json")
+        for name in ("bos_id", "eos_id"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < UNSET_ID:
+                raise ValueError(f"data.{name}={getattr(self, name)!r} must be an id >= 0, or "
+                                 f"{UNSET_ID} for the one found beside the tokenizer")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> DataConfig:
@@ -73,61 +95,151 @@ class DataConfig:
             values["files"] = tuple(f.strip() for f in files if f.strip())
         return dataclass_from_mapping(cls, values, "data")
 
+    def make_tokenizer(self) -> Tokenizer:
+        """The tokenizer this data is encoded with (a one-line error for a missing file or one
+        that is not a tokenizer)."""
+        ids = [None if value == UNSET_ID else value for value in (self.bos_id, self.eos_id)]
+        return load_tokenizer(self.tokenizer, *ids)
+
 
 def stdlib_dir() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def stdlib_documents() -> datasets.Dataset:
-    """The standard library's .py files, keyed by path relative to the stdlib directory."""
+def _stdlib_paths() -> list[tuple[str, str]]:
+    """(key, path) of the standard library's .py files, sorted by key (the path relative to the
+    stdlib directory)."""
     root = stdlib_dir()
-    keys, texts = [], []
+    found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS)
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    texts.append(f.read())
-                keys.append(os.path.relpath(path, root))
-    return datasets.Dataset.from_dict({"key": keys, "text": texts})
+        found += [(os.path.relpath(os.path.join(dirpath, name), root), os.path.join(dirpath, name))
+                  for name in filenames if name.endswith(".py")]
+    return sorted(found)
 
 
-def _file_documents(cfg: DataConfig) -> datasets.Dataset:
-    parts = []
-    for path in cfg.files:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"data file {path!r} does not exist")
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def stdlib_documents() -> datasets.Dataset:
+    """The standard library's .py files, keyed by path relative to the stdlib directory."""
+    keys, paths = zip(*_stdlib_paths(), strict=True)
+    return datasets.Dataset.from_dict({"key": list(keys),
+                                       "text": [_read_text(p) for p in paths]})
+
+
+def data_files(cfg: DataConfig) -> list[str]:
+    """The files `cfg.files` names, globs expanded (each pattern's matches sorted), in order;
+    a pattern that matches nothing, a missing or an empty file is a one-line error."""
+    found = []
+    for pattern in cfg.files:
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [
+            pattern]
+        matches = [m for m in matches if not os.path.isdir(m)]
+        if not matches:
+            raise FileNotFoundError(f"data file {pattern!r} does not exist" if not
+                                    glob.has_magic(pattern) else
+                                    f"data files {pattern!r} match no file")
+        for path in matches:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"data file {path!r} does not exist")
+            if os.path.getsize(path) == 0:
+                raise ValueError(f"data file {path!r} is empty")
+            if not os.access(path, os.R_OK):
+                raise ValueError(f"data file {path!r} is not readable")
+        found += matches
+    return found
+
+
+def _file_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    for path in data_files(cfg):
         if path.endswith((".jsonl", ".json")):
-            rows = datasets.load_dataset("json", data_files=path, split="train")
-            if cfg.text_field not in rows.column_names:
-                raise ValueError(
-                    f"{path}: no field {cfg.text_field!r} (fields: {rows.column_names})")
-            parts.append(datasets.Dataset.from_dict({
-                "key": [f"{path}:{i}" for i in range(len(rows))], "text": rows[cfg.text_field]}))
+            yield from _jsonl_documents(path, cfg.text_field)
+        elif path.endswith(".parquet"):
+            yield from _parquet_documents(path, cfg.text_field)
         else:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                parts.append(datasets.Dataset.from_dict({"key": [path], "text": [f.read()]}))
-    return datasets.concatenate_datasets(parts)
+            yield path, _read_text(path)
 
 
-def _hub_documents(cfg: DataConfig) -> datasets.Dataset:
-    rows = datasets.load_dataset(cfg.hub_name, cfg.hub_config or None, split=cfg.hub_split)
-    return datasets.Dataset.from_dict({
-        "key": [f"{cfg.hub_name}:{i}" for i in range(len(rows))], "text": rows[cfg.text_field]})
+def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}, line {number}: not a JSON object") from None
+            if not isinstance(row, dict) or field not in row:
+                fields = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise ValueError(f"{path}, line {number}: no field {field!r} (fields: {fields}; "
+                                 "set data.text_field)")
+            yield f"{path}:{number - 1}", str(row[field])
+
+
+def _parquet_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
+    import pyarrow.parquet as pq  # a dependency of `datasets`
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as error:  # pyarrow raises ArrowInvalid and others
+        raise ValueError(f"{path} is not a readable Parquet file ({error})") from None
+    if field not in table.schema_arrow.names:
+        raise ValueError(f"{path}: no column {field!r} (columns: {table.schema_arrow.names}; "
+                         "set data.text_field)")
+    row = 0
+    for batch in table.iter_batches(columns=[field], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            yield f"{path}:{row}", str(text)
+            row += 1
+
+
+def _hub_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    rows = datasets.load_dataset(cfg.hub_name, cfg.hub_config or None, split=cfg.hub_split,
+                                 streaming=True)
+    for index, row in enumerate(rows):
+        if cfg.text_field not in row:
+            raise ValueError(f"dataset {cfg.hub_name!r}: no field {cfg.text_field!r} (fields: "
+                             f"{sorted(row)}; set data.text_field)")
+        yield f"{cfg.hub_name}:{index}", str(row[cfg.text_field])
+
+
+def iter_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    """(key, text) of every document of the configured source in its fixed order (the first
+    `max_documents`, if set), read lazily."""
+    if cfg.source == "stdlib":
+        documents = ((key, _read_text(path)) for key, path in _stdlib_paths())
+    elif cfg.source == "files":
+        documents = _file_documents(cfg)
+    else:
+        documents = _hub_documents(cfg)
+    count = 0
+    for key, text in documents:
+        yield key, text
+        count += 1
+        if count == cfg.max_documents:
+            break
+    if count == 0:
+        raise ValueError(f"data source {cfg.source!r} produced no documents")
+
+
+def source_identity(cfg: DataConfig) -> dict[str, Any]:
+    """What names the documents `iter_documents` yields, for the token cache's key: every
+    local file's path, size and modification time; a hub dataset's name, config and split."""
+    if cfg.source == "hub":
+        return {"hub": [cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_field]}
+    paths = ([path for _, path in _stdlib_paths()] if cfg.source == "stdlib"
+             else data_files(cfg))
+    stats = [(os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+    return {"files": stats, "text_field": cfg.text_field}
 
 
 def load_documents(cfg: DataConfig) -> datasets.Dataset:
-    """All documents of the configured source, sorted by key (optionally only the first N)."""
-    loaders = {"stdlib": lambda c: stdlib_documents(), "files": _file_documents,
-               "hub": _hub_documents}
-    docs = loaders[cfg.source](cfg)
-    if len(docs) == 0:
-        raise ValueError(f"data source {cfg.source!r} produced no documents")
-    docs = docs.select(np.argsort(docs["key"], kind="stable"))
-    if cfg.max_documents:
-        docs = docs.select(range(min(cfg.max_documents, len(docs))))
-    return docs
+    """All documents of the configured source in memory (small corpora: prompts, reports)."""
+    keys, texts = zip(*iter_documents(cfg), strict=True)
+    return datasets.Dataset.from_dict({"key": list(keys), "text": list(texts)})
 
 
 def is_validation_key(key: str, val_fraction: float) -> bool:
@@ -147,21 +259,20 @@ def split_documents(docs: datasets.Dataset,
     return train, val
 
 
-def pack(docs: datasets.Dataset, tokenizer: Tokenizer, seq_len: int) -> np.ndarray:
-    """Concatenates [BOS] doc [EOS] for every document and cuts the stream into non-overlapping
-    windows of seq_len + 1 tokens (inputs are window[:-1], targets window[1:])."""
-    stream = np.concatenate([tokenizer.encode(t, add_bos=True, add_eos=True)
-                             for t in docs["text"]])
+def windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
+    """Cuts a token stream ([BOS] doc [EOS] ...) into non-overlapping windows of seq_len + 1
+    tokens (inputs are window[:-1], targets window[1:]); a view of `stream`, no copy."""
     count = len(stream) // (seq_len + 1)
     if count == 0:
         raise ValueError(f"{len(stream)} tokens are too few for one sequence of {seq_len + 1}")
-    return stream[:count * (seq_len + 1)].reshape(count, seq_len + 1).astype(np.int32)
+    return stream[:count * (seq_len + 1)].reshape(count, seq_len + 1)
 
 
 class BatchSampler:
     """Shuffled batches of packed sequences. The stream of sequences is a pure function of the
     seed; a batch is addressed by its offset in that stream (the data position), so a resumed
-    run continues exactly where the interrupted one stopped, whatever its batch size."""
+    run continues exactly where the interrupted one stopped, whatever its batch size. Only the
+    rows asked for are read (from a memory-mapped cache: each process reads its own rows)."""
 
     def __init__(self, sequences: np.ndarray, batch_size: int, seed: int):
         self.sequences, self.batch_size, self.seed = sequences, batch_size, seed
@@ -174,34 +285,40 @@ class BatchSampler:
         return self._order
 
     def batch(self, position: int, rows: slice = slice(None)) -> np.ndarray:
-        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1],
-        or only their `rows` (a process reads the rows its devices hold)."""
+        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]
+        int32, or only their `rows` (a process reads the rows its devices hold)."""
         total = len(self.sequences)
         chosen = []
         for flat in range(position, position + self.batch_size)[rows]:
             epoch, offset = divmod(flat, total)
             chosen.append(self._permutation(epoch)[offset])
-        return self.sequences[np.asarray(chosen)]
+        return np.asarray(self.sequences[np.asarray(chosen)], np.int32)
 
 
 @dataclasses.dataclass
 class Corpus:
-    """Packed train and validation sequences of one data config."""
+    """Packed train and validation sequences of one data config (views of the token cache)."""
 
     train: np.ndarray
     validation: np.ndarray
-    validation_documents: datasets.Dataset
 
     @classmethod
-    def build(cls, cfg: DataConfig) -> Corpus:
-        tokenizer = get_tokenizer(cfg.tokenizer)
-        train_docs, val_docs = split_documents(load_documents(cfg), cfg.val_fraction)
-        return cls(pack(train_docs, tokenizer, cfg.seq_len),
-                   pack(val_docs, tokenizer, cfg.seq_len), val_docs)
+    def build(cls, cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
+        """Tokenized with `tokenizer` (default: the config's) through the token cache."""
+        identity = {**source_identity(cfg), "max_documents": cfg.max_documents,
+                    "val_fraction": cfg.val_fraction}
+        streams = token_streams(lambda: iter_documents(cfg), identity,
+                                lambda key: is_validation_key(key, cfg.val_fraction),
+                                tokenizer or cfg.make_tokenizer(), cfg.cache_dir)
+        for name, stream in zip(("train", "validation"), streams, strict=True):
+            if len(stream) == 0:
+                raise ValueError(f"data.val_fraction={cfg.val_fraction} leaves no {name} "
+                                 "documents")
+        return cls(*(windows(stream, cfg.seq_len) for stream in streams))
 
     def validation_batches(self, batch_size: int, num_batches: int) -> list[np.ndarray]:
         """The first `num_batches` validation batches in file order (fewer if data runs out)."""
         usable = min(num_batches, len(self.validation) // batch_size)
-        if usable == 0:
-            return [self.validation[:batch_size]]
-        return [self.validation[i * batch_size:(i + 1) * batch_size] for i in range(usable)]
+        rows = [self.validation[:batch_size]] if usable == 0 else [
+            self.validation[i * batch_size:(i + 1) * batch_size] for i in range(usable)]
+        return [np.asarray(batch, np.int32) for batch in rows]

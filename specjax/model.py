@@ -32,6 +32,8 @@ from specjax.nn.rope import rope_tables
 from specjax.sharding import constrain_cache
 
 Params = dict[str, Any]
+# `jax.checkpoint` policies by name (see `run_layers`); "none" does not rematerialise.
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable, "full": None}
 
 
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
@@ -80,7 +82,7 @@ def causal_mask(steps: int) -> jax.Array:
 
 def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
                layers: tuple[int, int] | None = None, positions: jax.Array | None = None,
-               keep: jax.Array | None = None, remat: bool = False) -> jax.Array:
+               keep: jax.Array | None = None, remat: str = "none") -> jax.Array:
     """Runs a contiguous layer range over full sequences with `lax.scan` (no cache).
 
     Args:
@@ -89,7 +91,8 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
       positions: [B, T] RoPE positions; default 0..T-1.
       keep: optional [stop - start, B] layer-dropout mask; a dropped layer passes its input
         through unchanged for that sample (LayerSkip: x_{l+1} = x_l + M * f_l(x_l)).
-      remat: rematerialise each layer in the backward pass.
+      remat: what each layer's backward pass recomputes instead of storing: "none", "dots"
+        (all but the outputs of products with a weight) or "full" (only the layer's input kept).
     Returns:
       [stop - start, B, T, D]: the hidden state after each layer; the last entry feeds the next
       range.
@@ -115,8 +118,8 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
             out = jnp.where(keep_layer[:, None, None], out, h)
             return out, out
 
-        if remat:
-            layer = jax.checkpoint(layer)
+        if remat != "none":
+            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
         hidden, outs = jax.lax.scan(layer, hidden, (stacked, keep[first - start:last - start]))
         per_layer.append(outs)
     return jnp.concatenate(per_layer) if len(per_layer) > 1 else per_layer[0]

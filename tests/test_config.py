@@ -50,8 +50,8 @@ def test_diff_lists_changed_fields():
     ({"layerskip": {"exit_scale": "cubic"}}, "layerskip.exit_scale='cubic'"),
     ({"data": {"source": "web"}}, "data.source='web' must be one of"),
     ({"data": {"seq_len": 1}}, "data.seq_len=1 must be >= 2"),
-    ({"data": {"tokenizer": "bpe"}}, "unknown tokenizer 'bpe'"),
-    ({"model": {"vocab_size": 100}}, "model.vocab_size=100 is smaller than the 'bytes'"),
+    ({"data": {"tokenizer": "bpe"}}, "no tokenizer at 'bpe'"),
+    ({"model": {"vocab_size": 100}}, "has 259 ids, more than the model's vocabulary of 100"),
     ({"train": {"steps": 3}}, r"train: unknown field\(s\) \['steps'\]"),
 ])
 def test_invalid_run_config_is_a_clear_error(sections, message):

@@ -42,12 +42,20 @@ def test_split_is_deterministic_and_disjoint():
         assert D.is_validation_key(key, 0.1)
 
 
-def test_pack_cuts_bos_doc_eos_stream_into_windows():
-    docs = D.datasets.Dataset.from_dict({"key": ["a", "b"], "text": ["abcdef", "xyz"]})
-    packed = D.pack(docs, ByteTokenizer(), seq_len=4)
-    stream = [256, *b"abcdef", 257, 256, *b"xyz", 257]
-    assert packed.shape == (2, 5)
-    assert packed.flatten().tolist() == stream[:10]
+def test_corpus_packs_bos_doc_eos_streams_into_windows(tmp_path):
+    """Catches packing that drops the BOS/EOS between documents, overlaps windows or mixes
+    validation documents into the training stream."""
+    texts = [f"doc{i}" * (i + 1) for i in range(16)]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    corpus = D.Corpus.build(D.DataConfig(source="files", files=(str(path),), seq_len=4,
+                                         val_fraction=0.5, cache_dir=str(tmp_path / "cache")))
+    for packed, validation in ((corpus.train, False), (corpus.validation, True)):
+        stream = [t for i, text in enumerate(texts)
+                  if D.is_validation_key(f"{path}:{i}", 0.5) == validation
+                  for t in (256, *text.encode(), 257)]
+        assert packed.shape == (len(stream) // 5, 5)
+        assert np.asarray(packed).flatten().tolist() == stream[:packed.size]
 
 
 def test_sampler_is_a_pure_function_of_seed_and_index():

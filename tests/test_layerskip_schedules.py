@@ -84,13 +84,22 @@ def test_gradual_curriculum_enables_exits_from_the_top():
 
 def test_exit_weights_convention():
     cfg = LayerSkipConfig(e_scale=0.5, exit_scale="sum")
-    raw = raw_exit_weights(cfg, EXITS, 8)
+    raw = raw_exit_weights(cfg, EXITS, 8, step=0)
     e = np.arange(1, 9)
     np.testing.assert_allclose(raw[:-1], 0.5 * e[:-1] * (e[:-1] + 1) / 2)
     assert raw[-1] == 36.0  # the final exit is never scaled by e_scale
     layers, weights = exit_schedule(cfg, EXITS, 8, step=0, total_steps=10)
     np.testing.assert_array_equal(layers, EXITS)
     np.testing.assert_allclose(weights, raw / raw.sum(), rtol=1e-6)
+
+
+def test_exit_scale_warmup_ramps_early_exits_only():
+    """Catches a warm-up that scales the final exit too, or that never reaches e_scale."""
+    cfg = LayerSkipConfig(e_scale=0.5, e_scale_warmup=10)
+    for step, ramp in ((0, 0.0), (5, 0.5), (10, 1.0), (30, 1.0)):
+        raw = raw_exit_weights(cfg, EXITS, 8, step=step)
+        np.testing.assert_allclose(raw[:-1], 0.5 * ramp)
+        assert raw[-1] == 1.0
 
 
 @pytest.mark.parametrize("curriculum", ["none", "rotational", "gradual"])

@@ -55,7 +55,8 @@ def bench(config, steps: int, peak: float | None) -> dict:
     sampler = BatchSampler(Corpus.build(run.data).train, run.train.batch_size, run.train.seed)
     state = objective.init_state()
     example = (np.asarray(sampler.batch(0)), jax.random.PRNGKey(0), step_schedule(run, 0))
-    plain = jax.jit(make_train_step(run.model, objective.optimizer, remat=run.train.remat))
+    plain = jax.jit(make_train_step(run.model, objective.optimizer, remat=run.train.remat,
+                                    grad_accum=run.train.grad_accum))
     mesh_name = f"mesh {dict(objective.mesh.shape)}"
     placed = (place_batch(example[0], objective.mesh), *example[1:])
     step_flops = (train_flops_per_token(run.model, run.data.seq_len) * run.train.batch_size

@@ -42,7 +42,9 @@ def main(argv):
     del argv
     if _DISTRIBUTED.value:
         processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+    explicit = tuple(config_flags.get_override_values(flags.FLAGS["config"]))
+    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                                                explicit=explicit))
     if result.interrupted:
         print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "
               "Run the same command again to resume.")

@@ -21,9 +21,8 @@ from specjax.convert.hf_config import (
     read_hf_config,
 )
 from specjax.convert.hf_weights import load_hf_params, save_hf_params
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer
 
-TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer
 
 

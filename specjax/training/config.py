@@ -10,11 +10,15 @@ from typing import Any
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.sharding import MeshConfig
-from specjax.tokenizer import get_tokenizer
 
 DROPOUT_SCHEDULES = ("constant", "exp")
 EXIT_SCALES = ("uniform", "linear", "sum")
 CURRICULA = ("none", "rotational", "gradual")
+# What the backward pass recomputes instead of storing (`jax.checkpoint` per layer): nothing;
+# everything but the matrix products' outputs; everything (only each layer's input is kept).
+REMAT_POLICIES = ("none", "dots", "full")
+# Top-level parameter groups a run may keep fixed (the embedding is also the head when tied).
+FREEZABLE = ("embed", "unembed", "final_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +40,26 @@ class TrainConfig:
     save_every: int = 200
     keep_checkpoints: int = 3
     log_every: int = 10
-    remat: bool = False
+    remat: str = "none"
+    grad_accum: int = 1
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.remat, bool):  # configs written before the policies
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        _check(self.remat in REMAT_POLICIES, "train.remat", self.remat,
+               f"must be one of {list(REMAT_POLICIES)}")
+        frozen = tuple(self.frozen.split(",")) if isinstance(self.frozen, str) else tuple(
+            self.frozen)
+        frozen = tuple(name.strip() for name in frozen if name.strip())
+        _check(set(frozen) <= set(FREEZABLE), "train.frozen", self.frozen,
+               f"must name groups among {list(FREEZABLE)}")
+        object.__setattr__(self, "frozen", frozen)
         for name in ("batch_size", "total_steps", "eval_every", "eval_batches", "save_every",
-                     "keep_checkpoints", "log_every"):
+                     "keep_checkpoints", "log_every", "grad_accum"):
             _positive(self, name)
+        _check(self.batch_size % self.grad_accum == 0, "train.grad_accum", self.grad_accum,
+               f"must divide train.batch_size={self.batch_size} (micro-batches of equal size)")
         for name in ("learning_rate", "grad_clip"):
             _positive(self, name)
         _check(0 <= self.warmup_steps < self.total_steps, "train.warmup_steps", self.warmup_steps,
@@ -57,6 +75,10 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class LayerSkipConfig:
     """Layer dropout and the early-exit loss (Elhoushi et al. 2024, §4.1).
+
+    `e_scale_warmup` > 0 ramps the early exits' scale linearly from 0 to `e_scale` over that
+    many steps (continual training of a model that has never used its early exits: the final
+    exit's loss is not disturbed at the start).
 
     Layer dropout: layer l (0-based) of sample b is skipped with probability
     p_l(t) = S(t) * D(l) * p_max, D(l) = exp(l ln2 / (L-1)) - 1, S = 1 ("constant") or
@@ -75,8 +97,11 @@ class LayerSkipConfig:
     exit_scale: str = "uniform"
     curriculum: str = "none"
     rotation_interval: int = 1
+    e_scale_warmup: int = 0
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.e_scale_warmup, int) and self.e_scale_warmup >= 0,
+               "layerskip.e_scale_warmup", self.e_scale_warmup, "must be an int >= 0")
         _check(0.0 <= self.p_max <= 1.0, "layerskip.p_max", self.p_max, "must lie in [0, 1]")
         _check(self.dropout_schedule in DROPOUT_SCHEDULES, "layerskip.dropout_schedule",
                self.dropout_schedule, f"must be one of {list(DROPOUT_SCHEDULES)}")
@@ -153,6 +178,16 @@ class CalmConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """Where a LayerSkip run's weights start: `source` = a Hugging Face checkpoint directory or
+    a specjax workdir (its latest checkpoint). The source fixes the model (and, unless
+    data.tokenizer is set on the command line, the tokenizer); the optimizer and the schedule
+    start fresh (`training.init_source`). Empty: a random initialisation."""
+
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class DistillConfig:
     """DistillSpec-style training of a draft model: with `teacher_workdir` set, the model is
     trained to the teacher's next-token distribution on the corpus (soft cross-entropy, i.e.
@@ -187,11 +222,12 @@ class RunConfig:
     calm: CalmConfig
     distill: DistillConfig
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    init: InitConfig = dataclasses.field(default_factory=InitConfig)
     base_workdir: str = ""
 
 
 SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
-            "distill", "mesh")
+            "distill", "mesh", "init")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -239,10 +275,11 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         calm=dataclass_from_mapping(CalmConfig, values.get("calm") or {}, "calm"),
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         mesh=dataclass_from_mapping(MeshConfig, values.get("mesh") or {}, "mesh"),
+        init=dataclass_from_mapping(InitConfig, values.get("init") or {}, "init"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
-    vocab = get_tokenizer(run.data.tokenizer).vocab_size
+    vocab = run.data.make_tokenizer().vocab_size
     if run.model.vocab_size < vocab:
-        raise ValueError(f"model.vocab_size={run.model.vocab_size} is smaller than the "
-                         f"{run.data.tokenizer!r} tokenizer's {vocab} ids")
+        raise ValueError(f"the tokenizer {run.data.tokenizer!r} has {vocab} ids, more than the "
+                         f"model's vocabulary of {run.model.vocab_size} (model.vocab_size)")
     return run

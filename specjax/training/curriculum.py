@@ -38,12 +38,14 @@ def max_active_exits(cfg: LayerSkipConfig, exits: tuple[int, ...], num_layers: i
                for shift in range(cfg.rotation_interval))
 
 
-def raw_exit_weights(cfg: LayerSkipConfig, exits: tuple[int, ...],
-                     num_layers: int) -> np.ndarray:
-    """e_scale * s(e) for early exits, s(L) for the final exit (see LayerSkipConfig)."""
+def raw_exit_weights(cfg: LayerSkipConfig, exits: tuple[int, ...], num_layers: int,
+                     step: int) -> np.ndarray:
+    """e_scale * s(e) for early exits (ramped from 0 over `e_scale_warmup` steps), s(L) for the
+    final exit (see LayerSkipConfig)."""
     e = np.asarray(exits, np.float64)
     scale = {"uniform": np.ones_like(e), "linear": e, "sum": e * (e + 1) / 2}[cfg.exit_scale]
-    return np.where(e == num_layers, scale, cfg.e_scale * scale)
+    ramp = min(1.0, step / cfg.e_scale_warmup) if cfg.e_scale_warmup else 1.0
+    return np.where(e == num_layers, scale, cfg.e_scale * ramp * scale)
 
 
 def exit_schedule(cfg: LayerSkipConfig, exits: tuple[int, ...], num_layers: int, step: int,
@@ -51,7 +53,7 @@ def exit_schedule(cfg: LayerSkipConfig, exits: tuple[int, ...], num_layers: int,
     """(exit_layers [M] int32, exit_weights [M] float32) for `step`; weights sum to 1."""
     size = max_active_exits(cfg, exits, num_layers)
     mask = curriculum_mask(cfg, exits, num_layers, step, total_steps)
-    weights = raw_exit_weights(cfg, exits, num_layers) * mask
+    weights = raw_exit_weights(cfg, exits, num_layers, step) * mask
     if weights.sum() <= 0:
         raise ValueError(f"no exit has positive loss weight at step {step}: exits={exits}, "
                          f"curriculum={cfg.curriculum!r}, e_scale={cfg.e_scale}")

@@ -19,6 +19,7 @@ import optax
 from specjax.checkpoint import CheckpointError
 from specjax.config import ModelConfig
 from specjax.model import Params, forward
+from specjax.tokenizer import get_tokenizer
 from specjax.training.config import RunConfig
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import FrozenBase
@@ -82,10 +83,14 @@ class Distill:
     """The run's model, trained to the frozen `teacher`'s distribution."""
 
     name: ClassVar[str] = "distill"
+    memory = None  # no memory estimate (a draft model is small)
+
     def __init__(self, run: RunConfig, config: dict[str, Any], teacher: FrozenBase):
         self.run, self.config, self.teacher = run, config, teacher
         tokenizer = teacher.meta.get("tokenizer", "bytes")
-        if tokenizer != run.data.tokenizer or teacher.cfg.vocab_size != run.model.vocab_size:
+        same = (get_tokenizer(tokenizer, teacher.workdir).fingerprint()
+                == run.data.make_tokenizer().fingerprint())
+        if not same or teacher.cfg.vocab_size != run.model.vocab_size:
             raise ValueError(f"the teacher in {teacher.workdir} has tokenizer {tokenizer!r} with "
                              f"{teacher.cfg.vocab_size} ids, this model {run.data.tokenizer!r} "
                              f"with {run.model.vocab_size}: a draft model must share them")

@@ -33,8 +33,8 @@ class ExitReport:
         return self.loss[-1]
 
     @property
-    def bits_per_byte(self) -> float:
-        """Final-layer nats/token in bits (a byte-level tokenizer makes a token a byte)."""
+    def bits_per_token(self) -> float:
+        """Final-layer nats/token in bits (bits/byte for the byte-level tokenizer)."""
         return self.final_loss / math.log(2)
 
     def table(self) -> str:
@@ -42,14 +42,14 @@ class ExitReport:
         rows = zip(self.loss, self.accuracy, self.agreement, strict=True)
         for e, (loss, acc, agree) in enumerate(rows, 1):
             lines.append(f"{e:>4}  {loss:7.4f}  {acc:8.3f}  {agree:14.3f}")
-        lines.append(f"final layer: {self.final_loss:.4f} nats/token = {self.bits_per_byte:.4f} "
-                     f"bits/byte over {self.tokens} validation tokens")
+        lines.append(f"final layer: {self.final_loss:.4f} nats/token = {self.bits_per_token:.4f} "
+                     f"bits/token over {self.tokens} validation tokens")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"exit_loss": list(self.loss), "exit_accuracy": list(self.accuracy),
                 "exit_agreement": list(self.agreement), "final_loss": self.final_loss,
-                "bits_per_byte": self.bits_per_byte, "tokens": self.tokens}
+                "bits_per_token": self.bits_per_token, "tokens": self.tokens}
 
 
 def make_eval_step(cfg: ModelConfig) -> Callable:

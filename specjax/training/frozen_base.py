@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from specjax.checkpoint import CheckpointError, load_params
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.tokenizer import data_fields
 from specjax.training.config import RunConfig
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
@@ -88,11 +89,12 @@ def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any
     out["model"] = base.cfg.to_dict()
     for section in ("data", "decoding"):
         out[section] = {**saved.get(section, {}), **dict(config.get(section) or {})}
-    tokenizer = saved.get("data", {}).get("tokenizer", base.meta.get("tokenizer", "bytes"))
-    if out["data"].get("tokenizer", tokenizer) != tokenizer:
-        raise ValueError(f"data.tokenizer={out['data']['tokenizer']!r} differs from the base's "
-                         f"{tokenizer!r}")
-    out["data"]["tokenizer"] = tokenizer
+    tokenizer = data_fields(base.meta.get("tokenizer", "bytes"), base.workdir)
+    given = dict(config.get("data") or {}).get("tokenizer", tokenizer["tokenizer"])
+    if given != tokenizer["tokenizer"]:
+        raise ValueError(f"data.tokenizer={given!r} differs from the base's "
+                         f"{tokenizer['tokenizer']!r}")
+    out["data"].update(tokenizer)
     return out
 
 
@@ -118,6 +120,7 @@ class HeadOnBase:
     name: ClassVar[str]
     config_class: ClassVar[type]
     record_key: ClassVar[str]
+    memory = None  # a head is small: no memory estimate
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base

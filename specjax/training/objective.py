@@ -20,7 +20,9 @@ from specjax.sharding import batch_sharding
 from specjax.training.config import RunConfig
 from specjax.training.curriculum import exit_schedule
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
+from specjax.training.init_source import InitSource
 from specjax.training.layer_dropout import dropout_rates
+from specjax.training.memory import StepMemory, step_memory
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
 from specjax.training.train_step import StepSchedule, TrainState, init_train_state, make_train_step
@@ -39,6 +41,7 @@ class Objective(Protocol):
     run: RunConfig
     config: dict[str, Any]  # the config as run (a base fills in the model, data, decoding)
     state_shardings: Any  # the state's layout on the run's mesh; None: one device
+    memory: StepMemory | None  # the train step's memory estimate, once it has compiled
     batch_rows: slice  # the rows of each global batch this process reads and passes
 
     def init_state(self) -> TrainState:
@@ -70,12 +73,13 @@ def step_schedule(run: RunConfig, step: int) -> StepSchedule:
 
 
 class LayerSkip:
-    """The whole model, trained with layer dropout and the early-exit loss (`layerskip`)."""
+    """The whole model, trained with layer dropout and the early-exit loss (`layerskip`), from
+    a random initialisation or from `source`'s weights (continual training)."""
 
     name: ClassVar[str] = "layerskip"
 
-    def __init__(self, run: RunConfig, config: dict[str, Any]):
-        self.run, self.config = run, config
+    def __init__(self, run: RunConfig, config: dict[str, Any], source: InitSource | None = None):
+        self.run, self.config, self.source = run, config, source
         self.optimizer = make_optimizer(run.train)
         self.on_mesh = RunMesh(run)
         self.mesh, self.batch_rows = self.on_mesh.mesh, self.on_mesh.batch_rows
@@ -87,21 +91,34 @@ class LayerSkip:
         shardings = self.on_mesh.shardings(jax.eval_shape(init, jax.random.PRNGKey(0)))
         self.state_shardings = shardings
         self._init = jax.jit(init, out_shardings=shardings)
+        self._init_from = jax.jit(  # the source's weights: a fresh optimizer at step 0
+            lambda params: TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                      opt_state=self.optimizer.init(params)),
+            in_shardings=(shardings.params,), out_shardings=shardings)
         self.jitted_step = jax.jit(  # public for export, so its inputs' layouts are explicit
-            make_train_step(run.model, self.optimizer, remat=run.train.remat),
+            make_train_step(run.model, self.optimizer, remat=run.train.remat,
+                            grad_accum=run.train.grad_accum),
             in_shardings=(shardings, batch_sharding(self.mesh), None, None),
             out_shardings=(shardings, None), donate_argnums=0)
+        self._compiled_step: jax.stages.Compiled | None = None
+        self.memory: StepMemory | None = None
         self._eval_step = jax.jit(make_eval_step(run.model))
         self._key = jax.random.PRNGKey(run.train.seed + 1)
 
     def init_state(self) -> TrainState:
+        if self.source is not None:
+            params = self.source.load_params(self.run.model)
+            return self._init_from(jax.device_put(params, self.state_shardings.params))
         return self._init(jax.random.PRNGKey(self.run.train.seed))
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self.jitted_step(state, self.on_mesh.train_batch(batch),
-                                jax.random.fold_in(self._key, step),
-                                step_schedule(self.run, step))
+        args = (state, self.on_mesh.train_batch(batch), jax.random.fold_in(self._key, step),
+                step_schedule(self.run, step))
+        if self._compiled_step is None:  # compiled ahead of the first step, for its estimate
+            self._compiled_step = self.jitted_step.lower(*args).compile()
+            self.memory = step_memory(self._compiled_step, state)
+        return self._compiled_step(*args)
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ExitReport:
         return evaluate(self._eval_on_mesh, state.params, batches)

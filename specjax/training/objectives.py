@@ -16,6 +16,7 @@ from specjax.training.calm import ConfidenceClassifier
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
+from specjax.training.init_source import InitSource
 from specjax.training.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective
 from specjax.training.specdec import AcceptanceHeadObjective
@@ -25,8 +26,9 @@ HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (
     KangarooAdapter, AcceptanceHeadObjective, ConfidenceClassifier)}
 
 
-def make_objective(config: Mapping[str, Any]) -> Objective:
-    """The objective `config` describes, with its run config validated (and the base loaded)."""
+def make_objective(config: Mapping[str, Any], source: InitSource | None = None) -> Objective:
+    """The objective `config` describes, with its run config validated (and the base loaded);
+    `source`: the model a LayerSkip run starts from (`training.init_source.resolve_init`)."""
     heads = [name for name in HEADS if name in config]
     if not heads:
         if config.get("base_workdir"):
@@ -35,7 +37,7 @@ def make_objective(config: Mapping[str, Any]) -> Objective:
         teacher = dict(config.get("distill") or {}).get("teacher_workdir")
         if teacher:
             return Distill(parse_run_config(config), dict(config), load_base(teacher))
-        return LayerSkip(parse_run_config(config), dict(config))
+        return LayerSkip(parse_run_config(config), dict(config), source)
     if len(heads) > 1:
         raise ValueError(f"config: one head per run, got sections {heads}")
     head = HEADS[heads[0]]

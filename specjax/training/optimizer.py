@@ -25,7 +25,21 @@ def _decay_mask(params):
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    return optax.chain(
+    """AdamW on every parameter but the top-level groups `cfg.frozen` names, which never change
+    and hold no optimizer state (gradient clipping sees the trained parameters only)."""
+    adamw = optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
         optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2,
                     weight_decay=cfg.weight_decay, mask=_decay_mask))
+    if not cfg.frozen:
+        return adamw
+
+    def labels(params):
+        missing = sorted(set(cfg.frozen) - set(params))
+        if missing:
+            raise ValueError(f"train.frozen names {missing}, which this model does not have "
+                             f"(its groups: {sorted(params)})")
+        return {key: jax.tree.map(lambda _, key=key: "frozen" if key in cfg.frozen else "train",
+                                  value) for key, value in params.items()}
+
+    return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, labels)

@@ -48,21 +48,44 @@ def init_train_state(cfg: ModelConfig, optimizer: optax.GradientTransformation,
 
 
 def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
-                    remat: bool = False) -> Callable:
-    """Returns train_step(state, batch [B, T+1], key, schedule) -> (state, metrics)."""
+                    remat: str = "none", grad_accum: int = 1) -> Callable:
+    """Returns train_step(state, batch [B, T+1], key, schedule) -> (state, metrics).
+
+    `grad_accum` = k splits the batch into k micro-batches of B/k rows run one after another
+    (`lax.scan`), their gradients summed in float32: the same update as one batch of B (the
+    layer-dropout masks are drawn for the whole batch) with a k-th of the activations live."""
+
+    def loss_fn(params, inputs, targets, keep, schedule):
+        per_layer = run_layers(params, cfg, embed(params, cfg, inputs), keep=keep, remat=remat)
+        ce = exit_cross_entropies(params, cfg, per_layer, schedule.exit_layers, targets)
+        return jnp.sum(ce * schedule.exit_weights), ce
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulated(params, inputs, targets, keep, schedule):
+        """grad_fn's ((loss, exit_ce), grads) averaged over the micro-batches."""
+        def micro(x, axis):
+            shape = x.shape[:axis] + (grad_accum, x.shape[axis] // grad_accum) + x.shape[axis + 1:]
+            return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+        def body(totals, xs):
+            (loss, ce), grads = grad_fn(params, *xs, schedule)
+            update = (loss, ce, jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+            return jax.tree.map(jnp.add, totals, update), None
+
+        zeros = (jnp.zeros(()), jnp.zeros(schedule.exit_layers.shape),
+                 jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+        (loss, ce, grads), _ = jax.lax.scan(
+            body, zeros, (micro(inputs, 0), micro(targets, 0), micro(keep, 1)))
+        grads = jax.tree.map(lambda g, p: (g / grad_accum).astype(p.dtype), grads, params)
+        return (loss / grad_accum, ce / grad_accum), grads
 
     def train_step(state: TrainState, batch: jax.Array, key: jax.Array,
                    schedule: StepSchedule) -> tuple[TrainState, dict[str, jax.Array]]:
         inputs, targets = batch[:, :-1], batch[:, 1:]
-
-        def loss_fn(params):
-            keep = sample_keep_mask(key, schedule.drop_rates, inputs.shape[0])
-            per_layer = run_layers(params, cfg, embed(params, cfg, inputs), keep=keep,
-                                   remat=remat)
-            ce = exit_cross_entropies(params, cfg, per_layer, schedule.exit_layers, targets)
-            return jnp.sum(ce * schedule.exit_weights), ce
-
-        (loss, exit_ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        keep = sample_keep_mask(key, schedule.drop_rates, inputs.shape[0])
+        compute = grad_fn if grad_accum == 1 else accumulated
+        (loss, exit_ce), grads = compute(state.params, inputs, targets, keep, schedule)
         final_ce = exit_ce[jnp.argmax(schedule.exit_layers == cfg.num_layers)]
         metrics = {"loss": loss, "final_ce": final_ce, "exit_ce": exit_ce,
                    "grad_norm": optax.tree.norm(grads)}

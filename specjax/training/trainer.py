@@ -13,8 +13,9 @@ import contextlib
 import dataclasses
 import math
 import os
+import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
@@ -27,6 +28,8 @@ from specjax.data import BatchSampler, Corpus
 from specjax.entrypoint import SpecjaxError
 from specjax.processes import any_process, is_leader
 from specjax.sharding import with_shardings
+from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
+from specjax.training.init_source import resolve_init
 from specjax.training.interrupt import catch_interrupts
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.objective import Report
@@ -54,16 +57,22 @@ class TrainResult:
 
 
 class Trainer:
-    """Holds the compiled steps and the data of one run."""
+    """Holds the compiled steps and the data of one run. `explicit`: the dotted config fields
+    the user set on purpose (command-line overrides); with `init.source` a model field among
+    them must agree with the source (`training.init_source`)."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: str):
-        self.config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        self.objective = make_objective(self.config)
+    def __init__(self, config: Mapping[str, Any], workdir: str, explicit: Collection[str] = ()):
+        config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        if os.path.exists(workdir) and not os.path.isdir(workdir):
+            raise SpecjaxError(f"--workdir {workdir!r} is a file, not a directory")
+        self.config, source = resolve_init(config, explicit, workdir)
+        self.objective = make_objective(self.config, source)
         self.run = self.objective.run
         self.workdir = workdir
-        os.makedirs(workdir, exist_ok=True)
         train = self.run.train
-        self.corpus = Corpus.build(self.run.data)
+        self.tokenizer = self.run.data.make_tokenizer()
+        self.corpus = Corpus.build(self.run.data, self.tokenizer)
+        os.makedirs(workdir, exist_ok=True)  # only once every input has been read
         self.sampler = BatchSampler(self.corpus.train, train.batch_size, train.seed)
         self.eval_batches = self.corpus.validation_batches(train.batch_size, train.eval_batches)
         self.learning_rate = learning_rate_schedule(train)
@@ -119,8 +128,20 @@ class Trainer:
         step = int(state.step)
         self.checkpoints.save(step, state.params, state.opt_state, {
             "step": step, "data_position": data_position, "model": self.run.model.to_dict(),
-            "tokenizer": self.run.data.tokenizer, "objective": self.objective.name,
-            "config": _jsonable(self.objective.config), **self.objective.meta()})
+            "tokenizer": self._tokenizer_spec(), "objective": self.objective.name,
+            "config": _jsonable(self.objective.config), **self.objective.meta(),
+            **({"init": {"source": os.path.abspath(self.run.init.source)}}
+               if self.run.init.source else {})})
+
+    def _tokenizer_spec(self) -> str | dict:
+        """The checkpoint's record of the data's tokenizer; a tokenizer.json is copied into
+        the workdir first, so the workdir decodes text on its own."""
+        if not isinstance(self.tokenizer, HFTokenizer):
+            return self.tokenizer.name
+        copy = os.path.join(self.workdir, TOKENIZER_FILE)
+        if not os.path.isfile(copy) or not os.path.samefile(copy, self.tokenizer.path):
+            shutil.copyfile(self.tokenizer.path, copy)
+        return self.tokenizer.spec()
 
     def evaluate(self, state: TrainState) -> Report:
         report = self.objective.evaluate(state, self.eval_batches)
@@ -152,7 +173,7 @@ class Trainer:
             tqdm.write(f"process {jax.process_index()} of {jax.process_count()} reads rows "
                        f"{rows[0]}:{rows[1]} of each batch of {train.batch_size}")
         tokens_per_step = train.batch_size * self.run.data.seq_len
-        report, interrupted = None, False
+        report, interrupted, announced = None, False, False
         bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
                    dynamic_ncols=True, disable=not is_leader())
         with catch_interrupts() as interrupt:
@@ -160,6 +181,9 @@ class Trainer:
                 tick = time.perf_counter()
                 batch = self.sampler.batch(position, self.objective.batch_rows)
                 state, metrics = self.objective.train_step(state, batch, step)
+                if not announced and self.objective.memory is not None:
+                    tqdm.write(self.objective.memory.line())
+                    announced = True
                 position += train.batch_size
                 loss = float(metrics["loss"])
                 if not math.isfinite(loss):
@@ -198,9 +222,11 @@ class Trainer:
 
 
 def train_and_evaluate(config: Mapping[str, Any], workdir: str, *,
-                       stop_requested: Callable[[int], bool] | None = None) -> TrainResult:
-    """Trains (or resumes) the run described by `config` in `workdir`."""
-    return Trainer(config, workdir).fit(stop_requested)
+                       stop_requested: Callable[[int], bool] | None = None,
+                       explicit: Collection[str] = ()) -> TrainResult:
+    """Trains (or resumes) the run described by `config` in `workdir` (`explicit`: see
+    `Trainer`)."""
+    return Trainer(config, workdir, explicit).fit(stop_requested)
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,0 +1,136 @@
+"""The exit report of a workdir's model: per exit, held-out loss, top-1 accuracy and agreement
+with the last layer, and the predicted tau and speed-up of drafting K tokens from it (see
+`specjax/exit_report.py`; estimates, which infer/bench.py then measures). Works on a model
+trained here or freshly imported (the logit lens).
+
+    python infer/exits.py --workdir runs/tiny
+    python infer/exits.py --workdir runs/llama --texts_file heldout.jsonl \\
+        --output_json exits.json --plot exits.png
+"""
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+
+from absl import app, flags
+
+from specjax.decoding.cli import require_positive_flags, whole_numbers_flag
+from specjax.entrypoint import parse_flags, run_cli
+from specjax.exit_report import NUM_DRAFTS, model_exit_report
+from specjax.loading import load_model
+from specjax.tokenizer import get_tokenizer
+
+flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
+flags.DEFINE_string("texts_file", None, "Held-out text: a .jsonl file, one {\"text\": ...} per "
+                    "line, or any other file as one plain-text document (default: the "
+                    "validation documents of the workdir's data, else of the embedded corpus).")
+flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
+flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are predicted.")
+flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
+flags.DEFINE_integer("batch_size", 4, "Windows evaluated together.")
+flags.DEFINE_integer("context", 256, "Cached tokens behind the timed layers.")
+flags.DEFINE_integer("repeats", 7, "Timed repeats per layer cost (median is used).")
+flags.DEFINE_string("output_json", None, "Also write one record per exit here (JSON list).")
+flags.DEFINE_string("plot", None, "Also write agreement and predicted speed-up by exit here (PNG).")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    run_cli(run)
+
+
+def run() -> None:
+    require_positive_flags("max_tokens", "batch_size", "context", "repeats")
+    if FLAGS.seq_len is not None and FLAGS.seq_len < 1:
+        raise ValueError(f"--seq_len={FLAGS.seq_len} must be >= 1")
+    num_drafts = whole_numbers_flag("num_drafts", 1)
+    with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
+        texts = read_texts_file(FLAGS.texts_file) if FLAGS.texts_file else None
+        loaded = load_model(FLAGS.workdir)
+        tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
+        report = model_exit_report(
+            loaded.params, loaded.cfg, tokenizer, loaded.meta, texts, seq_len=FLAGS.seq_len,
+            max_tokens=FLAGS.max_tokens, num_drafts=num_drafts, batch_size=FLAGS.batch_size,
+            context=FLAGS.context, repeats=FLAGS.repeats)
+        print(report.table())
+        if json_path:
+            with open(json_path, "w", encoding="utf-8") as f:
+                json.dump(report.to_records(), f, indent=1)
+        if plot_path:
+            report.plot().savefig(plot_path, format="png", dpi=120)
+    for path in (FLAGS.output_json, FLAGS.plot):
+        if path:
+            print(f"wrote {path}")
+
+
+@contextlib.contextmanager
+def staged(path: str | None) -> Iterator[str | None]:
+    """A temporary file beside `path`, created before any work (a bad path fails at once) and
+    renamed onto `path` when the block completes; on failure it is removed and an existing
+    `path` is left as it was. None for no path."""
+    if path is None:
+        yield None
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"cannot write {path}: is a directory")
+    directory, name = os.path.split(os.path.abspath(path))
+    try:
+        handle, partial = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".partial")
+    except OSError as error:
+        raise ValueError(f"cannot write {path}: {error.strerror}") from None
+    os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(partial, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def read_texts_file(path: str) -> list[str]:
+    """Documents from a .jsonl (or .json) file, one {"text": ...} object per line, or any other
+    file as one plain-text document; a one-line error naming the file (and line) otherwise."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a file of texts")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    if not path.endswith((".jsonl", ".json")):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
+        if not text:
+            raise ValueError(f"{path}: empty")
+        return [text]
+    texts = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}:{number}: not UTF-8 text") from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{path}:{number}: expected an object with a string 'text'")
+        texts.append(record["text"])
+    if not texts:
+        raise ValueError(f"{path}: no texts")
+    return texts
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,364 @@
+"""The exit report: which exit E (and how many drafts K) a self-speculative decoder should use.
+
+The logit lens over held-out text: every exit e = 1..L is read by the shared head (final norm +
+unembedding), so it works on any model, trained here or freshly imported. Per exit it gives the
+held-out loss, top-1 accuracy and top-1 agreement with the last layer (`training/evaluate.py`'s
+evaluator), then predicts what drafting K tokens from that exit would give:
+
+- tau, the mean tokens per round, assuming each draft is accepted independently with
+  probability a = the exit's agreement (greedy acceptance): tau = (1 - a^(K+1)) / (1 - a);
+- the speed-up over plain decoding, tau * plain / round, from measured costs: c_kind(n), one
+  cached layer of each kind on n new tokens, and h(n), the head on n tokens (`measure_costs`).
+  Plain decoding costs sum_l c_l(1) + h(1) per token. A round drafts K tokens through layers
+  [0, E) and the head, then verification runs the last draft (which drafting never ran)
+  through [0, E) and all K + 1 positions through [E, L) and the head (`layerskip`'s reuse):
+  K * (sum_{l<E} c_l(1) + h(1)) + sum_{l<E} c_l(1) + sum_{l>=E} c_l(K+1) + h(K+1).
+
+Both predictions are estimates: acceptance is not i.i.d. (drafts fail in runs), and isolated
+layers timed on their own miss what the compiled decode loop shares or adds (accept, commit,
+sampling). `infer/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.data import DataConfig, load_documents, split_documents
+from specjax.decoding.timing import timed
+from specjax.decoding.tree import chain_layout
+from specjax.model import Params, allocate_cache, exit_logits, layer_params, run_layers_cached
+from specjax.nn.layer_kinds import LAYER_KINDS
+from specjax.tokenizer import Tokenizer
+from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCosts:
+    """Seconds, batch 1, on n new tokens: one cached layer of each kind (`layer[kind][n]`,
+    after `context` cached tokens) and the shared head (`head[n]`). Tests build it by hand;
+    `measure_costs` measures it."""
+
+    layer: Mapping[str, Mapping[int, float]]
+    head: Mapping[int, float]
+    context: int = 0
+
+    def plain(self, layer_kinds: Sequence[str]) -> float:
+        """Seconds per token of plain (autoregressive) decoding: every layer and the head on
+        one token."""
+        return sum(self.layer[kind][1] for kind in layer_kinds) + self.head[1]
+
+    def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
+        """Seconds of one self-speculative round drafting `num_draft` tokens from exit
+        `exit_layer` (see the module docstring)."""
+        shallow = sum(self.layer[kind][1] for kind in layer_kinds[:exit_layer])
+        deep = sum(self.layer[kind][num_draft + 1] for kind in layer_kinds[exit_layer:])
+        return (num_draft * (shallow + self.head[1]) + shallow + deep
+                + self.head[num_draft + 1])
+
+
+def predicted_tau(agreement: float, num_draft: int) -> float:
+    """Mean tokens per round of a chain of `num_draft` drafts, each accepted independently with
+    probability `agreement`: 1 + a + ... + a^K (the bonus token always counts)."""
+    if agreement >= 1.0:
+        return float(num_draft + 1)
+    return (1.0 - agreement ** (num_draft + 1)) / (1.0 - agreement)
+
+
+def predicted_speedup(agreement: float, costs: LayerCosts, layer_kinds: Sequence[str],
+                      exit_layer: int, num_draft: int) -> float:
+    """tau * (plain seconds per token) / (seconds per round): the estimated speed-up of
+    self-speculative decoding from `exit_layer` with `num_draft` drafts over plain decoding."""
+    return (predicted_tau(agreement, num_draft) * costs.plain(layer_kinds)
+            / costs.round(layer_kinds, exit_layer, num_draft))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftExitReport:
+    """Per-exit metrics on held-out text (`metrics`, index e-1 is exit e), the measured costs,
+    and the predicted tau and speed-up of each (exit, K) derived from them."""
+
+    metrics: ExitReport
+    costs: LayerCosts
+    layer_kinds: tuple[str, ...]
+    num_drafts: tuple[int, ...] = NUM_DRAFTS
+    seq_len: int = 0
+    source: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    def tau(self, exit_layer: int, num_draft: int) -> float:
+        return predicted_tau(self.metrics.agreement[exit_layer - 1], num_draft)
+
+    def speedup(self, exit_layer: int, num_draft: int) -> float:
+        return predicted_speedup(self.metrics.agreement[exit_layer - 1], self.costs,
+                                 self.layer_kinds, exit_layer, num_draft)
+
+    def best(self) -> tuple[int, int] | None:
+        """The (exit, K) with the highest predicted speed-up among the exits a drafter can use
+        (1..L-1); None for a one-layer model."""
+        pairs = [(e, k) for e in range(1, self.num_layers) for k in self.num_drafts]
+        return max(pairs, key=lambda pair: self.speedup(*pair)) if pairs else None
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One JSON-ready record per exit 1..L; tau and speed-up keyed by K as a string."""
+        return [{"exit": e, "loss": self.metrics.loss[e - 1],
+                 "accuracy": self.metrics.accuracy[e - 1],
+                 "agreement": self.metrics.agreement[e - 1],
+                 "tau": {str(k): self.tau(e, k) for k in self.num_drafts},
+                 "speedup": {str(k): self.speedup(e, k) for k in self.num_drafts}}
+                for e in range(1, self.num_layers + 1)]
+
+    def table(self) -> str:
+        drafts = "".join(f"{f'K={k}':>7}" for k in self.num_drafts)
+        lines = [f"{self.metrics.tokens} held-out tokens in windows of {self.seq_len}"
+                 + (f" ({self.source})" if self.source else ""),
+                 f"{'':>32}predicted speed-up with K drafts from the exit",
+                 f"{'exit':>4}{'loss':>8}{'top1 acc':>10}{'agree':>8}  {drafts}"]
+        for record in self.to_records():
+            speedups = "".join(f"{s:6.2f}x" for s in record["speedup"].values())
+            last = "  (last layer)" if record["exit"] == self.num_layers else ""
+            lines.append(f"{record['exit']:>4}{record['loss']:8.4f}{record['accuracy']:10.3f}"
+                         f"{record['agreement']:8.3f}  {speedups}{last}")
+        lines.append(self._costs_line())
+        best = self.best()
+        if best is not None:
+            e, k = best
+            verdict = ("best predicted" if self.speedup(e, k) > 1 else
+                       "no exit is predicted faster than plain decoding; the closest")
+            lines.append(f"{verdict}: exit {e} with {k} drafts, {self.speedup(e, k):.2f}x "
+                         f"(tau {self.tau(e, k):.2f}); measure it with infer/bench.py "
+                         f"--exit_layer={e} --num_draft={k}")
+        lines.append("estimates: i.i.d. acceptance at each exit's agreement, costs of isolated "
+                     "layers; infer/bench.py measures the real speed-up")
+        return "\n".join(lines)
+
+    def _costs_line(self) -> str:
+        first, last = 1, max(self.num_drafts) + 1
+
+        def span(by_size: Mapping[int, float]) -> str:
+            return f"{1e3 * by_size[first]:.3f} ms (1 token) / {1e3 * by_size[last]:.3f} ms " \
+                   f"({last} tokens)"
+
+        parts = [f"{kind} layer {span(self.costs.layer[kind])}"
+                 for kind in dict.fromkeys(self.layer_kinds)]
+        parts.append(f"head {span(self.costs.head)}")
+        return (f"costs (batch 1, {self.costs.context} cached tokens): " + "; ".join(parts)
+                + f"; plain decoding {1e3 * self.costs.plain(self.layer_kinds):.3f} ms/token")
+
+    def plot(self) -> Figure:
+        """Agreement (and top-1 accuracy) by exit, and the predicted speed-up by draft exit for
+        a few K (a figure of its own, no pyplot state: `savefig` renders it with Agg)."""
+        from matplotlib.figure import Figure  # only for plots: `import specjax` stays light
+
+        figure = Figure(figsize=(10, 4), layout="constrained")
+        quality, speed = figure.subplots(1, 2)
+        exits = list(range(1, self.num_layers + 1))
+        quality.plot(exits, self.metrics.agreement, "o-", label="agreement with last layer")
+        quality.plot(exits, self.metrics.accuracy, "s--", label="top-1 accuracy")
+        quality.set_xticks(exits)
+        quality.set_xlabel("exit (layers run)")
+        quality.set_ylim(0, 1.02)
+        quality.legend()
+        draft_exits = exits[:-1] or exits
+        shown = sorted({self.num_drafts[0], self.num_drafts[len(self.num_drafts) // 2],
+                        self.num_drafts[-1]})
+        for k in shown:
+            speed.plot(draft_exits, [self.speedup(e, k) for e in draft_exits], "o-",
+                       label=f"K={k}")
+        speed.axhline(1.0, color="grey", linewidth=0.8)
+        speed.set_xticks(draft_exits)
+        speed.set_xlabel("draft exit E")
+        speed.set_ylabel("predicted speed-up over plain decoding")
+        speed.legend()
+        figure.suptitle(f"exit report ({self.metrics.tokens} held-out tokens; estimates)")
+        return figure
+
+
+def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,
+                  max_tokens: int) -> np.ndarray:
+    """[N, seq_len + 1] int32: the texts encoded as [BOS] text [EOS], concatenated and cut into
+    consecutive windows (inputs window[:-1], targets window[1:]), at most max_tokens // seq_len
+    of them (so at most `max_tokens` predicted tokens); texts past those are not encoded."""
+    if seq_len < 1 or max_tokens < seq_len:
+        raise ValueError(f"seq_len={seq_len} must be >= 1 and max_tokens={max_tokens} at least "
+                         "one window of seq_len")
+    wanted = max_tokens // seq_len
+    parts, total = [], 0
+    for text in texts:
+        parts.append(np.asarray(tokenizer.encode(text, add_bos=True, add_eos=True), np.int32))
+        total += len(parts[-1])
+        if total >= wanted * (seq_len + 1):
+            break
+    count = min(wanted, total // (seq_len + 1))
+    if count == 0:
+        raise ValueError(f"the held-out text holds {total} tokens, too few for one window of "
+                         f"seq_len + 1 = {seq_len + 1} (give more text or a smaller seq_len)")
+    return np.concatenate(parts)[:count * (seq_len + 1)].reshape(count, seq_len + 1)
+
+
+def heldout_data(meta: Mapping[str, Any]) -> DataConfig:
+    """The data config of a checkpoint's run (`meta["config"]["data"]`), else the embedded
+    default corpus's. Its tokenizer field is not used (the model's own tokenizer is)."""
+    data = dict((meta.get("config") or {}).get("data") or {})
+    if "tokenizer" in data:
+        data["tokenizer"] = "bytes"  # an HF tokenizer file would be looked up relative to "."
+    return DataConfig.from_dict(data) if data else DataConfig()
+
+
+def heldout_texts(data: DataConfig) -> list[str]:
+    """The validation documents of `data`: text the run never trained on."""
+    _, validation = split_documents(load_documents(data), data.val_fraction)
+    return list(validation["text"])
+
+
+def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:
+    return dataclasses.replace(cfg, num_layers=1, layer_pattern=(kind,), exit_layers=None)
+
+
+def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
+                  context: int = 256, repeats: int = 7, inner: int = 8) -> LayerCosts:
+    """Times one layer of each kind in the model (its first) on n new tokens after `context`
+    cached ones, and the head on n tokens, for each n in `sizes`; batch 1, jitted, after a
+    warm-up call, the median of `repeats` calls each running the piece `inner` times in one
+    compiled loop (so per-call dispatch, which the decode loop does not pay per layer, is
+    amortised). The cache is donated and written in place, as in the decode loop."""
+    sizes = sorted(set(sizes) | {1})
+    layers = {kind: layer_params(params, cfg, cfg.layer_kinds.index(kind))
+              for kind in dict.fromkeys(cfg.layer_kinds)}
+    head = {k: params[k] for k in ("embed", "final_norm", "unembed") if k in params}
+
+    def seconds(run: Callable[..., Any], *args: Any) -> float:
+        state = list(args)
+
+        def call() -> None:
+            state[-1] = jax.block_until_ready(run(*state))[-1]
+
+        call()
+        return statistics.median(timed(call) for _ in range(repeats)) / inner
+
+    per_kind = {}
+    for kind, weights in layers.items():
+        one = _one_layer(cfg, kind)
+        run = _layer_loop(one, inner)
+        per_kind[kind] = {}
+        for n in sizes:
+            cache = allocate_cache(one, 1, context + n, window=n).prefilled(
+                jnp.asarray([context], jnp.int32))
+            hidden = jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model),
+                                       cfg.compute_dtype)
+            per_kind[kind][n] = seconds(run, {"layers": (weights,)}, hidden, cache)
+    run = _head_loop(cfg, inner)
+    head_seconds = {}
+    for n in sizes:
+        hidden = jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model), cfg.compute_dtype)
+        head_seconds[n] = seconds(run, head, hidden)
+    return LayerCosts(layer=per_kind, head=head_seconds, context=context)
+
+
+def _layer_loop(cfg: ModelConfig, inner: int) -> Callable:
+    """(params, hidden [1, n, D], cache) -> (hidden, cache): a one-layer model's cached pass
+    `inner` times, each on the previous output, at the same slots after the cache's length."""
+
+    @functools.partial(jax.jit, donate_argnums=2)
+    def run(params, hidden, cache):
+        layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
+
+        def body(_, carry):
+            return run_layers_cached(params, cfg, *carry, layout.slots,
+                                     positions=layout.positions, mask=layout.mask)
+
+        return jax.lax.fori_loop(0, inner, body, (hidden, cache))
+
+    return run
+
+
+def _head_loop(cfg: ModelConfig, inner: int) -> Callable:
+    """(head params, hidden [1, n, D]) -> (hidden,): the head `inner` times, each input scaled
+    by the previous logits' maximum (so no call can be skipped)."""
+
+    @jax.jit
+    def run(params, hidden):
+        def body(_, hidden):
+            logits = exit_logits(params, cfg, hidden)
+            return hidden * (1 + 1e-6 * jnp.max(logits)).astype(hidden.dtype)
+
+        return (jax.lax.fori_loop(0, inner, body, hidden),)
+
+    return run
+
+
+def stacked_layers(params: Params, cfg: ModelConfig) -> Params:
+    """The training layout (each kind's layers stacked under its key) of decoding params
+    (`model.unstack_layers`); stacked params are returned as they are."""
+    layers = params.get("layers")
+    if not isinstance(layers, (tuple, list)):
+        return params
+    out = {k: v for k, v in params.items() if k != "layers"}
+    for name in dict.fromkeys(cfg.layer_kinds):
+        members = [layers[i] for i, kind in enumerate(cfg.layer_kinds) if kind == name]
+        out[LAYER_KINDS[name].params_key] = jax.tree.map(lambda *w: jnp.stack(w), *members)
+    return out
+
+
+def exit_report(params: Params, cfg: ModelConfig, windows: np.ndarray, costs: LayerCosts, *,
+                num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
+                source: str = "") -> DraftExitReport:
+    """The report over `windows` [N, T+1] (`token_windows`), in batches of `batch_size`
+    windows (the windows past the last whole batch are left out, so one program compiles),
+    with `costs` (`measure_costs`, or fixed ones)."""
+    _check_drafts(num_drafts)
+    if len(windows) == 0:
+        raise ValueError("no held-out windows to evaluate")
+    batch = min(batch_size, len(windows))
+    batches = [windows[i:i + batch] for i in range(0, len(windows) // batch * batch, batch)]
+    metrics = evaluate(jax.jit(make_eval_step(cfg)), stacked_layers(params, cfg), batches)
+    return DraftExitReport(metrics, costs, cfg.layer_kinds, tuple(sorted(set(num_drafts))),
+                           windows.shape[1] - 1, source)
+
+
+def _check_drafts(num_drafts: Sequence[int]) -> None:
+    if not num_drafts or min(num_drafts) < 1:
+        raise ValueError(f"num_drafts={list(num_drafts)} must list draft counts >= 1")
+
+
+def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
+                      meta: Mapping[str, Any], texts: Sequence[str] | None = None, *,
+                      seq_len: int | None = None, max_tokens: int = 32768,
+                      num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
+                      context: int = 256, repeats: int = 7,
+                      costs: LayerCosts | None = None) -> DraftExitReport:
+    """The report of a loaded model (params in either layout, its checkpoint metadata `meta`)
+    over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
+    defaults to that data config's. Costs are measured (`measure_costs` with `context`,
+    `repeats`) unless given."""
+    _check_drafts(num_drafts)
+    data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
+    seq_len = data.seq_len if seq_len is None else seq_len
+    if texts is None:
+        texts = heldout_texts(data)
+        source = f"validation documents of the {data.source!r} data"
+    else:
+        texts = list(texts)
+        source = f"{len(texts)} given texts"
+    windows = token_windows(texts, tokenizer, seq_len, max_tokens)
+    if costs is None:
+        costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_drafts], context=context,
+                              repeats=repeats)
+    return exit_report(params, cfg, windows, costs, num_drafts=num_drafts,
+                       batch_size=batch_size, source=source)

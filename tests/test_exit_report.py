@@ -1,0 +1,208 @@
+"""The exit report (specjax/exit_report.py, infer/exits.py, LanguageModel.exit_report): per-exit
+metrics against direct forwards, its predictions against hand values, the CLI end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import datasets
+import jax
+import numpy as np
+import pytest
+
+import specjax
+from specjax.checkpoint import Checkpointer
+from specjax.config import ModelConfig, SsmConfig
+from specjax.data import DataConfig, load_documents, split_documents
+from specjax.exit_report import (
+    DraftExitReport,
+    LayerCosts,
+    exit_report,
+    measure_costs,
+    model_exit_report,
+    predicted_speedup,
+    predicted_tau,
+)
+from specjax.model import embed, exit_logits, init_params, run_layers
+from specjax.tokenizer import ByteTokenizer
+from specjax.training.evaluate import ExitReport
+from tests.conftest import TINY_MODEL, damped_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)  # shallow exits agree part of the time
+# Distinct made-up seconds per token count: a cost read at the wrong count changes the result.
+COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1, 10)},
+                          "mamba2": {n: 1.0 + 0.125 * (n - 1) for n in range(1, 10)}},
+                   head={n: 0.5 + 0.1 * (n - 1) for n in range(1, 10)})
+
+
+def test_per_exit_loss_accuracy_and_agreement_match_direct_forwards():
+    """Each record against exit e computed directly (embed, layers [0, e), head, argmax).
+    Catches agreement measured against the targets instead of the last layer, and a record
+    reading the metrics of the neighbouring exit (off by one)."""
+    windows = np.random.default_rng(0).integers(0, 256, (6, 17)).astype(np.int32)
+    records = exit_report(PARAMS, CFG, windows, COSTS, batch_size=2).to_records()
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    hidden = embed(PARAMS, CFG, inputs)
+    logits = [np.asarray(exit_logits(PARAMS, CFG, run_layers(PARAMS, CFG, hidden,
+                                                             layers=(0, e))[-1]), np.float64)
+              for e in range(1, CFG.num_layers + 1)]
+    last = logits[-1].argmax(-1)
+    assert [r["exit"] for r in records] == [1, 2, 3, 4]
+    for record, exit_logit in zip(records, logits, strict=True):
+        log_probs = exit_logit - np.log(np.exp(exit_logit).sum(-1, keepdims=True))
+        loss = -np.take_along_axis(log_probs, targets[..., None], -1).mean()
+        assert record["loss"] == pytest.approx(loss, rel=1e-5)
+        assert record["accuracy"] == pytest.approx(np.mean(exit_logit.argmax(-1) == targets))
+        assert record["agreement"] == pytest.approx(np.mean(exit_logit.argmax(-1) == last))
+    agreements = [r["agreement"] for r in records]
+    assert 0 < agreements[0] < agreements[2] < 1 == agreements[-1]  # the test has teeth
+
+
+def test_tau_is_the_iid_chain_expectation():
+    """tau = 1 + a + ... + a^K. Catches a^K for a^(K+1) (the bonus token left out) and a
+    division by zero at a = 1."""
+    assert predicted_tau(0.5, 2) == pytest.approx(1.75)
+    assert predicted_tau(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert predicted_tau(0.0, 5) == 1.0
+    assert predicted_tau(1.0, 3) == 4.0
+
+
+def test_speedup_from_fixed_costs_matches_a_hand_computation():
+    """A hybrid model (mamba2, attention, mamba2, mamba2), exit 2, K=3, agreement 0.5 at exit
+    2. Catches verification costed at K tokens instead of K+1, a layer costed by another
+    kind's time, the last draft's pass through layers [0, E) left out, and the report reading
+    the agreement of another exit."""
+    kinds = ("mamba2", "attention", "mamba2", "mamba2")
+    plain = 1.0 + 2.0 + 1.0 + 1.0 + 0.5                    # every layer's c(1) + h(1)
+    shallow = 1.0 + 2.0                                    # layers 0, 1 on one token
+    verify = 2 * (1.0 + 0.125 * 3) + (0.5 + 0.1 * 3)       # layers 2, 3 and the head on 4
+    round_seconds = 3 * (shallow + 0.5) + shallow + verify  # 3 drafts, the last one's [0, E)
+    expected = (1 + 0.5 + 0.25 + 0.125) * plain / round_seconds
+    assert predicted_speedup(0.5, COSTS, kinds, 2, 3) == pytest.approx(expected)
+    metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
+                         agreement=(0.3, 0.5, 0.7, 1.0), tokens=100)
+    report = DraftExitReport(metrics, COSTS, kinds, num_drafts=(2, 3))
+    record = report.to_records()[1]
+    assert record["exit"] == 2 and record["agreement"] == 0.5
+    assert record["tau"] == {"2": pytest.approx(1.75), "3": pytest.approx(1.875)}
+    assert record["speedup"]["3"] == pytest.approx(expected)
+
+
+def test_costs_are_measured_for_every_layer_kind_and_token_count():
+    """A hybrid model's layers of both kinds and its head, each timed at every count. Catches a
+    kind left unmeasured (its layers could then not be costed) and a failing cached pass of
+    one layer of a kind on its own."""
+    ssm = SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8)
+    cfg = ModelConfig(**{**TINY_MODEL, "ssm": ssm,
+                         "layer_pattern": ("mamba2", "attention", "mamba2", "mamba2")})
+    params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.PRNGKey(1))  # 3 s eager
+    costs = measure_costs(params, cfg, [3], context=16, repeats=1, inner=2)
+    assert set(costs.layer) == {"attention", "mamba2"}
+    for by_size in (*costs.layer.values(), costs.head):
+        assert set(by_size) == {1, 3} and min(by_size.values()) > 0
+
+
+def test_default_text_is_the_runs_validation_split(tmp_path, monkeypatch):
+    """Without texts, the report reads the validation documents of the checkpoint's data (and
+    its seq_len), else the embedded corpus's. Catches training documents evaluated as
+    held-out text and a saved data section ignored."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 3})
+                              + "\n" for i in range(24)))
+    data = {"source": "files", "files": [str(corpus)], "val_fraction": 0.3, "seq_len": 16}
+    meta = {"config": {"data": data}}
+    train, validation = split_documents(load_documents(DataConfig.from_dict(data)), 0.3)
+    tokenizer = ByteTokenizer()
+    report = model_exit_report(PARAMS, CFG, tokenizer, meta, max_tokens=256, costs=COSTS)
+    held_out = model_exit_report(PARAMS, CFG, tokenizer, meta, list(validation["text"]),
+                                 max_tokens=256, costs=COSTS)
+    trained = model_exit_report(PARAMS, CFG, tokenizer, meta, list(train["text"]),
+                                max_tokens=256, costs=COSTS)
+    assert report.seq_len == 16 and report.metrics == held_out.metrics != trained.metrics
+    seen, many = [], datasets.Dataset.from_dict({"key": [f"doc{i}" for i in range(200)],
+                                                  "text": ["x = 1\n" * 20] * 200})
+    monkeypatch.setattr("specjax.exit_report.load_documents",
+                        lambda cfg: seen.append(cfg) or many)
+    model_exit_report(PARAMS, CFG, tokenizer, {}, seq_len=16, max_tokens=64, costs=COSTS)
+    assert seen == [DataConfig()]  # the embedded corpus, as a freshly imported model has no data
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """An imported-style workdir (weights only, step 0, no training sections), a JSONL of
+    held-out texts, and the CLI's run on them."""
+    root = tmp_path_factory.mktemp("exits")
+    workdir = str(root / "workdir")
+    checkpoints = Checkpointer(workdir)
+    checkpoints.save(0, PARAMS, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
+                                       "tokenizer": "bytes"})
+    checkpoints.close()
+    with open(os.path.join(ROOT, "specjax", "cache.py"), encoding="utf-8") as f:
+        texts = [part for part in f.read().split("\n\n") if part.strip()]
+    texts_file = root / "texts.jsonl"
+    texts_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out, plot = root / "exits.json", root / "exits.png"
+    result = _run("--workdir", workdir, "--texts_file", str(texts_file), "--seq_len", "32",
+                  "--max_tokens", "512", "--context", "64", "--repeats", "2",
+                  "--output_json", str(out), "--plot", str(plot))
+    return {"workdir": workdir, "texts": texts, "root": root, "result": result, "json": out,
+            "plot": plot}
+
+
+def _run(*args):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "infer", "exits.py"), *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported):
+    """infer/exits.py on an imported checkpoint (no training metadata): the table, a JSON list
+    of one record per exit (K = 2..8), a PNG, no temporary files left. Catches a report that
+    needs a trained run's metadata, outputs left unrenamed and a plot never written."""
+    result = imported["result"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = json.loads(imported["json"].read_text())
+    assert [r["exit"] for r in records] == [1, 2, 3, 4]
+    assert all(0 <= r["agreement"] <= 1 for r in records) and records[-1]["agreement"] == 1
+    assert all(list(r["tau"]) == list(r["speedup"]) == [str(k) for k in range(2, 9)]
+               for r in records)
+    assert imported["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(last layer)" in result.stdout and "infer/bench.py --exit_layer=" in result.stdout
+    assert "512 held-out tokens in windows of 32" in result.stdout
+    assert not list(imported["root"].glob(".*partial"))
+
+
+def test_cli_bad_input_is_one_line_and_keeps_an_existing_output(imported, tmp_path):
+    """Too little text for one window, a missing workdir, a texts file that is a directory:
+    exit status 1, one `error:` line, no traceback; the failed run leaves an existing JSON
+    output as it was. Catches a traceback, and an output truncated before the work succeeded
+    (or its temporary file left behind)."""
+    short, out = tmp_path / "short.txt", tmp_path / "old.json"
+    short.write_text("x = 1\n")
+    out.write_text("old")
+    for args, message in (
+            (["--workdir", imported["workdir"], "--texts_file", str(short), "--seq_len", "64",
+              "--output_json", str(out)], "too few for one window of seq_len + 1 = 65"),
+            (["--workdir", str(tmp_path / "none"), "--texts_file", str(short)],
+             "no checkpoints in"),
+            (["--workdir", imported["workdir"], "--texts_file", str(tmp_path)],
+             "is a directory")):
+        result = _run(*args)
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert out.read_text() == "old" and not list(tmp_path.glob(".*partial"))
+
+
+def test_api_reports_the_agreement_the_cli_wrote(imported):
+    """`specjax.load(workdir).exit_report(texts)` gives the CLI's per-exit agreement and loss.
+    Catches the API evaluating other params (its decoding layout restacked wrongly) or other
+    windows."""
+    cli = json.loads(imported["json"].read_text())
+    report = specjax.load(imported["workdir"]).exit_report(imported["texts"], seq_len=32,
+                                                           max_tokens=512, costs=COSTS)
+    records = report.to_records()
+    assert [r["agreement"] for r in records] == [r["agreement"] for r in cli]
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in cli], rel=1e-6)

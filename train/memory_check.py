@@ -1,0 +1,70 @@
+"""The train step's memory: the estimate training prints at start-up against the device's
+measured peak.
+
+    python train/memory_check.py --config configs/tiny_code.py:gpu1b \\
+        --config.train.grad_accum=4 --config.train.remat=full [--steps 3] [--output_json F]
+
+Runs a few steps of the run's own LayerSkip train step (its compiled program, state and data,
+nothing saved) and prints the estimate (`training.memory`: the state counted from its shapes,
+XLA's buffer assignment for the step) beside the peak bytes the device had in use
+(`Device.memory_stats`: GPUs and TPUs report it; a CPU does not, and then only the estimate is
+printed).
+"""
+
+import json
+import time
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from specjax.data import BatchSampler, Corpus
+from specjax.entrypoint import parse_flags, run_cli
+from specjax.training.memory import GIB
+from specjax.training.objective import LayerSkip
+from specjax.training.objectives import make_objective
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
+_STEPS = flags.DEFINE_integer("steps", 3, "Train steps to run.")
+_OUTPUT = flags.DEFINE_string("output_json", None, "Write the figures here as JSON.")
+flags.mark_flags_as_required(["config"])
+
+
+def check(config, steps: int) -> dict:
+    objective = make_objective(config.to_dict())
+    if not isinstance(objective, LayerSkip):
+        raise ValueError("memory_check runs the LayerSkip train step; give a model config")
+    run = objective.run
+    sampler = BatchSampler(Corpus.build(run.data).train, run.train.batch_size, run.train.seed)
+    state = objective.init_state()
+    tick = time.perf_counter()
+    for step in range(steps):
+        state, metrics = objective.train_step(state, sampler.batch(step * run.train.batch_size),
+                                              step)
+        float(metrics["loss"])
+    seconds = (time.perf_counter() - tick) / steps
+    estimate = objective.memory
+    stats = jax.devices()[0].memory_stats() or {}
+    measured = stats.get("peak_bytes_in_use")
+    record = {"device": jax.devices()[0].device_kind, "grad_accum": run.train.grad_accum,
+              "remat": run.train.remat, "param_dtype": run.model.param_dtype,
+              "dtype": run.model.dtype, "batch_size": run.train.batch_size,
+              "seq_len": run.data.seq_len, "estimate": estimate.to_dict() if estimate else None,
+              "measured_peak": measured, "seconds_per_step": seconds}
+    print(estimate.line() if estimate else "no estimate: the backend reports no memory analysis")
+    if measured is not None and estimate is not None:
+        print(f"measured peak in use: {measured / GIB:.2f} GiB = {measured / estimate.peak:.3f}x "
+              f"the estimate ({seconds:.2f} s/step)")
+    return record
+
+
+def main(argv):
+    del argv
+    record = run_cli(lambda: check(_CONFIG.value, _STEPS.value))
+    if _OUTPUT.value:
+        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

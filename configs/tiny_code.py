@@ -20,6 +20,20 @@ twice; Bamba-style layers with an MLP each), the default's width, exits and trai
 Variant `mamba2`: eight Mamba-2 layers without MLPs (Mamba2ForCausalLM's layout, expand 2).
     python train/train.py --config configs/tiny_code.py:mamba2 --workdir runs/mamba2
 
+Variant `standin`: a stand-in for a public checkpoint (the recipe in the README): a plain 12-layer
+Llama (13.5M parameters, 54 MB in float32: more than a CPU's last-level cache, as every real
+checkpoint is) on a 2,048-id BPE tokenizer, trained without LayerSkip (loss at the last exit,
+no layer dropout), then exported to Hugging Face format.
+    python train/tokenizer.py --config configs/tiny_code.py --vocab_size 2048 --output_dir runs/bpe
+    python train/train.py --config configs/tiny_code.py:standin --workdir runs/standin
+    python infer/convert.py --to_hf --workdir runs/standin --hf_dir runs/standin_hf
+
+Variant `continual`: LayerSkip continual pretraining of --config.init.source (a Hugging Face
+directory or a workdir): the source's model and tokenizer, early exits 1 and 2 supervised
+beside the last, their loss warmed up over the first 50 steps.
+    python train/train.py --config configs/tiny_code.py:continual \
+        --config.init.source=runs/standin_hf --workdir runs/continual
+
 Variant `gpu1b`: a 1.0B-parameter Llama (22 layers of width 2048, GQA 16:8) in bfloat16 for one
 GPU: the train step's model-FLOPs utilisation, then a short run whose early exits draft.
     python train/step_bench.py --config configs/tiny_code.py:gpu1b
@@ -28,7 +42,7 @@ GPU: the train step's model-FLOPs utilisation, then a short run whose early exit
 
 import ml_collections
 
-VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2", "gpu1b")
+VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -93,6 +107,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.train.update(batch_size=16, total_steps=600, learning_rate=3e-4, warmup_steps=60,
                             eval_every=200, save_every=200, log_every=20)
         config.decoding.update(exit_layer=4)
+    if variant == "standin":
+        config.model.update(vocab_size=2048, d_model=320, num_layers=12, num_heads=5,
+                            num_kv_heads=1, mlp_dim=864, exit_layers=(12,))
+        config.data.update(tokenizer="runs/bpe", seq_len=512)
+        config.train.update(batch_size=32, total_steps=1000, learning_rate=1e-3,
+                            warmup_steps=100, eval_every=250, save_every=250, log_every=50)
+    if variant == "continual":
+        config.data.update(seq_len=512)
+        config.train.update(batch_size=32, total_steps=500, learning_rate=5e-4,
+                            warmup_steps=50, eval_every=250, save_every=250, log_every=50)
+        config.layerskip.update(e_scale_warmup=50)
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

@@ -15,8 +15,8 @@ flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or
                     "--to_hf).")
 flags.DEFINE_string("workdir", None, "specjax workdir (written, or read with --to_hf).")
 flags.DEFINE_bool("to_hf", False, "Export the workdir's latest weights to --hf_dir.")
-flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Import: parameter and compute dtype "
-                  "(default: the checkpoint's).")
+flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Parameter and compute dtype of the "
+                  "imported model, or of the exported weights (default: the checkpoint's).")
 flags.DEFINE_float("max_shard_gb", 4.0, "Export: largest safetensors shard.")
 flags.DEFINE_bool("overwrite", False, "Export: replace a non-empty --hf_dir (never mixed: the new "
                   "checkpoint is written beside it and swapped in).")
@@ -31,7 +31,7 @@ def main(argv):
     if FLAGS.to_hf:
         files = run_cli(lambda: export_checkpoint(
             FLAGS.workdir, FLAGS.hf_dir, max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
-            overwrite=FLAGS.overwrite))
+            overwrite=FLAGS.overwrite, dtype=FLAGS.dtype))
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
     else:
         cfg = run_cli(lambda: import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,

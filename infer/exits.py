@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from absl import app, flags
 
+from specjax.data import DataConfig, iter_documents
 from specjax.decoding.cli import require_positive_flags, whole_numbers_flag
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.exit_report import NUM_DRAFTS, model_exit_report
@@ -24,8 +25,9 @@ from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
 flags.DEFINE_string("texts_file", None, "Held-out text: a .jsonl file, one {\"text\": ...} per "
-                    "line, or any other file as one plain-text document (default: the "
-                    "validation documents of the workdir's data, else of the embedded corpus).")
+                    "line, a .parquet file (column text), or any other file as one plain-text "
+                    "document (default: the validation documents of the workdir's data, else "
+                    "of the embedded corpus).")
 flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
 flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are predicted.")
 flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
@@ -95,41 +97,9 @@ def staged(path: str | None) -> Iterator[str | None]:
 
 
 def read_texts_file(path: str) -> list[str]:
-    """Documents from a .jsonl (or .json) file, one {"text": ...} object per line, or any other
-    file as one plain-text document; a one-line error naming the file (and line) otherwise."""
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, not a file of texts")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror}") from None
-    if not path.endswith((".jsonl", ".json")):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not UTF-8 text") from None
-        if not text:
-            raise ValueError(f"{path}: empty")
-        return [text]
-    texts = []
-    for number, line in enumerate(raw.split(b"\n"), 1):
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}:{number}: not UTF-8 text") from None
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"{path}:{number}: expected an object with a string 'text'")
-        texts.append(record["text"])
-    if not texts:
-        raise ValueError(f"{path}: no texts")
-    return texts
+    """The documents of a data file (.jsonl/.json rows with "text", .parquet, or plain text:
+    `specjax.data`'s readers, with their one-line errors)."""
+    return [text for _, text in iter_documents(DataConfig(source="files", files=(path,)))]
 
 
 if __name__ == "__main__":

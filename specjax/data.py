@@ -135,6 +135,8 @@ def data_files(cfg: DataConfig) -> list[str]:
     a pattern that matches nothing, a missing or an empty file is a one-line error."""
     found = []
     for pattern in cfg.files:
+        if os.path.isdir(pattern):
+            raise ValueError(f"data file {pattern!r} is a directory (give files or a glob)")
         matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [
             pattern]
         matches = [m for m in matches if not os.path.isdir(m)]

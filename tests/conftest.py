@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import importlib.util
 import os
+import tempfile
 
 import jax
 import pytest
@@ -20,6 +21,10 @@ from specjax.model import init_params, unstack_layers
 CHEAP_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                  "--xla_cpu_use_fusion_emitters=false")
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CHEAP_COMPILE}".strip()
+# Tokenized corpora go to a cache of the tests' own (keyed by content, so shared by the workers
+# and by later runs), never to the user's ~/.cache; the CLI subprocesses inherit it.
+os.environ.setdefault("SPECJAX_CACHE", os.path.join(tempfile.gettempdir(),
+                                                    f"specjax-test-cache-{os.getuid()}"))
 
 TINY_MODEL = dict(vocab_size=259, d_model=32, num_layers=4, num_heads=4, num_kv_heads=2,
                   mlp_dim=64)

@@ -132,8 +132,12 @@ def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert "checkpoint of step 6" in capsys.readouterr().err
 
 
-def test_train_step_exports_for_tpu_and_cuda(tiny_cfg):
-    run = parse_run_config(tiny_run())
+@pytest.mark.parametrize("options", [{}, {"grad_accum": 2, "remat": "dots"}],
+                         ids=["plain", "accumulated-remat"])
+def test_train_step_exports_for_tpu_and_cuda(tiny_cfg, options):
+    """Catches a step (plain, or with accumulation, rematerialisation and frozen groups) that
+    cannot be lowered for TPU or GPU from a CPU machine."""
+    run = parse_run_config(tiny_run(train=dict(frozen="embed") if options else {}))
     optimizer = make_optimizer(run.train)
     state = jax.eval_shape(lambda: init_train_state(tiny_cfg, optimizer, jax.random.PRNGKey(0)))
     batch = jax.ShapeDtypeStruct((4, 33), jnp.int32)
@@ -141,7 +145,7 @@ def test_train_step_exports_for_tpu_and_cuda(tiny_cfg):
     schedule = StepSchedule(drop_rates=jax.ShapeDtypeStruct((4,), jnp.float32),
                             exit_layers=jax.ShapeDtypeStruct((3,), jnp.int32),
                             exit_weights=jax.ShapeDtypeStruct((3,), jnp.float32))
-    step = jax.jit(make_train_step(tiny_cfg, optimizer))
+    step = jax.jit(make_train_step(tiny_cfg, optimizer, **options))
     exported = jax.export.export(step, platforms=("tpu", "cuda"))(state, batch, key, schedule)
     assert exported.platforms == ("tpu", "cuda")
     assert len(exported.in_avals) == len(jax.tree.leaves((state, batch, key, schedule)))

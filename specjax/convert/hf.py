@@ -10,6 +10,8 @@ import sys
 import tempfile
 from typing import Any
 
+import jax
+
 from specjax.checkpoint import Checkpointer, load_params
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.convert.hf_config import (
@@ -53,17 +55,21 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
 
 
 def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2**30,
-                      overwrite: bool = False) -> list[str]:
+                      overwrite: bool = False, dtype: str | None = None) -> list[str]:
     """Writes the workdir's latest weights as an HF checkpoint (config.json + safetensors, and the
-    tokenizer); returns the files written. A non-empty `hf_dir` is refused unless `overwrite`,
-    and then replaced whole: the new checkpoint is written beside it and swapped in, so the
-    directory never holds a mix of old and new files."""
+    tokenizer), in `dtype` if given (e.g. the bfloat16 of a run with a float32 master copy);
+    returns the files written. A non-empty `hf_dir` is refused unless `overwrite`, and then
+    replaced whole: the new checkpoint is written beside it and swapped in, so the directory
+    never holds a mix of old and new files."""
     if os.path.isdir(hf_dir) and os.listdir(hf_dir) and not overwrite:
         raise ConversionError(f"{hf_dir!r} exists and is not empty; pass --overwrite to replace "
                               "it (its files are removed)")
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir!r} exists and is not a directory")
     params, cfg, meta = load_params(workdir)
+    if dtype is not None:
+        cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+        params = jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
     export_architecture(cfg)  # a model no HF architecture computes fails before any file
     parent = os.path.dirname(os.path.abspath(hf_dir))
     os.makedirs(parent, exist_ok=True)

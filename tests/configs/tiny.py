@@ -1,4 +1,5 @@
-"""The tests' tiny run as a config file, for the command-line entry points."""
+"""The tests' tiny run as a config file, for the command-line entry points (every field a test
+overrides on the command line must exist here)."""
 
 import ml_collections
 
@@ -6,4 +7,7 @@ from tests.conftest import TINY_RUN
 
 
 def get_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(TINY_RUN)
+    config = ml_collections.ConfigDict(TINY_RUN)
+    config.data.tokenizer = "bytes"
+    config.init = ml_collections.ConfigDict(dict(source=""))
+    return config

@@ -1,0 +1,73 @@
+"""Trains a byte-level BPE tokenizer.json (Hugging Face `tokenizers`) on a config's training
+documents, as a model of your own would ship one.
+
+    python train/tokenizer.py --config configs/tiny_code.py --vocab_size 4096 \\
+        --output_dir runs/bpe
+
+Only the training split is read (the validation documents stay unseen). Ids 0 and 1 are the
+special tokens <s> (BOS) and </s> (EOS); a tokenizer_config.json beside tokenizer.json names
+them, so `data.tokenizer=runs/bpe` finds them as it does in a Hugging Face checkpoint. Writes
+into a new (or empty) --output_dir only.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+from absl import app, flags
+from ml_collections import config_flags
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from specjax.data import DataConfig, is_validation_key, iter_documents
+from specjax.entrypoint import parse_flags, run_cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section "
+                                          "names the documents.")
+_VOCAB = flags.DEFINE_integer("vocab_size", 4096, "Ids in the tokenizer, the two special "
+                              "tokens included (>= 258: every byte has one).", lower_bound=258)
+_OUTPUT = flags.DEFINE_string("output_dir", None, "New or empty folder for tokenizer.json and "
+                              "tokenizer_config.json.")
+flags.mark_flags_as_required(["config", "output_dir"])
+
+SPECIAL = ("<s>", "</s>")
+
+
+def train_tokenizer(data: DataConfig, vocab_size: int, output_dir: str) -> int:
+    """Writes the tokenizer into `output_dir` (made whole in a temporary folder beside it,
+    then renamed); returns its vocabulary size."""
+    if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
+        raise ValueError(f"--output_dir {output_dir!r} exists and is not an empty folder")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = (text for key, text in iter_documents(data)
+             if not is_validation_key(key, data.val_fraction))
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
+    try:
+        bpe.save(os.path.join(staging, "tokenizer.json"))
+        with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"bos_token": SPECIAL[0], "eos_token": SPECIAL[1]}, f)
+        os.chmod(staging, 0o755)
+        if os.path.isdir(output_dir):
+            os.rmdir(output_dir)
+        os.rename(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return bpe.get_vocab_size()
+
+
+def main(argv):
+    del argv
+    data = run_cli(lambda: DataConfig.from_dict(_CONFIG.value.data))
+    size = run_cli(lambda: train_tokenizer(data, _VOCAB.value, _OUTPUT.value))
+    print(f"wrote a {size}-id byte-level BPE tokenizer to {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

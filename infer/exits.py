@@ -8,11 +8,7 @@ trained here or freshly imported (the logit lens).
         --output_json exits.json --plot exits.png
 """
 
-import contextlib
 import json
-import os
-import tempfile
-from collections.abc import Iterator
 
 from absl import app, flags
 
@@ -21,6 +17,7 @@ from specjax.decoding.cli import require_positive_flags, whole_numbers_flag
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.exit_report import NUM_DRAFTS, model_exit_report
 from specjax.loading import load_model
+from specjax.outputs import staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
@@ -67,33 +64,6 @@ def run() -> None:
     for path in (FLAGS.output_json, FLAGS.plot):
         if path:
             print(f"wrote {path}")
-
-
-@contextlib.contextmanager
-def staged(path: str | None) -> Iterator[str | None]:
-    """A temporary file beside `path`, created before any work (a bad path fails at once) and
-    renamed onto `path` when the block completes; on failure it is removed and an existing
-    `path` is left as it was. None for no path."""
-    if path is None:
-        yield None
-        return
-    if os.path.isdir(path):
-        raise ValueError(f"cannot write {path}: is a directory")
-    directory, name = os.path.split(os.path.abspath(path))
-    try:
-        handle, partial = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".partial")
-    except OSError as error:
-        raise ValueError(f"cannot write {path}: {error.strerror}") from None
-    os.close(handle)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(partial, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-    try:
-        yield partial
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
 
 
 def read_texts_file(path: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Continual training of an existing model (`init.source`), and what real sizes need: gradient
 accumulation, bf16 compute on an fp32 master copy, frozen groups, the memory estimate."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -227,3 +228,18 @@ def test_the_memory_estimate_counts_the_state_exactly(tmp_path):
     assert memory.arguments >= memory.params + memory.optimizer
     assert memory.peak == memory.arguments + memory.outputs + memory.temporaries
     assert "peak about" in memory.line()
+
+
+def test_memory_check_prints_the_estimate(tmp_path):
+    """Catches the memory check's command failing (on a CPU it prints the estimate alone: the
+    CPU reports no peak) or writing no record."""
+    out = tmp_path / "memory.json"
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train", "memory_check.py"), "--config",
+         os.path.join(ROOT, "tests", "configs", "tiny.py"), "--steps=1",
+         "--config.train.grad_accum=2", f"--output_json={out}"],
+        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "memory per device (estimate)" in result.stdout
+    record = json.loads(out.read_text())
+    assert record["grad_accum"] == 2 and record["estimate"]["peak"] > 0

@@ -152,3 +152,18 @@ def test_bad_data_files_are_one_line_errors(tmp_path, files, message):
         D.Corpus.build(cfg, load_tokenizer("bytes"))
     assert not os.path.exists(tmp_path / "cache" / "tokens") or not os.listdir(
         tmp_path / "cache" / "tokens")
+
+
+def test_the_data_bench_runs(tmp_path):
+    """Catches the data bench's command failing (it is the docs' tokenization figure)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, os.path.join(root, "train", "data_bench.py"), "--config",
+         os.path.join(root, "tests", "configs", "tiny.py"), "--repeats=1",
+         "--config.data.max_documents=20"], env={**os.environ, "PYTHONPATH": root},
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "x of encode_batch alone" in result.stdout and "read in" in result.stdout

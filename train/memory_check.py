@@ -18,11 +18,10 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.data import BatchSampler, Corpus
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.outputs import staged
 from specjax.training.memory import GIB
-from specjax.training.objective import LayerSkip
-from specjax.training.objectives import make_objective
+from specjax.training.objectives import layerskip_with_data
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _STEPS = flags.DEFINE_integer("steps", 3, "Train steps to run.")
@@ -31,11 +30,8 @@ flags.mark_flags_as_required(["config"])
 
 
 def check(config, steps: int) -> dict:
-    objective = make_objective(config.to_dict())
-    if not isinstance(objective, LayerSkip):
-        raise ValueError("memory_check runs the LayerSkip train step; give a model config")
+    objective, sampler = layerskip_with_data(config.to_dict(), "memory_check")
     run = objective.run
-    sampler = BatchSampler(Corpus.build(run.data).train, run.train.batch_size, run.train.seed)
     state = objective.init_state()
     tick = time.perf_counter()
     for step in range(steps):
@@ -60,10 +56,15 @@ def check(config, steps: int) -> dict:
 
 def main(argv):
     del argv
-    record = run_cli(lambda: check(_CONFIG.value, _STEPS.value))
-    if _OUTPUT.value:
-        with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
+
+    def body() -> None:
+        with staged(_OUTPUT.value) as path:
+            record = check(_CONFIG.value, _STEPS.value)
+            if path:
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(record, f, indent=1)
+
+    run_cli(body)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,11 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.data import BatchSampler, Corpus
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.sharding import place_batch
 from specjax.training.flops import train_flops_per_token
-from specjax.training.objective import LayerSkip, step_schedule
-from specjax.training.objectives import make_objective
+from specjax.training.objective import step_schedule
+from specjax.training.objectives import layerskip_with_data
 from specjax.training.train_step import make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
@@ -48,11 +47,8 @@ def peak_tflops(device: jax.Device) -> float | None:
 
 
 def bench(config, steps: int, peak: float | None) -> dict:
-    objective = make_objective(config.to_dict())
-    if not isinstance(objective, LayerSkip):
-        raise ValueError("step_bench times the LayerSkip train step; give a model config")
+    objective, sampler = layerskip_with_data(config.to_dict(), "step_bench")
     run = objective.run
-    sampler = BatchSampler(Corpus.build(run.data).train, run.train.batch_size, run.train.seed)
     state = objective.init_state()
     example = (np.asarray(sampler.batch(0)), jax.random.PRNGKey(0), step_schedule(run, 0))
     plain = jax.jit(make_train_step(run.model, objective.optimizer, remat=run.train.remat,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from specjax.data import BatchSampler, Corpus
 from specjax.training.calm import ConfidenceClassifier
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
@@ -44,3 +45,14 @@ def make_objective(config: Mapping[str, Any], source: InitSource | None = None) 
     base = load_base(str(config.get("base_workdir", "")))
     values = head.on_base(config_on_base(config, base))
     return head(parse_run_config(values), values, base)
+
+
+def layerskip_with_data(config: Mapping[str, Any], tool: str) -> tuple[LayerSkip, BatchSampler]:
+    """A LayerSkip run's objective and its training batches, for the tools that run its train
+    step outside the trainer (`tool` names the one asking, for the error)."""
+    objective = make_objective(config)
+    if not isinstance(objective, LayerSkip):
+        raise ValueError(f"{tool} runs the LayerSkip train step; give a model config")
+    run = objective.run
+    return objective, BatchSampler(Corpus.build(run.data).train, run.train.batch_size,
+                                   run.train.seed)

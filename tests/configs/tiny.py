@@ -9,5 +9,6 @@ from tests.conftest import TINY_RUN
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(TINY_RUN)
     config.data.tokenizer = "bytes"
+    config.train.grad_accum = 1
     config.init = ml_collections.ConfigDict(dict(source=""))
     return config

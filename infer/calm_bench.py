@@ -22,7 +22,6 @@ from specjax.decoding.cli import (
     decoding_defaults,
     decoding_options,
     define_decoding_flags,
-    open_output,
     require_positive_flags,
     run_writing_json,
 )
@@ -30,6 +29,7 @@ from specjax.decoding.engine import AUTOREGRESSIVE
 from specjax.decoding.registry import make_strategy
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
+from specjax.outputs import staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
@@ -49,17 +49,21 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    run_writing_json(run, FLAGS.output_json)
+    run_writing_json(lambda: run_with_plot(FLAGS.plot), FLAGS.output_json)
 
 
-def run() -> list[dict]:
+def run_with_plot(path: str | None) -> list[dict]:
+    """`run`, its curve written to `path` whole or not at all (a bad path fails first)."""
+    with staged(path) as partial:
+        return run(partial)
+
+
+def run(plot: str | None) -> list[dict]:
     require_positive_flags("num_prompts", "prompt_len", "new_tokens", "repeats")
     try:
         thresholds = [float(t) for t in FLAGS.thresholds]
     except ValueError:
         raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: expected numbers") from None
-    if FLAGS.plot:
-        open_output(FLAGS.plot).close()  # a bad path fails before the work
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg,
@@ -86,10 +90,9 @@ def run() -> list[dict]:
     for row in rows:
         print(f"{row['threshold']:6.2f} {row['mean_exit']:5.2f} {row['tokens_per_second']:7.0f} "
               f"{row['speedup']:7.2f}x {row['agreement']:7.3f} {row['log_loss']:6.3f}")
-    if FLAGS.plot:
+    if plot:
         _plot(rows, loaded.cfg.num_layers, calm.early_exit.label(),
-              read_calibrated(FLAGS.workdir).get("decoding", {}).get("calm_threshold"),
-              FLAGS.plot)
+              read_calibrated(FLAGS.workdir).get("decoding", {}).get("calm_threshold"), plot)
         print(f"wrote {FLAGS.plot}")
     return rows
 
@@ -112,7 +115,7 @@ def _plot(rows: list[dict], num_layers: int, title: str, calibrated: float | Non
         axis.set_xlabel("speed-up over ar (batch 1)")
         axis.set_ylabel(label)
     figure.suptitle(f"CALM on a {num_layers}-layer model: {title}")
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, format="png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
     python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
 """
 
+import contextlib
 import json
+import os
 import sys
 
 from absl import app, flags
@@ -20,7 +22,6 @@ from specjax.decoding.cli import (
     define_mesh_flag,
     describe_plan,
     mesh_from_flag,
-    open_output,
     read_prompts_file,
     require_positive_flags,
     resolve_auto_tree,
@@ -29,6 +30,7 @@ from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.loading import load_model
+from specjax.outputs import staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -65,7 +67,30 @@ def run() -> None:
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     mesh = mesh_from_flag()
-    output = open_output(FLAGS.output)  # before any work: a bad path fails at once
+    if FLAGS.output and FLAGS.prompts_file and _same_file(FLAGS.output, FLAGS.prompts_file):
+        raise ValueError(f"--output {FLAGS.output} is the prompts file: write the completions "
+                         "elsewhere")
+    # Rows stream into a temporary file beside --output, renamed onto it only when all are
+    # written: a failed or interrupted run leaves an existing file as it was (Ctrl-C keeps the
+    # finished rows as <output>.partial).
+    with staged(FLAGS.output, keep_interrupted=True) as partial, (
+            open(partial, "w", encoding="utf-8") if partial
+            else contextlib.nullcontext()) as output:
+        plan, spec, rounds, committed = _generate(prompts, sampling, mesh, output)
+    if output:
+        print(f"wrote {len(prompts)} completions to {FLAGS.output}")
+    if plan is not None:
+        print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
+              f"{plan.expected_tau:.2f})")
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def _generate(prompts, sampling, mesh, output):
+    """Decodes the prompts in batches, each row written to `output` (or printed) as it
+    finishes; returns (tree plan, tree spec, rounds, committed tokens)."""
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
@@ -104,12 +129,7 @@ def run() -> None:
                 print(f"--- tau={record['tau']:.2f} acceptance={acceptance}{exits}")
             rounds += stats.rounds
             committed += stats.accepted + stats.rounds
-    if output:
-        output.close()
-        print(f"wrote {len(prompts)} completions to {FLAGS.output}")
-    if plan is not None:
-        print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
-              f"{plan.expected_tau:.2f})")
+    return plan, spec, rounds, committed
 
 
 def _exits(trace: dict[str, list]) -> dict:

@@ -16,6 +16,7 @@ class SpecjaxError(RuntimeError):
 
 
 USER_ERRORS = (SpecjaxError, ValueError, FileNotFoundError)
+HELP_FLAGS = ("help", "h", "?", "helpshort", "helpfull", "helpxml")
 
 
 def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
@@ -39,9 +40,15 @@ def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """`app.run`'s flags parser: a bad flag or config file (a missing file, a mistyped
-    `--config.x` field, an error inside the file) is one `error: ...` line, exit status 1."""
+    `--config.x` field, an error inside the file) is one `error: ...` line, exit status 1;
+    `--help` prints the usage and exits 0 (absl's own exits 1)."""
     try:
-        args = flags.FLAGS(argv)
+        try:
+            args = flags.FLAGS(argv)
+        except SystemExit:  # absl's help flags print the usage, then exit with status 1
+            if any(arg.lstrip("-") in HELP_FLAGS for arg in argv[1:]):
+                sys.exit(0)
+            raise
         for name in list(flags.FLAGS):
             flag = flags.FLAGS[name]
             if is_config_flag(flag) and flag.value is not None:

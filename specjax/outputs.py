@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def staged(path: str | None) -> Iterator[str | None]:
+def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str | None]:
     """A temporary file beside `path`, created before any work (a bad path fails at once) and
     renamed onto `path` when the block completes; on failure it is removed and an existing
-    `path` is left as it was. None for no path."""
+    `path` is left as it was. None for no path. `keep_interrupted`: a block stopped by Ctrl-C
+    keeps what it wrote as `path` + ".partial" (rows streamed as they finish: nothing done is
+    lost, and nothing incomplete takes the output's name)."""
     if path is None:
         yield None
         return
@@ -31,6 +34,11 @@ def staged(path: str | None) -> Iterator[str | None]:
     try:
         yield partial
         os.replace(partial, path)
+    except KeyboardInterrupt:
+        if keep_interrupted and os.path.getsize(partial):
+            os.replace(partial, path + ".partial")
+            print(f"kept what was written in {path}.partial", file=sys.stderr)
+        raise
     finally:
         if os.path.exists(partial):
             os.unlink(partial)

@@ -127,11 +127,13 @@ def test_ar_reports_no_acceptance_rate(workdir):
 
 
 def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tmp_path):
-    """Catches Ctrl-C ending in a traceback and a crash of JAX's threads at exit, and rows
-    held back until the end (an interrupted run would lose them all). The child starts with
+    """Catches Ctrl-C ending in a traceback and a crash of JAX's threads at exit, rows held
+    back until the end (an interrupted run would lose them all), and an interrupted run's rows
+    under the output's own name (they go to <output>.partial). The child starts with
     SIGINT at its default and unblocked whatever the test runner's worker left (a worker that
     ignores or blocks it hands that on, and the run then ends normally, uninterrupted)."""
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    streamed = lambda: [tmp_path / n for n in os.listdir(tmp_path) if n.endswith(".partial")]
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}("}) + "\n" for i in range(5000)))
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", workdir,
@@ -143,7 +145,7 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
     proc = subprocess.Popen([sys.executable, "-c", clean_sigint, *command], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (out.exists() and out.read_text().count("\n") >= 2):
+    while not any(path.read_text().count("\n") >= 2 for path in streamed()):
         assert proc.poll() is None, proc.stderr.read()
         assert time.time() < deadline, "no row was written"
         time.sleep(0.1)
@@ -153,8 +155,9 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
     assert proc.returncode == 130 and stderr.strip().endswith("interrupted"), (
         f"rc {proc.returncode}, runner SIGINT {signal.getsignal(signal.SIGINT)}, blocked "
         f"{signal.pthread_sigmask(signal.SIG_BLOCK, [])}: {stderr[-2000:]}")
-    assert "Traceback" not in stderr
-    rows = [json.loads(line) for line in out.read_text().splitlines()]  # every line complete
+    assert "Traceback" not in stderr and not out.exists()
+    assert streamed() == [tmp_path / "out.jsonl.partial"]
+    rows = [json.loads(line) for line in streamed()[0].read_text().splitlines()]  # all whole
     assert 2 <= len(rows) < 5000 and rows[0]["prompt"] == "def f0("
 
 

@@ -7,7 +7,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 import jax
 from absl import flags, logging
@@ -18,6 +18,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
+from specjax.outputs import staged
 from specjax.sharding import MeshConfig, make_mesh
 
 DECODING_FLAGS = {
@@ -170,25 +171,19 @@ def read_prompts_file(path: str) -> list[str]:
 
 def run_writing_json(body: Callable[[], Any], path: str | None,
                      to_json: Callable[[Any], Any] = lambda result: result) -> Any:
-    """An entry point's body (`run_cli`) whose result is also written to `path` as JSON; the
-    file is opened first, so a bad path fails before any work."""
-    output = run_cli(lambda: open_output(path))
-    result = run_cli(body)
-    if output:
-        with output:
-            json.dump(to_json(result), output, indent=2)
-    return result
+    """An entry point's body (`run_cli`) whose result is also written to `path` as JSON, whole
+    or not at all (`outputs.staged`: a bad path fails before any work; a failed or
+    interrupted run leaves an existing file as it was)."""
 
+    def written() -> Any:
+        with staged(path) as partial:
+            result = body()
+            if partial:
+                with open(partial, "w", encoding="utf-8") as output:
+                    json.dump(to_json(result), output, indent=2)
+        return result
 
-def open_output(path: str | None) -> IO[str] | None:
-    """Opens an output file for writing before any work is done, so a bad path is a one-line
-    error at once rather than after the run."""
-    if path is None:
-        return None
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as error:
-        raise ValueError(f"cannot write {path}: {error.strerror}") from None
+    return run_cli(written)
 
 
 # `--tree auto` measures exit E's shared head: selfspec's drafts (ar drafts nothing)

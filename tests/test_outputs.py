@@ -1,0 +1,71 @@
+"""Outputs are written whole or not at all: an existing file survives a failed or interrupted
+run, and an output that is also the input is refused."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax.outputs import staged
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OLD = b'{"kept": "the previous run\'s results"}\n'
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+
+
+def test_an_interrupted_or_failed_block_leaves_the_old_file_and_no_partial(tmp_path):
+    """Catches a helper that truncates the target before the work, renames a half-written file
+    into place, or leaves its temporary file behind."""
+    target = tmp_path / "out.json"
+    for error in (KeyboardInterrupt, ValueError):
+        target.write_bytes(OLD)
+        with pytest.raises(error), staged(str(target)) as partial:
+            with open(partial, "w") as f:
+                f.write("half")
+            raise error
+        assert target.read_bytes() == OLD and os.listdir(tmp_path) == ["out.json"]
+    with staged(str(target)) as partial:
+        with open(partial, "w") as f:
+            f.write("new")
+    assert target.read_text() == "new" and os.listdir(tmp_path) == ["out.json"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("command", [
+    ["infer/generate.py", "--prompt=x", "--output={out}"],
+    ["infer/bench.py", "--output_json={out}"],
+    ["infer/calibrate.py", "--output_json={out}"],
+])
+def test_a_failed_run_leaves_an_existing_output_untouched(tmp_path, command):
+    """Catches an entry point that empties its output at start-up (the bug: a mistyped
+    workdir left the previous results at 0 bytes)."""
+    out = tmp_path / "results.json"
+    out.write_bytes(OLD)
+    args = [arg.format(out=out) for arg in command]
+    result = _run(*args, f"--workdir={tmp_path / 'typo'}")
+    assert result.returncode == 1 and result.stderr.startswith("error:"), result.stderr
+    assert out.read_bytes() == OLD and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_generate_refuses_to_write_over_its_prompts_file(tmp_path):
+    """Catches `--output` equal to `--prompts_file` destroying the prompts."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f("}\n')
+    result = _run("infer/generate.py", f"--workdir={tmp_path / 'typo'}",
+                  f"--prompts_file={prompts}", f"--output={prompts}")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"error: --output {prompts} is the prompts file: write the "
+                                     "completions elsewhere")
+    assert prompts.read_text() == '{"prompt": "def f("}\n'
+

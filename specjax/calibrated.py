@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from typing import Any
 
 from absl import logging
+
+from specjax.outputs import staged
 
 FILE = "calibrated_decoding.json"
 
@@ -48,14 +49,8 @@ def write_calibrated(workdir: str, step: int, decoding: dict[str, Any],
         calibration = {**previous.get("calibration", {}), **calibration}
     record = {"step": step, "decoding": decoding, "calibration": calibration}
     path = os.path.join(workdir, FILE)
-    handle, partial = tempfile.mkstemp(dir=workdir, prefix=f".{FILE}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(partial, path)
-    except BaseException:
-        os.unlink(partial)
-        raise
+    with staged(path) as partial, open(partial, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
     return path
 
 

@@ -1,10 +1,12 @@
-"""Output files written whole or not at all: a temporary file beside the target, created before
-any work (a bad path fails at once) and renamed onto it when complete."""
+"""Outputs written whole or not at all: a temporary file (or folder) beside the target, created
+before any work (a bad path fails at once) and renamed onto it when complete, with the
+permissions the user's umask gives a new file (the temporary's own 0600/0700 never stay)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -28,9 +30,7 @@ def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str 
     except OSError as error:
         raise ValueError(f"cannot write {path}: {error.strerror}") from None
     os.close(handle)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(partial, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+    _normal_permissions(partial)
     try:
         yield partial
         os.replace(partial, path)
@@ -42,3 +42,46 @@ def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str 
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+
+
+@contextlib.contextmanager
+def staged_dir(path: str) -> Iterator[str]:
+    """A new folder beside `path` for the block to fill, renamed onto `path` when it completes
+    (an existing `path` is replaced whole: never a mix of old and new files); on failure it is
+    removed and `path` is left as it was."""
+    full = os.path.abspath(path)
+    if full == os.getcwd() or os.getcwd().startswith(full + os.sep):
+        raise ValueError(f"cannot replace {path}: it holds the current directory")
+    parent = os.path.dirname(full)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(full)}.", dir=parent)
+    except OSError as error:
+        raise ValueError(f"cannot write {path}: {error.strerror}") from None
+    try:
+        yield staging
+        _normal_permissions(staging)
+        if os.path.isdir(full):
+            old = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
+            os.replace(full, os.path.join(old, "previous"))
+            os.replace(staging, full)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, full)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _normal_permissions(path: str) -> None:
+    """The mode a new file (or folder, and everything in it) gets from the user's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    if not os.path.isdir(path):
+        os.chmod(path, 0o666 & ~umask)
+        return
+    os.chmod(path, 0o777 & ~umask)
+    for root, folders, files in os.walk(path):
+        for name in folders:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)

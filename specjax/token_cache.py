@@ -6,8 +6,9 @@ A corpus is two flat token streams, train and validation, each the concatenation
 hash of the documents' identity (file paths, sizes, modification times), the tokenizer's
 fingerprint (file bytes, BOS/EOS ids) and the split. Documents stream through in batches, so
 the corpus may be larger than memory. The folder is written under a temporary name and renamed
-when complete: an interrupted run leaves no half-written cache, and two runs building the same
-one at once both end with a whole one.
+when complete (`outputs.staged_dir`): an interrupted run leaves no half-written cache, and two
+runs building the same one at once both end with a whole one (the later replaces the earlier,
+whose open maps stay valid).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
+from specjax.outputs import staged_dir
 from specjax.tokenizer import Tokenizer
 
 FORMAT = 1  # bump when the streams' layout changes
@@ -70,10 +70,7 @@ def _map(path: str, dtype: np.dtype, tokens: int) -> np.ndarray:
 
 def _build(folder: str, documents: Iterable[tuple[str, str]],
            is_validation: Callable[[str], bool], tokenizer: Tokenizer) -> None:
-    parent = os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".building-", dir=parent)
-    try:
+    with staged_dir(folder) as staging:
         dtype = stream_dtype(tokenizer.vocab_size)
         counts = {name: {"documents": 0, "tokens": 0} for name in STREAMS}
         files = {name: open(os.path.join(staging, f"{name}.bin"), "wb") for name in STREAMS}
@@ -90,14 +87,6 @@ def _build(folder: str, documents: Iterable[tuple[str, str]],
                 f.close()
         with open(os.path.join(staging, "meta.json"), "w", encoding="utf-8") as f:
             json.dump({"dtype": dtype.name, **counts}, f)
-        os.chmod(staging, 0o755)
-        try:
-            os.rename(staging, folder)
-        except OSError:  # another process finished the same cache first: keep theirs
-            if not os.path.isfile(os.path.join(folder, "meta.json")):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _batches(documents: Iterable[tuple[str, str]]) -> Iterator[tuple[list[str], list[str]]]:

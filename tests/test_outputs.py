@@ -69,3 +69,28 @@ def test_generate_refuses_to_write_over_its_prompts_file(tmp_path):
                                      "completions elsewhere")
     assert prompts.read_text() == '{"prompt": "def f("}\n'
 
+
+
+def test_a_staged_folder_replaces_whole_with_normal_permissions(tmp_path, monkeypatch):
+    """Catches a folder output kept at mkdtemp's 0700 with 0600 files (an export others could
+    not read), a replacement that mixes old and new files, and the current directory replaced
+    (`convert.py --to_hf --hf_dir . --overwrite` left a stray folder and a traceback)."""
+    from specjax.outputs import staged_dir
+
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "old.bin").write_bytes(b"old")
+    with staged_dir(str(target)) as staging:
+        os.makedirs(os.path.join(staging, "sub"))
+        for name in ("model.safetensors", "sub/x.json"):
+            fd = os.open(os.path.join(staging, name), os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+    assert sorted(os.listdir(target)) == ["model.safetensors", "sub"]
+    assert sorted(os.listdir(tmp_path)) == ["export"]
+    mask = _umask()
+    assert target.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (target / "sub" / "x.json").stat().st_mode & 0o777 == 0o666 & ~mask
+    monkeypatch.chdir(target)
+    with pytest.raises(ValueError, match="holds the current directory"), staged_dir("."):
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["export"]

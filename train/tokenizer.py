@@ -12,8 +12,6 @@ into a new (or empty) --output_dir only.
 
 import json
 import os
-import shutil
-import tempfile
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -21,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.outputs import staged_dir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section "
                                           "names the documents.")
@@ -46,19 +45,10 @@ def train_tokenizer(data: DataConfig, vocab_size: int, output_dir: str) -> int:
     bpe.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
-    try:
+    with staged_dir(output_dir) as staging:
         bpe.save(os.path.join(staging, "tokenizer.json"))
         with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump({"bos_token": SPECIAL[0], "eos_token": SPECIAL[1]}, f)
-        os.chmod(staging, 0o755)
-        if os.path.isdir(output_dir):
-            os.rmdir(output_dir)
-        os.rename(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return bpe.get_vocab_size()
 
 

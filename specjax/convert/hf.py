@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any
 
 import jax
@@ -23,6 +22,7 @@ from specjax.convert.hf_config import (
     read_hf_config,
 )
 from specjax.convert.hf_weights import load_hf_params, save_hf_params
+from specjax.outputs import staged_dir
 from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer
 
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer
@@ -71,20 +71,8 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
         cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
         params = jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
     export_architecture(cfg)  # a model no HF architecture computes fails before any file
-    parent = os.path.dirname(os.path.abspath(hf_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with staged_dir(hf_dir) as staging:
         files = _write_hf(params, cfg, meta, workdir, staging, max_shard_bytes)
-        if os.path.isdir(hf_dir):
-            old = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-            os.replace(hf_dir, os.path.join(old, "checkpoint"))
-            os.replace(staging, hf_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, hf_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return files
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from absl import app, flags
 
 from specjax.calibrated import write_calibrated
-from specjax.calibration import learn_then_test
+from specjax.calibration import check_risk_levels, learn_then_test
 from specjax.decoding.bench import run_benchmark
 from specjax.decoding.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.decoding.cli import (
@@ -90,6 +90,7 @@ def main(argv):
 def run() -> dict:
     require_positive_flags("num_prompts", "per_document", "prompt_len", "new_tokens",
                            "speed_prompts")
+    check_risk_levels(FLAGS.delta, FLAGS.epsilon, prefix="--")
     grid = _grid(FLAGS.grid or [f"{1 - i / 20:.2f}" for i in range(FLAGS.strategy != "calm", 21)])
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     if sampling is not None and FLAGS.strategy == "calm":

@@ -64,6 +64,11 @@ class LanguageModel:
         overriding them, or a `Drafter`.
         """
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not texts or not all(isinstance(text, str) for text in texts):
+            raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
+                             f"{type(prompts).__name__}"
+                             + (f" of {type(texts[0]).__name__}" if texts and not isinstance(
+                                 prompts, (bytes, str)) else ""))
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, decoding_options(self.decoding_defaults,

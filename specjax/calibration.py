@@ -53,6 +53,14 @@ class Calibration:
     p_values: tuple[float, ...]
 
 
+def check_risk_levels(delta: float, epsilon: float, prefix: str = "") -> None:
+    """The risk `delta` and error `epsilon` must each lie in (0, 1) (`prefix`: "--" names them
+    as flags); checked before any work by the calibrating entry point."""
+    for name, value in (("delta", delta), ("epsilon", epsilon)):
+        if not 0 < value < 1:
+            raise ValueError(f"{prefix}{name}={value:g} must lie in (0, 1)")
+
+
 def learn_then_test(grid: Sequence[float], losses: np.ndarray, delta: float,
                     epsilon: float) -> Calibration:
     """The most aggressive λ of `grid` (ordered from safest to most aggressive, e.g. CALM's
@@ -63,8 +71,7 @@ def learn_then_test(grid: Sequence[float], losses: np.ndarray, delta: float,
         raise ValueError(f"losses must be [len(grid)={len(grid)}, n], got {losses.shape}")
     if losses.size and (losses.min() < 0 or losses.max() > 1):
         raise ValueError("losses must lie in [0, 1] (Hoeffding–Bentkus bounds bounded losses)")
-    if not 0 < epsilon < 1:
-        raise ValueError(f"epsilon={epsilon} must lie in (0, 1)")
+    check_risk_levels(delta, epsilon)
     n = losses.shape[1]
     risks = losses.mean(axis=1)
     p_values = [hoeffding_bentkus_pvalue(float(r), n, delta) for r in risks]

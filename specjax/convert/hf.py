@@ -39,10 +39,10 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
     if ids > cfg.vocab_size:
         raise ConversionError(f"the {tokenizer!r} tokenizer has {ids} ids, more than the "
                               f"model's vocabulary of {cfg.vocab_size}")
-    checkpoints = Checkpointer(workdir)
-    if checkpoints.latest_step() is not None:
+    if os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
-    params = load_hf_params(hf_dir, cfg, architecture(hf))
+    params = load_hf_params(hf_dir, cfg, architecture(hf))  # every tensor read before writing
+    checkpoints = Checkpointer(workdir)
     decoding = DecodingConfig(exit_layer=max(1, cfg.num_layers // 4))
     decoding.check(cfg)
     checkpoints.save(0, params, None, {

@@ -29,8 +29,14 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
     path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"{hf_dir!r} has no config.json: not a Hugging Face checkpoint")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConversionError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{path} holds no JSON object")
+    return config
 
 
 def architecture(hf: dict[str, Any]) -> str:
@@ -49,6 +55,9 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> Mod
     weights = dtype or _stored_dtype(hf)
     if weights not in DTYPES:
         raise ConversionError(f"dtype {weights!r} is not one of {sorted(DTYPES)}")
+    missing = [key for key in ("vocab_size", "hidden_size", "num_hidden_layers") if key not in hf]
+    if missing:
+        raise ConversionError(f"config.json lacks {missing}, which every {arch} checkpoint has")
     _require_equal(hf, "hidden_act", "silu", arch)
     common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
                   num_layers=hf["num_hidden_layers"], dtype=weights, param_dtype=weights)

@@ -193,10 +193,14 @@ class SafetensorsReader:
     def __init__(self, hf_dir: str):
         index_path = os.path.join(hf_dir, INDEX_FILE)
         if os.path.isfile(index_path):
-            with open(index_path, encoding="utf-8") as f:
-                files = json.load(f)["weight_map"]
+            try:
+                with open(index_path, encoding="utf-8") as f:
+                    files = json.load(f)["weight_map"]
+            except (ValueError, KeyError, TypeError) as error:
+                raise ConversionError(f"{index_path} is not a safetensors index "
+                                      f"({type(error).__name__}: {error})") from None
         elif os.path.isfile(os.path.join(hf_dir, SINGLE_FILE)):
-            with safe_open(os.path.join(hf_dir, SINGLE_FILE), framework="flax") as f:
+            with _readable(os.path.join(hf_dir, SINGLE_FILE)) as f:
                 files = {name: SINGLE_FILE for name in f.keys()}
         else:
             found = sorted(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else []
@@ -207,8 +211,20 @@ class SafetensorsReader:
     def get(self, name: str) -> np.ndarray:
         if name not in self.files:
             raise ConversionError(f"checkpoint {self.hf_dir!r} is missing tensor {name!r}")
-        with safe_open(os.path.join(self.hf_dir, self.files[name]), framework="flax") as f:
+        with _readable(os.path.join(self.hf_dir, self.files[name])) as f:
             return np.asarray(f.get_tensor(name))
+
+
+def _readable(path: str):
+    """`safe_open` of a safetensors file, a truncated or empty one a one-line error naming it
+    (the library raises its own error types)."""
+    try:
+        return safe_open(path, framework="flax")
+    except FileNotFoundError:
+        raise ConversionError(f"{path} is missing (named by the checkpoint's index)") from None
+    except Exception as error:  # safetensors_rust.SafetensorError and others
+        raise ConversionError(f"{path} is not a readable safetensors file (truncated or "
+                              f"empty?): {str(error).splitlines()[0]}") from None
 
 
 def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:

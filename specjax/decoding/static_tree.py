@@ -73,9 +73,14 @@ class StaticTree:
         """`2,2,1,1` (children per node at each depth), a parents list in JSON (`[-1,0,0,1]`)
         or a JSON file holding one (or an object with a "parents" list)."""
         source = spec
+        if os.path.isdir(spec):
+            raise ValueError(f"tree {spec!r} is a directory, not a JSON file of parents")
         if os.path.exists(spec):
-            with open(spec, encoding="utf-8") as f:
-                source = f.read()
+            try:
+                with open(spec, encoding="utf-8") as f:
+                    source = f.read()
+            except (OSError, UnicodeDecodeError) as error:
+                raise ValueError(f"tree {spec!r}: cannot read it ({error})") from None
         elif not spec.lstrip().startswith("["):
             try:
                 branching = [int(part) for part in spec.split(",")]

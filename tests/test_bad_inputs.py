@@ -1,0 +1,107 @@
+"""Bad inputs that used to end in a traceback are one-line errors naming the file or value, and
+leave nothing half-made behind."""
+
+import json
+import os
+
+import jax
+import pytest
+
+import specjax
+from specjax.checkpoint import Checkpointer
+from specjax.config import ModelConfig
+from specjax.convert.hf import export_checkpoint, import_checkpoint
+from specjax.convert.hf_config import ConversionError
+from specjax.decoding.static_tree import StaticTree
+from specjax.entrypoint import SpecjaxError
+from specjax.model import init_params
+from specjax.training.trainer import Trainer
+from tests.conftest import TINY_MODEL, tiny_run
+
+
+@pytest.fixture(scope="module")
+def model_workdir(tmp_path_factory):
+    """A weights-only workdir of the tiny model (byte tokenizer)."""
+    workdir = str(tmp_path_factory.mktemp("model"))
+    cfg = ModelConfig(**TINY_MODEL)
+    Checkpointer(workdir).save(0, init_params(cfg, jax.random.PRNGKey(0)), None, {
+        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": "bytes"})
+    return workdir
+
+
+@pytest.fixture
+def hf_dir(model_workdir, tmp_path):
+    path = str(tmp_path / "hf")
+    export_checkpoint(model_workdir, path)
+    return path
+
+
+def test_a_truncated_or_empty_safetensors_is_named_and_no_workdir_is_made(hf_dir, tmp_path):
+    """Catches the safetensors library's own error escaping as a traceback, and an import that
+    creates the workdir (and its checkpoints/ folder) before every tensor was read."""
+    weights = os.path.join(hf_dir, "model.safetensors")
+    for size in (100, 0):
+        with open(weights, "r+b") as f:
+            f.truncate(size)
+        workdir = tmp_path / f"imported{size}"
+        with pytest.raises(ConversionError, match="model.safetensors is not a readable "
+                                                  "safetensors file"):
+            import_checkpoint(hf_dir, str(workdir))
+        assert not workdir.exists()
+
+
+def test_a_broken_config_json_is_named(hf_dir, tmp_path):
+    """Catches a KeyError for a missing size and a JSON error that does not name the file."""
+    path = os.path.join(hf_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    del config["vocab_size"]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    with pytest.raises(ConversionError, match=r"config.json lacks \['vocab_size'\]"):
+        import_checkpoint(hf_dir, str(tmp_path / "w"))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"architectures": ["LlamaForCausalLM"],')
+    with pytest.raises(ConversionError, match=f"{path} is not valid JSON"):
+        import_checkpoint(hf_dir, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_tree_naming_a_directory_is_one_line(tmp_path):
+    """Catches `--tree` on a folder raising IsADirectoryError."""
+    with pytest.raises(ValueError, match="is a directory, not a JSON file of parents"):
+        StaticTree.parse(str(tmp_path))
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+    """Catches `train.py --workdir` on an existing file raising FileExistsError."""
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(SpecjaxError, match="is a file, not a directory"):
+        Trainer(tiny_run(), str(path))
+    assert path.read_text() == "mine"
+
+
+@pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"), ([1, 2, 3], "list of int"),
+                                           ([], "list")])
+def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
+    """Catches bytes or token ids reaching the tokenizer (an AttributeError from inside it)."""
+    model = specjax.load(model_workdir)
+    with pytest.raises(ValueError, match=f"a non-empty list of strings, not {kind}"):
+        model.generate(prompts)
+
+
+@pytest.mark.parametrize("flag", ["--delta=0", "--delta=1.5", "--epsilon=0"])
+def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
+    """Catches `calibrate.py --delta 0` failing only after the whole sweep (80 prompts x 21
+    values by default): the error must come before the model is even loaded."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, os.path.join(root, "infer", "calibrate.py"),
+                             "--workdir=/nonexistent", flag], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert result.returncode == 1
+    name, value = flag[2:].split("=")
+    assert result.stderr.strip() == f"error: --{name}={float(value):g} must lie in (0, 1)"

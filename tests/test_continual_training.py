@@ -243,3 +243,16 @@ def test_memory_check_prints_the_estimate(tmp_path):
     assert "memory per device (estimate)" in result.stdout
     record = json.loads(out.read_text())
     assert record["grad_accum"] == 2 and record["estimate"]["peak"] > 0
+
+
+def test_metrics_log_each_supervised_exits_loss(tmp_path):
+    """Catches per-exit training losses computed and dropped (only their weighted sum was
+    logged), and the curriculum's zero-weight padding logged as an exit."""
+    from specjax.training.metrics_log import MetricsLog
+
+    Trainer(tiny_run(train=dict(total_steps=4, log_every=1, eval_every=4, save_every=4)),
+            str(tmp_path)).fit()
+    records = [r for r in MetricsLog(str(tmp_path)).read() if r["split"] == "train"]
+    # rotational curriculum, interval 2: exits 1 and 3 on even steps, 2 on odd ones; 4 always
+    assert [sorted(r["exit_ce"]) for r in records] == [["1", "3", "4"], ["2", "4"]] * 2
+    assert all(r["exit_ce"]["4"] == r["final_ce"] for r in records)

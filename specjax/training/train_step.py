@@ -88,6 +88,7 @@ def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *
         (loss, exit_ce), grads = compute(state.params, inputs, targets, keep, schedule)
         final_ce = exit_ce[jnp.argmax(schedule.exit_layers == cfg.num_layers)]
         metrics = {"loss": loss, "final_ce": final_ce, "exit_ce": exit_ce,
+                   "exit_layers": schedule.exit_layers, "exit_weights": schedule.exit_weights,
                    "grad_norm": optax.tree.norm(grads)}
         return state.apply_gradients(grads, optimizer), metrics
 

@@ -200,7 +200,7 @@ class Trainer:
                 if step % train.log_every == 0 or step == train.total_steps:
                     self.log.write({"split": "train", "step": step,
                                     **{name: float(value) for name, value in metrics.items()
-                                       if jnp.ndim(value) == 0},
+                                       if jnp.ndim(value) == 0}, **exit_losses(metrics),
                                     "learning_rate": float(self.learning_rate(step - 1)),
                                     "tokens_per_s": tokens_per_s})
                 if step % train.eval_every == 0 or step == train.total_steps:
@@ -227,6 +227,16 @@ def train_and_evaluate(config: Mapping[str, Any], workdir: str, *,
     """Trains (or resumes) the run described by `config` in `workdir` (`explicit`: see
     `Trainer`)."""
     return Trainer(config, workdir, explicit).fit(stop_requested)
+
+
+def exit_losses(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """{"exit_ce": {exit: cross-entropy}} of the exits a LayerSkip step supervised (weight > 0;
+    the curriculum's padding left out); {} for objectives that report none."""
+    if "exit_ce" not in metrics:
+        return {}
+    rows = zip(np.asarray(metrics["exit_layers"]), np.asarray(metrics["exit_ce"]),
+               np.asarray(metrics["exit_weights"]), strict=True)
+    return {"exit_ce": {str(int(e)): float(ce) for e, ce, w in rows if w > 0}}
 
 
 def _jsonable(value: Any) -> Any:

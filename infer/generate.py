@@ -101,6 +101,7 @@ def _generate(prompts, sampling, mesh, output):
         print("decoding on a mesh of " + ", ".join(
             f"{axis}={size}" for axis, size in generator.mesh.shape.items()), file=sys.stderr)
     encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
+    loaded.warn_long_prompts([len(ids) for ids in encoded])
     spec = options.tree
     options, plan = resolve_auto_tree(
         options, generator, lambda: _tuning_prompts(meta, tokenizer, encoded), sampling,

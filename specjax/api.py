@@ -48,7 +48,7 @@ class LanguageModel:
         self.tokenizer: Tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"),
                                                   loaded.workdir)
         self.decoding_defaults: DecodingConfig = decoding_defaults(loaded.meta)
-        self._meta = loaded.meta
+        self._loaded = loaded
         self._generator = loaded.generator()
 
     def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
@@ -76,8 +76,10 @@ class LanguageModel:
         elif options:
             raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
                              "Drafter (build it with them instead)")
+        encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
+        self._loaded.warn_long_prompts([len(ids) for ids in encoded])
         out = self._generator.generate(
-            [self.tokenizer.encode(text, add_bos=True) for text in texts],
+            encoded,
             max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
             eos_id=self.tokenizer.eos_id)
         completions = [Completion(text, self.tokenizer.decode(tokens), stats, trace)
@@ -92,7 +94,7 @@ class LanguageModel:
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
         num_drafts=, costs=...). The same report as `infer/exits.py`."""
         return model_exit_report(self._generator.params, self.config, self.tokenizer,
-                                 self._meta, texts, **options)
+                                 self._loaded.meta, texts, **options)
 
 
 def load(workdir: str, step: int | None = None,

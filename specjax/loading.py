@@ -47,6 +47,17 @@ class LoadedModel:
     mesh: Mesh | None = None
     unfinished: tuple[str, ...] = ()  # `unfinished_training`'s note for each such workdir
 
+    def warn_long_prompts(self, lengths: Sequence[int]) -> None:
+        """Logs a warning when a prompt is longer than the sequences the model was trained on
+        (its data's seq_len; nothing for an imported model, which records none): past that
+        length a small model's output degrades, often to repeated whitespace."""
+        trained = self.meta.get("config", {}).get("data", {}).get("seq_len")
+        longest = max(lengths, default=0)
+        if trained is not None and longest > trained:
+            logging.warning("a prompt of %d tokens is longer than the %d-token sequences the "
+                            "model in %s was trained on: expect degraded output", longest,
+                            trained, self.workdir)
+
     def generator(self, **options: Any) -> Generator:
         """A `Generator` over this model (on its mesh, if any) that drafts with its trained
         drafters' weights."""

@@ -1,6 +1,7 @@
 """Bad inputs that used to end in a traceback are one-line errors naming the file or value, and
 leave nothing half-made behind."""
 
+import dataclasses
 import json
 import os
 
@@ -14,6 +15,7 @@ from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.convert.hf_config import ConversionError
 from specjax.decoding.static_tree import StaticTree
 from specjax.entrypoint import SpecjaxError
+from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, tiny_run
@@ -105,3 +107,17 @@ def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
     assert result.returncode == 1
     name, value = flag[2:].split("=")
     assert result.stderr.strip() == f"error: --{name}={float(value):g} must lie in (0, 1)"
+
+
+def test_a_prompt_longer_than_the_trained_sequences_is_warned_about(model_workdir, caplog):
+    """Catches a 3.7 kB prompt on a model trained on 256-token sequences decoding silently
+    (its output degrades to spaces): the warning gives both lengths."""
+    loaded = load_model(model_workdir)
+    model = dataclasses.replace(loaded, meta={**loaded.meta,
+                                              "config": {"data": {"seq_len": 256}}})
+    with caplog.at_level("WARNING", logger="absl"):
+        model.warn_long_prompts([12, 3700])
+        model.warn_long_prompts([256])
+    lines = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert lines == [f"a prompt of 3700 tokens is longer than the 256-token sequences the "
+                     f"model in {model_workdir} was trained on: expect degraded output"]

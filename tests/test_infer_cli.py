@@ -55,7 +55,8 @@ def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_pa
 @pytest.mark.parametrize("tree", ["auto"])  # static: the mesh test; dynamic: test_decoding_trees
 def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
     """Trees from the CLI: the greedy output is ar's; `auto` measures a tree, saves the plan in
-    the workdir and reports expected and measured tau."""
+    the workdir and reports expected and measured tau. Catches a corrupt plan cache that
+    fails every later run ("Expecting value: line 4 column 3", no file named)."""
     outputs = {}
     for name, extra in (("ar", ["--strategy", "ar"]),
                         ("tree", ["--tree", tree, "--tree_nodes", "7", "--tree_top_k", "2",
@@ -70,6 +71,15 @@ def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
             assert os.path.exists(os.path.join(workdir, "tree_plans.json"))
     assert outputs["tree"]["completion"] == outputs["ar"]["completion"]
     assert outputs["tree"]["accepted"] + outputs["tree"]["rounds"] == 23
+    # A truncated plan cache (an interrupted write) is named, ignored and measured again.
+    plans = os.path.join(workdir, "tree_plans.json")
+    with open(plans, "r+", encoding="utf-8") as f:
+        f.truncate(os.path.getsize(plans) // 2)
+    result = _run("generate.py", "--workdir", workdir, "--prompt", "def f(x):",
+                  "--max_new_tokens", "4", *extra)
+    assert result.returncode == 0 and f"ignoring {plans}, which cannot be read" in result.stderr
+    with open(plans, encoding="utf-8") as f:
+        assert len(json.load(f)) == 1  # healed: the plan measured again
 
 
 def test_generate_sampling_with_a_single_prompt(workdir):

@@ -221,10 +221,7 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     key = (f"{spec} step={step} exit_layer={options.exit_layer} "
            f"children={options.tree_children} {mode} platform={jax.default_backend()}")
     path = os.path.join(workdir, "tree_plans.json")
-    plans = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            plans = json.load(f)
+    plans = _read_plans(path)
     if key in plans:
         plan = TreePlan.from_dict(plans[key])
     else:
@@ -233,11 +230,30 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
         plan = measured.best_tree(nodes=nodes)
         plans[key] = plan.to_dict()
         try:
-            with open(path, "w", encoding="utf-8") as f:
+            with staged(path) as partial, open(partial, "w", encoding="utf-8") as f:
                 json.dump(plans, f, indent=1)
-        except OSError as error:
+        except (OSError, ValueError) as error:
             logging.warning("could not save the tree plan to %s: %s", path, error)
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
+
+
+def _read_plans(path: str) -> dict[str, Any]:
+    """The cached tree plans; a file that cannot be read (truncated by an interrupted write of
+    an older version, edited by hand) is named, ignored with a warning and measured again."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            plans = json.load(f)
+        if not isinstance(plans, dict):
+            raise ValueError("not a JSON object")
+        for plan in plans.values():
+            TreePlan.from_dict(plan)
+        return plans
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logging.warning("ignoring %s, which cannot be read (%s): its trees are measured again",
+                        path, str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return {}
 
 
 _MEASURED: dict[tuple, Measurements] = {}

@@ -77,7 +77,7 @@ def run() -> None:
             open(partial, "w", encoding="utf-8") if partial
             else contextlib.nullcontext()) as output:
         plan, spec, rounds, committed = _generate(prompts, sampling, mesh, output)
-    if output:
+    if FLAGS.output:
         print(f"wrote {len(prompts)} completions to {FLAGS.output}")
     if plan is not None:
         print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "

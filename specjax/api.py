@@ -93,7 +93,7 @@ class LanguageModel:
         measures). `texts`: held-out documents (default: the validation documents of the
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
         num_drafts=, costs=...). The same report as `infer/exits.py`."""
-        return model_exit_report(self._generator.params, self.config, self.tokenizer,
+        return model_exit_report(self._loaded.params, self.config, self.tokenizer,
                                  self._loaded.meta, texts, **options)
 
 

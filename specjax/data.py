@@ -33,11 +33,10 @@ import numpy as np
 
 from specjax.config import dataclass_from_mapping
 from specjax.token_cache import token_streams
-from specjax.tokenizer import Tokenizer, load_tokenizer
+from specjax.tokenizer import UNSET_ID, Tokenizer, load_tokenizer
 
 SOURCES = ("stdlib", "files", "hub")
 _EXCLUDED_DIRS = frozenset({"test", "tests", "site-packages", "__pycache__"})
-UNSET_ID = -1  # bos_id / eos_id: the ones found beside the tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,13 +120,6 @@ def _stdlib_paths() -> list[tuple[str, str]]:
 def _read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
-
-
-def stdlib_documents() -> datasets.Dataset:
-    """The standard library's .py files, keyed by path relative to the stdlib directory."""
-    keys, paths = zip(*_stdlib_paths(), strict=True)
-    return datasets.Dataset.from_dict({"key": list(keys),
-                                       "text": [_read_text(p) for p in paths]})
 
 
 def data_files(cfg: DataConfig) -> list[str]:
@@ -234,14 +226,9 @@ def source_identity(cfg: DataConfig) -> dict[str, Any]:
         return {"hub": [cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_field]}
     paths = ([path for _, path in _stdlib_paths()] if cfg.source == "stdlib"
              else data_files(cfg))
-    stats = [(os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+    stats = [(os.path.abspath(p), info.st_size, info.st_mtime_ns)
+             for p, info in ((p, os.stat(p)) for p in paths)]
     return {"files": stats, "text_field": cfg.text_field}
-
-
-def load_documents(cfg: DataConfig) -> datasets.Dataset:
-    """All documents of the configured source in memory (small corpora: prompts, reports)."""
-    keys, texts = zip(*iter_documents(cfg), strict=True)
-    return datasets.Dataset.from_dict({"key": list(keys), "text": list(texts)})
 
 
 def is_validation_key(key: str, val_fraction: float) -> bool:
@@ -249,16 +236,10 @@ def is_validation_key(key: str, val_fraction: float) -> bool:
     return zlib.crc32(key.encode("utf-8")) % 10_000 < round(val_fraction * 10_000)
 
 
-def split_documents(docs: datasets.Dataset,
-                    val_fraction: float) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, validation), decided per document key."""
-    flags = [is_validation_key(k, val_fraction) for k in docs["key"]]
-    val = docs.select([i for i, f in enumerate(flags) if f])
-    train = docs.select([i for i, f in enumerate(flags) if not f])
-    if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"val_fraction={val_fraction} leaves an empty split "
-                         f"({len(train)} train / {len(val)} validation documents)")
-    return train, val
+def validation_texts(cfg: DataConfig) -> Iterator[str]:
+    """The validation documents' texts in order, read lazily: held-out text for prompts and
+    reports, which need only their first few (the corpus is never loaded whole)."""
+    return (text for key, text in iter_documents(cfg) if is_validation_key(key, cfg.val_fraction))
 
 
 def windows(stream: np.ndarray, seq_len: int) -> np.ndarray:

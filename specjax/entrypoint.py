@@ -43,17 +43,16 @@ def parse_flags(argv: list[str]) -> list[str]:
     `--config.x` field, an error inside the file) is one `error: ...` line, exit status 1;
     `--help` prints the usage and exits 0 (absl's own exits 1)."""
     try:
-        try:
-            args = flags.FLAGS(argv)
-        except SystemExit:  # absl's help flags print the usage, then exit with status 1
-            if any(arg.lstrip("-") in HELP_FLAGS for arg in argv[1:]):
-                sys.exit(0)
-            raise
+        args = flags.FLAGS(argv)
         for name in list(flags.FLAGS):
             flag = flags.FLAGS[name]
             if is_config_flag(flag) and flag.value is not None:
                 flag.value.keys()  # config_flags defers a file's load error to first use
         return args
+    except SystemExit:  # absl's help flags print the usage, then exit with status 1
+        if any(arg.lstrip("-") in HELP_FLAGS for arg in argv[1:]):
+            sys.exit(0)
+        raise
     except Exception as error:  # config_flags raises whatever loading the file raised
         print(f"error: {_unknown_field(error) or _one_line(error)}", file=sys.stderr)
         sys.exit(1)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.data import DataConfig, load_documents, split_documents
+from specjax.data import DataConfig, validation_texts, windows
 from specjax.decoding.timing import timed
 from specjax.decoding.tree import chain_layout
 from specjax.model import (
@@ -43,7 +43,6 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
-from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.tokenizer import Tokenizer
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
@@ -216,22 +215,14 @@ def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,
     if count == 0:
         raise ValueError(f"the held-out text holds {total} tokens, too few for one window of "
                          f"seq_len + 1 = {seq_len + 1} (give more text or a smaller seq_len)")
-    return np.concatenate(parts)[:count * (seq_len + 1)].reshape(count, seq_len + 1)
+    return windows(np.concatenate(parts), seq_len)[:count]
 
 
 def heldout_data(meta: Mapping[str, Any]) -> DataConfig:
     """The data config of a checkpoint's run (`meta["config"]["data"]`), else the embedded
     default corpus's. Its tokenizer field is not used (the model's own tokenizer is)."""
     data = dict((meta.get("config") or {}).get("data") or {})
-    if "tokenizer" in data:
-        data["tokenizer"] = "bytes"  # an HF tokenizer file would be looked up relative to "."
     return DataConfig.from_dict(data) if data else DataConfig()
-
-
-def heldout_texts(data: DataConfig) -> list[str]:
-    """The validation documents of `data`: text the run never trained on."""
-    _, validation = split_documents(load_documents(data), data.val_fraction)
-    return list(validation["text"])
 
 
 def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:
@@ -346,19 +337,6 @@ def _head_loop(cfg: ModelConfig, inner: int) -> Callable:
     return run
 
 
-def stacked_layers(params: Params, cfg: ModelConfig) -> Params:
-    """The training layout (each kind's layers stacked under its key) of decoding params
-    (`model.unstack_layers`); stacked params are returned as they are."""
-    layers = params.get("layers")
-    if not isinstance(layers, (tuple, list)):
-        return params
-    out = {k: v for k, v in params.items() if k != "layers"}
-    for name in dict.fromkeys(cfg.layer_kinds):
-        members = [layers[i] for i, kind in enumerate(cfg.layer_kinds) if kind == name]
-        out[LAYER_KINDS[name].params_key] = jax.tree.map(lambda *w: jnp.stack(w), *members)
-    return out
-
-
 def exit_report(params: Params, cfg: ModelConfig, windows: np.ndarray, costs: LayerCosts, *,
                 num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                 source: str = "") -> DraftExitReport:
@@ -370,7 +348,7 @@ def exit_report(params: Params, cfg: ModelConfig, windows: np.ndarray, costs: La
         raise ValueError("no held-out windows to evaluate")
     batch = min(batch_size, len(windows))
     batches = [windows[i:i + batch] for i in range(0, len(windows) // batch * batch, batch)]
-    metrics = evaluate(jax.jit(make_eval_step(cfg)), stacked_layers(params, cfg), batches)
+    metrics = evaluate(jax.jit(make_eval_step(cfg)), params, batches)
     return DraftExitReport(metrics, costs, cfg.layer_kinds, tuple(sorted(set(num_drafts))),
                            windows.shape[1] - 1, source)
 
@@ -386,7 +364,7 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
                       num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                       context: int = 256, repeats: int = 7,
                       costs: LayerCosts | None = None) -> DraftExitReport:
-    """The report of a loaded model (params in either layout, its checkpoint metadata `meta`)
+    """The report of a loaded model (its stacked params, its checkpoint metadata `meta`)
     over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
     defaults to that data config's. Costs are measured (`measure_costs` with `context`,
     `repeats`) unless given."""
@@ -394,7 +372,7 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
     data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
     seq_len = data.seq_len if seq_len is None else seq_len
     if texts is None:
-        texts = heldout_texts(data)
+        texts = validation_texts(data)
         source = f"validation documents of the {data.source!r} data"
     else:
         texts = list(texts)

@@ -12,6 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 
 TOKENIZER_FILE = "tokenizer.json"
+UNSET_ID = -1  # a data config's bos_id / eos_id: the ones found beside the tokenizer
+NO_TOKENIZER = ("this checkpoint names no tokenizer (imported without tokenizer.json): import "
+                "it again with `infer/convert.py --tokenizer bytes`, or with a tokenizer.json in "
+                "the Hugging Face directory")
 
 
 class ByteTokenizer:
@@ -158,9 +162,10 @@ def data_fields(spec: str | dict | None, workdir: str) -> dict | None:
     if spec is None:
         return None
     if spec == ByteTokenizer.name:
-        return {"tokenizer": ByteTokenizer.name, "bos_id": -1, "eos_id": -1}
+        return {"tokenizer": ByteTokenizer.name, "bos_id": UNSET_ID, "eos_id": UNSET_ID}
     if isinstance(spec, dict) and spec.get("kind") == HFTokenizer.name:
-        ids = [-1 if spec.get(name) is None else spec[name] for name in ("bos_id", "eos_id")]
+        ids = [UNSET_ID if spec.get(name) is None else spec[name]
+               for name in ("bos_id", "eos_id")]
         return {"tokenizer": os.path.abspath(os.path.join(workdir, spec["file"])),
                 "bos_id": ids[0], "eos_id": ids[1]}
     raise ValueError(f"unknown tokenizer {spec!r} in the checkpoint of {workdir}")
@@ -175,8 +180,6 @@ def get_tokenizer(spec: str | dict, workdir: str | None = None) -> Tokenizer:
         return HFTokenizer(os.path.join(workdir or ".", spec["file"]), spec.get("bos_id"),
                            spec.get("eos_id"))
     if spec is None:
-        raise ValueError("this checkpoint names no tokenizer (imported without tokenizer.json): "
-                         "import it again with `infer/convert.py --tokenizer bytes`, or with a "
-                         "tokenizer.json in the Hugging Face directory")
+        raise ValueError(NO_TOKENIZER)
     raise ValueError(f"unknown tokenizer {spec!r}; available: '{ByteTokenizer.name}' or a "
                      "Hugging Face tokenizer.json imported by infer/convert.py")

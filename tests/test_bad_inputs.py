@@ -121,3 +121,15 @@ def test_a_prompt_longer_than_the_trained_sequences_is_warned_about(model_workdi
     lines = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
     assert lines == [f"a prompt of 3700 tokens is longer than the 256-token sequences the "
                      f"model in {model_workdir} was trained on: expect degraded output"]
+
+
+def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path):
+    """Catches a head's config on a base imported without a tokenizer failing with a TypeError
+    (there are no tokenizer fields to read) instead of saying what is missing."""
+    from specjax.training.frozen_base import config_on_base, load_base
+
+    cfg = ModelConfig(**TINY_MODEL)
+    Checkpointer(str(tmp_path)).save(0, init_params(cfg, jax.random.PRNGKey(0)), None, {
+        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": None})
+    with pytest.raises(ValueError, match="names no tokenizer"):
+        config_on_base({"kangaroo": {}}, load_base(str(tmp_path)))

@@ -20,8 +20,7 @@ def test_byte_tokenizer_round_trips_unicode():
 
 
 def test_stdlib_corpus_excludes_tests_and_site_packages():
-    docs = D.stdlib_documents()
-    keys = docs["key"]
+    keys = [key for key, _ in D.iter_documents(D.DataConfig())]
     assert len(keys) > 200 and all(k.endswith(".py") for k in keys)
     parts = {p for k in keys for p in os.path.dirname(k).split(os.sep)}
     assert not parts & {"test", "tests", "site-packages"}
@@ -30,15 +29,22 @@ def test_stdlib_corpus_excludes_tests_and_site_packages():
 
 def test_split_is_deterministic_and_disjoint():
     cfg = D.DataConfig(val_fraction=0.1)
-    docs = D.load_documents(cfg)
-    train_a, val_a = D.split_documents(docs, 0.1)
-    train_b, val_b = D.split_documents(D.load_documents(cfg), 0.1)
-    assert train_a["key"] == train_b["key"] and val_a["key"] == val_b["key"]
-    assert not set(train_a["key"]) & set(val_a["key"])
-    assert len(train_a) + len(val_a) == len(docs)
-    assert 0.03 < len(val_a) / len(docs) < 0.2
+
+    def split():
+        keys = [key for key, _ in D.iter_documents(cfg)]
+        flags = [D.is_validation_key(key, 0.1) for key in keys]
+        return ([k for k, f in zip(keys, flags, strict=True) if not f],
+                [k for k, f in zip(keys, flags, strict=True) if f], len(keys))
+
+    (train_a, val_a, count), (train_b, val_b, _) = split(), split()
+    assert train_a == train_b and val_a == val_b
+    assert not set(train_a) & set(val_a)
+    assert len(train_a) + len(val_a) == count
+    assert 0.03 < len(val_a) / count < 0.2
+    texts = dict(D.iter_documents(cfg))
+    assert list(D.validation_texts(cfg)) == [texts[key] for key in val_a]
     # The assignment is a pure function of the key, independent of the other documents.
-    for key in val_a["key"][:5]:
+    for key in val_a[:5]:
         assert D.is_validation_key(key, 0.1)
 
 
@@ -85,13 +91,14 @@ def test_local_jsonl_and_text_files(tmp_path):
     corpus = D.Corpus.build(cfg)
     assert corpus.train.shape[1] == 17 and len(corpus.train) > 0 and len(corpus.validation) > 0
     with pytest.raises(ValueError, match="no field 'text'"):
-        D.load_documents(D.DataConfig(source="files", files=(str(jsonl),)))
+        list(D.iter_documents(D.DataConfig(source="files", files=(str(jsonl),))))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        D.load_documents(D.DataConfig(source="files", files=(str(tmp_path / "missing.txt"),)))
+        list(D.iter_documents(D.DataConfig(source="files",
+                                           files=(str(tmp_path / "missing.txt"),))))
 
 
 def test_max_documents_and_config_errors():
-    assert len(D.load_documents(D.DataConfig(max_documents=7))) == 7
+    assert len(list(D.iter_documents(D.DataConfig(max_documents=7)))) == 7
     with pytest.raises(ValueError, match="data.files must list"):
         D.DataConfig(source="files")
     with pytest.raises(ValueError, match="data.hub_name must be set"):

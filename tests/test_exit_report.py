@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import datasets
 import jax
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import pytest
 import specjax
 from specjax.checkpoint import Checkpointer
 from specjax.config import ModelConfig, SsmConfig
-from specjax.data import DataConfig, load_documents, split_documents
+from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.exit_report import (
     DraftExitReport,
     LayerCosts,
@@ -114,18 +113,19 @@ def test_default_text_is_the_runs_validation_split(tmp_path, monkeypatch):
                               + "\n" for i in range(24)))
     data = {"source": "files", "files": [str(corpus)], "val_fraction": 0.3, "seq_len": 16}
     meta = {"config": {"data": data}}
-    train, validation = split_documents(load_documents(DataConfig.from_dict(data)), 0.3)
+    documents = list(iter_documents(DataConfig.from_dict(data)))
+    validation = [text for key, text in documents if is_validation_key(key, 0.3)]
+    train = [text for key, text in documents if not is_validation_key(key, 0.3)]
     tokenizer = ByteTokenizer()
     report = model_exit_report(PARAMS, CFG, tokenizer, meta, max_tokens=256, costs=COSTS)
-    held_out = model_exit_report(PARAMS, CFG, tokenizer, meta, list(validation["text"]),
+    held_out = model_exit_report(PARAMS, CFG, tokenizer, meta, validation,
                                  max_tokens=256, costs=COSTS)
-    trained = model_exit_report(PARAMS, CFG, tokenizer, meta, list(train["text"]),
+    trained = model_exit_report(PARAMS, CFG, tokenizer, meta, train,
                                 max_tokens=256, costs=COSTS)
     assert report.seq_len == 16 and report.metrics == held_out.metrics != trained.metrics
-    seen, many = [], datasets.Dataset.from_dict({"key": [f"doc{i}" for i in range(200)],
-                                                  "text": ["x = 1\n" * 20] * 200})
-    monkeypatch.setattr("specjax.exit_report.load_documents",
-                        lambda cfg: seen.append(cfg) or many)
+    seen, many = [], ["x = 1\n" * 20] * 200
+    monkeypatch.setattr("specjax.exit_report.validation_texts",
+                        lambda cfg: seen.append(cfg) or iter(many))
     model_exit_report(PARAMS, CFG, tokenizer, {}, seq_len=16, max_tokens=64, costs=COSTS)
     assert seen == [DataConfig()]  # the embedded corpus, as a freshly imported model has no data
 

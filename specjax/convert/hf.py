@@ -39,7 +39,8 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
     if ids > cfg.vocab_size:
         raise ConversionError(f"the {tokenizer!r} tokenizer has {ids} ids, more than the "
                               f"model's vocabulary of {cfg.vocab_size}")
-    if os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if (os.path.isdir(os.path.join(workdir, "checkpoints"))
+            and Checkpointer(workdir, create=False).latest_step() is not None):
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
     params = load_hf_params(hf_dir, cfg, architecture(hf))  # every tensor read before writing
     checkpoints = Checkpointer(workdir)

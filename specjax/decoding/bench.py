@@ -15,6 +15,7 @@ the live KV cache); `read_bandwidth` measures the machine's bandwidth in the sam
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.data import DataConfig, load_documents, split_documents
+from specjax.data import DataConfig, validation_texts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
@@ -74,10 +75,9 @@ def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: 
     into other tokens): unseen text in the middle of real files. Up to `per_document`
     consecutive windows per document, after the first `skip_documents` documents (which a
     benchmark keeps for itself when a calibration runs on the rest)."""
-    _, validation = split_documents(load_documents(data), data.val_fraction)
     newline = tokenizer.encode("\n")[-1]
     prompts = []
-    for text in validation["text"][skip_documents:]:
+    for text in itertools.islice(validation_texts(data), skip_documents, None):
         ids = tokenizer.encode(text)
         breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
         start = len(ids) // 2 + (int(breaks[0]) + 1 if len(breaks) else 0)

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from specjax.checkpoint import CheckpointError, load_params
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.tokenizer import data_fields
+from specjax.tokenizer import NO_TOKENIZER, data_fields
 from specjax.training.config import RunConfig
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
@@ -90,6 +90,8 @@ def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any
     for section in ("data", "decoding"):
         out[section] = {**saved.get(section, {}), **dict(config.get(section) or {})}
     tokenizer = data_fields(base.meta.get("tokenizer", "bytes"), base.workdir)
+    if tokenizer is None:
+        raise ValueError(f"{base.workdir}: {NO_TOKENIZER}")
     given = dict(config.get("data") or {}).get("tokenizer", tokenizer["tokenizer"])
     if given != tokenizer["tokenizer"]:
         raise ValueError(f"data.tokenizer={given!r} differs from the base's "

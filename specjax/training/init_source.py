@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from specjax.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.config import ModelConfig
@@ -29,7 +29,7 @@ from specjax.convert.hf import TOKENIZER_KEY
 from specjax.convert.hf_config import architecture, model_config_from_hf, read_hf_config
 from specjax.convert.hf_weights import load_hf_params
 from specjax.model import Params
-from specjax.tokenizer import TOKENIZER_FILE, data_fields
+from specjax.tokenizer import TOKENIZER_FILE, UNSET_ID, data_fields
 
 RUN_CHOSEN = ("dtype", "param_dtype", "exit_layers")
 TOKENIZER_FIELDS = ("tokenizer", "bos_id", "eos_id")
@@ -45,18 +45,15 @@ class InitSource:
     cfg: ModelConfig
     tokenizer: dict[str, Any] | None
 
-    def load_params(self, cfg: ModelConfig) -> Params:
-        """The source's weights as `cfg` stores them (its param_dtype), stacked, on the host's
-        default device."""
+    def load_params(self, cfg: ModelConfig, mesh: Mesh) -> Params:
+        """The source's weights as `cfg` stores them (its param_dtype), stacked: a workdir's
+        restored straight into their layout on `mesh` (no device holds them whole), a Hugging
+        Face checkpoint's read tensor by tensor in that dtype."""
         if self.kind == "hf":
-            params = load_hf_params(self.path, dataclasses.replace(
+            return load_hf_params(self.path, dataclasses.replace(
                 self.cfg, param_dtype=cfg.param_dtype), architecture(read_hf_config(self.path)))
-        else:
-            params, _, _ = load_params(self.path)
-        return jax.tree.map(lambda w: jnp.asarray(w, cfg.weight_dtype), params)
-
-    def record(self) -> dict[str, Any]:
-        return {"source": self.path, "kind": self.kind}
+        params, _, _ = load_params(self.path, mesh=mesh)
+        return jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
 
 
 def read_source(path: str) -> InitSource:
@@ -81,8 +78,8 @@ def read_source(path: str) -> InitSource:
                                 "weights")
     hf = read_hf_config(path)
     if os.path.isfile(os.path.join(path, TOKENIZER_FILE)):  # BOS/EOS from its config.json
-        tokenizer = {"tokenizer": os.path.join(full, TOKENIZER_FILE), "bos_id": -1,
-                     "eos_id": -1}
+        tokenizer = {"tokenizer": os.path.join(full, TOKENIZER_FILE), "bos_id": UNSET_ID,
+                     "eos_id": UNSET_ID}
     else:
         tokenizer = data_fields(hf.get(TOKENIZER_KEY), path)
     return InitSource(full, "hf", model_config_from_hf(hf), tokenizer)

@@ -107,7 +107,7 @@ class LayerSkip:
 
     def init_state(self) -> TrainState:
         if self.source is not None:
-            params = self.source.load_params(self.run.model)
+            params = self.source.load_params(self.run.model, self.mesh)
             return self._init_from(jax.device_put(params, self.state_shardings.params))
         return self._init(jax.random.PRNGKey(self.run.train.seed))
 

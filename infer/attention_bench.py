@@ -20,11 +20,11 @@ from absl import app, flags
 
 from specjax.config import ModelConfig
 from specjax.decoding.cli import require_positive_flags, run_writing_json, whole_numbers_flag
-from specjax.decoding.timing import time_interleaved
 from specjax.entrypoint import parse_flags
 from specjax.kernels import cpu_attention
 from specjax.loading import load_model
 from specjax.nn.attention import _attend
+from specjax.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir (its model's heads and head_dim).",
                     required=True)

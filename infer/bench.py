@@ -34,11 +34,11 @@ from specjax.decoding.cli import (
     run_writing_json,
     sweep_options,
 )
-from specjax.decoding.registry import STRATEGIES, make_strategy
+from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.decoding.tree_search import pass_seconds
 from specjax.entrypoint import parse_flags
-from specjax.kernels import cpu_attention, cpu_matmul
+from specjax.kernels import decision
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
@@ -95,11 +95,13 @@ def benchmark() -> dict:
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     generator = loaded.generator()
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
+    swept = sweep_options(decoding_defaults(meta), cfg, sweeps)
+    require_used(FLAGS.strategies, swept, [name for name, values in sweeps.items() if values])
     # An auto tree is measured once and then read from the workdir's plans.
     option_sets = [resolve_auto_tree(options, generator, lambda: prompts, sampling,
                                      workdir=FLAGS.workdir, step=meta["step"],
                                      strategies=FLAGS.strategies)
-                   for options in sweep_options(decoding_defaults(meta), cfg, sweeps)]
+                   for options in swept]
     strategies, plans = {}, {}
     for name in FLAGS.strategies:
         for options, plan in option_sets:
@@ -143,8 +145,7 @@ def benchmark() -> dict:
         "results": rows, "read_bandwidth_gb_s": bandwidth / 1e9,
         "single_thread_read_bandwidth_gb_s": single_thread_bandwidth / 1e9,
         "matvec_chain_gb_s": matvec / 1e9,
-        "cpu_matmul_kernel": jax.default_backend() == "cpu" and cpu_matmul.available(),
-        "cpu_attention_kernel": jax.default_backend() == "cpu" and cpu_attention.available(),
+        "cpu_kernels": decision.summary() if jax.default_backend() == "cpu" else {},
         "ar_bytes_per_token": per_token,
         "ar_decode_tokens_per_s": ar_rate,
         "ar_achieved_gb_s": per_token * ar_rate / 1e9 if measured else None,
@@ -227,7 +228,7 @@ def format_report(report: dict) -> str:
                      f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "
                      f"{'identical' if peer['identical_to_specjax'] else 'DIFFERENT'}")
     if report["ar_achieved_gb_s"] is not None:
-        kernel = "the specjax CPU kernel" if report["cpu_matmul_kernel"] else "XLA's dot"
+        kernel = report["cpu_kernels"].get("SPECJAX_CPU_MATMUL", "not used")
         lines.append(
             f"ar decode reads {report['ar_bytes_per_token'] / 1e6:.1f} MB/token (weights + live "
             f"KV): {report['ar_achieved_gb_s']:.1f} GB/s achieved = "
@@ -237,11 +238,14 @@ def format_report(report: dict) -> str:
             + (" — more than memory delivers: the weights stay in this CPU's caches"
                if report["ar_bandwidth_fraction"] > 1 else "") + "\n"
             f"the model's matrix-vector products alone, chained in one jitted loop, read "
-            f"{report['matvec_chain_gb_s']:.1f} GB/s (batch-1 ceiling of this runtime, products "
-            f"on {kernel}): ar decode reaches {100 * report['ar_matvec_fraction']:.0f}% of it")
+            f"{report['matvec_chain_gb_s']:.1f} GB/s (batch-1 ceiling of this runtime; CPU matmul "
+            f"kernel: {kernel}): ar decode reaches {100 * report['ar_matvec_fraction']:.0f}% of it")
     else:
         lines.append("ar decode bandwidth not measured: the run is too short to separate "
                      "decoding from prefill (raise --max_new_tokens)")
+    if report["cpu_kernels"]:
+        lines.append("CPU kernels: " + "; ".join(
+            f"{switch} {state}" for switch, state in report["cpu_kernels"].items()))
     return "\n".join(lines)
 
 

@@ -38,7 +38,7 @@ from specjax.decoding.cli import (
 )
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
-from specjax.decoding.registry import make_strategy
+from specjax.decoding.registry import make_strategy, require_used
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
@@ -97,8 +97,14 @@ def run() -> dict:
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg,
-                               {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
+    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
+              if getattr(FLAGS, name) is not None}
+    calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"
+    if calibrated in chosen:
+        raise ValueError(f"--{calibrated}: this is what calibration chooses (over --grid); "
+                         "drop it")
+    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg, chosen)
+    require_used([FLAGS.strategy], [options], chosen)
     prompts, references = heldout_continuations(
         loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.new_tokens,
         skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)

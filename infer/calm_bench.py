@@ -26,7 +26,7 @@ from specjax.decoding.cli import (
     run_writing_json,
 )
 from specjax.decoding.engine import AUTOREGRESSIVE
-from specjax.decoding.registry import make_strategy
+from specjax.decoding.registry import make_strategy, require_used
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
 from specjax.outputs import staged
@@ -66,8 +66,12 @@ def run(plot: str | None) -> list[dict]:
         raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: expected numbers") from None
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg,
-                               {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
+    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
+              if getattr(FLAGS, name) is not None}
+    if "calm_threshold" in chosen:
+        raise ValueError("--calm_threshold: the bench sweeps --thresholds instead; drop it")
+    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg, chosen)
+    require_used(["calm"], [options], chosen)
     calm = make_strategy("calm", options)
     prompts, references = heldout_continuations(loaded.meta, tokenizer, FLAGS.num_prompts,
                                                 FLAGS.prompt_len, FLAGS.new_tokens)

@@ -26,9 +26,10 @@ from specjax.decoding.cli import (
     require_positive_flags,
     resolve_auto_tree,
 )
-from specjax.decoding.registry import STRATEGIES, make_strategy
+from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.kernels import decision
 from specjax.loading import load_model
 from specjax.outputs import staged
 from specjax.tokenizer import get_tokenizer
@@ -94,8 +95,10 @@ def _generate(prompts, sampling, mesh, output):
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    options = decoding_options(decoding_defaults(meta), cfg,
-                               {name: getattr(FLAGS, name) for name in DECODING_FLAGS})
+    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
+              if getattr(FLAGS, name) is not None}
+    options = decoding_options(decoding_defaults(meta), cfg, chosen)
+    require_used([FLAGS.strategy], [options], chosen)
     generator = loaded.generator()
     if generator.mesh is not None:
         print("decoding on a mesh of " + ", ".join(
@@ -118,7 +121,7 @@ def _generate(prompts, sampling, mesh, output):
         for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
                                                 out.trace, strict=True):
             record = {"prompt": prompt, "completion": tokenizer.decode(tokens),
-                      **stats.to_dict(), **_exits(trace)}
+                      **stats.to_dict(), **_exits(trace), **_kernels()}
             if output:
                 output.write(json.dumps(record) + "\n")
                 output.flush()
@@ -140,6 +143,13 @@ def _exits(trace: dict[str, list]) -> dict:
         return {}
     exits = trace["exit"][1:]
     return {"exits": exits, "mean_exit": sum(exits) / len(exits) if exits else None}
+
+
+def _kernels() -> dict:
+    """Which CPU kernels the program runs (`kernels.decision`): they round differently from
+    XLA's ops, so the row records it; nothing off CPU."""
+    kernels = decision.summary()
+    return {"cpu_kernels": kernels} if kernels else {}
 
 
 def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[list[int]]:

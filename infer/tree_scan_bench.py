@@ -27,7 +27,6 @@ from specjax.decoding.bench import bytes_per_token
 from specjax.decoding.cli import require_positive_flags, run_writing_json
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.timing import time_interleaved
 from specjax.decoding.verify import verify
 from specjax.entrypoint import parse_flags
 from specjax.model import (
@@ -39,6 +38,7 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
+from specjax.timing import time_interleaved
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_code.py:mamba2",
                                           "Config file[:variant] whose model is measured.")

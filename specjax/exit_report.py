@@ -33,7 +33,6 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.data import DataConfig, validation_texts, windows
-from specjax.decoding.timing import timed
 from specjax.decoding.tree import chain_layout
 from specjax.model import (
     Params,
@@ -43,6 +42,7 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
+from specjax.timing import timed
 from specjax.tokenizer import Tokenizer
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 

@@ -21,6 +21,11 @@ from specjax.model import init_params, unstack_layers
 CHEAP_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                  "--xla_cpu_use_fusion_emitters=false")
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CHEAP_COMPILE}".strip()
+# The kernels are pinned on (`kernels.decision`: no timing decides which path a test's program
+# takes, so its HLO and bits are the same on every machine); test_kernel_decision.py tests the
+# measured default. The CLI subprocesses inherit it.
+for _kernel in KERNELS.values():
+    os.environ.setdefault(_kernel.SWITCH, "1")
 # Tokenized corpora go to a cache of the tests' own (keyed by content, so shared by the workers
 # and by later runs), never to the user's ~/.cache; the CLI subprocesses inherit it.
 os.environ.setdefault("SPECJAX_CACHE", os.path.join(tempfile.gettempdir(),

@@ -133,3 +133,38 @@ def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path):
         "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": None})
     with pytest.raises(ValueError, match="names no tokenizer"):
         config_on_base({"kangaroo": {}}, load_base(str(tmp_path)))
+
+
+@pytest.mark.parametrize("strategy, options, unused", [
+    ("calm", {"tree": "2,2"}, "tree"),
+    ("selfspec", {"skip_layers": "1"}, "skip_layers"),
+    ("selfspec", {"tree": "dynamic", "num_draft": 3}, "num_draft"),
+    ("ar", {"exit_layer": 2}, "exit_layer"),
+], ids=["tree-with-calm", "skip-layers-with-selfspec", "num-draft-with-a-dynamic-tree",
+        "exit-with-ar"])
+def test_an_option_the_strategy_does_not_read_is_an_error(model_workdir, strategy, options,
+                                                          unused):
+    """Catches an option silently ignored by the chosen strategy (the user believes they
+    measured or decoded something they did not); options it reads still work."""
+    model = specjax.load(model_workdir)
+    with pytest.raises(ValueError, match=f"^--{unused} is not used by strategy {strategy} "):
+        model.generate("x", strategy=strategy, max_new_tokens=2, **options)
+    used = {k: v for k, v in options.items() if k != unused}
+    assert model.generate("x", strategy=strategy, max_new_tokens=2, **used).prompt == "x"
+
+
+def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
+    """The command line's path: catches `--tree ''` quietly decoding with another tree (it means
+    nothing: 'chain' is a chain), and a flag the strategy ignores reaching the decode."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for flags, error in [(["--tree="], "error: --tree is empty: give 'chain' for a chain"),
+                         (["--strategy=calm", "--tree=2,2"],
+                          "error: --tree is not used by strategy calm")]:
+        result = subprocess.run([sys.executable, os.path.join(root, "infer", "generate.py"),
+                                 f"--workdir={model_workdir}", "--prompt=x", *flags],
+                                capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": root}, timeout=300)
+        assert result.returncode == 1 and result.stderr.strip().startswith(error), result.stderr

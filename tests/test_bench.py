@@ -20,8 +20,8 @@ from specjax.decoding.chain import Chain
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.timing import time_interleaved
 from specjax.model import init_params, unstack_layers
+from specjax.timing import time_interleaved
 
 
 @pytest.mark.parametrize("tie", [True, False])

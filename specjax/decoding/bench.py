@@ -28,11 +28,11 @@ from specjax.data import DataConfig, validation_texts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.timing import time_interleaved, timed
 from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
+from specjax.timing import time_interleaved, timed
 from specjax.tokenizer import Tokenizer
 
 

@@ -90,6 +90,9 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
         raise ValueError(f"unknown decoding option(s) {unknown}; known: "
                          f"{sorted(f.name for f in dataclasses.fields(defaults))}")
     for name, value in overrides.items():
+        if name == "tree" and isinstance(value, str) and not value.strip():
+            raise ValueError("--tree is empty: give 'chain' for a chain, or leave the flag out "
+                             "for the checkpoint's default")
         if value is not None:
             kind = type(getattr(defaults, name))
             try:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from specjax.convert.hf import export_checkpoint
 from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.timing import time_interleaved
+from specjax.timing import time_interleaved
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ bench entry points, labels and the peer benchmark all read from here and from th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from specjax.config import DecodingConfig
 from specjax.decoding.autoregressive import Autoregressive
@@ -45,6 +47,40 @@ def make_strategy(name: str, options: DecodingConfig) -> Drafter:
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
     return STRATEGIES[name](options)
+
+
+def require_used(strategies: Sequence[str], option_sets: Sequence[DecodingConfig],
+                 chosen: Collection[str]) -> None:
+    """A one-line error when an option the user set (`chosen`, e.g. from flags) is read by none
+    of these strategies built with any of these option sets: `--tree` with `calm`, `--skip_layers`
+    with `selfspec`, `--num_draft` with a dynamic tree are mistakes, not defaults. What a
+    strategy reads is recorded while building it, so a new strategy needs no table; an auto
+    tree reads what the static tree it becomes reads."""
+    read: set[str] = set()
+    for name in strategies:
+        for options in option_sets:
+            if options.tree.strip().startswith("auto"):
+                options = dataclasses.replace(options, tree="1")
+            recorder = _ReadRecorder(options)
+            make_strategy(name, recorder)  # type: ignore[arg-type]
+            read |= recorder.read
+    unused = [name for name in chosen if name not in read]
+    if unused:
+        names = ", ".join(strategies)
+        raise ValueError(f"--{unused[0]} is not used by strategy {names} with these options "
+                         f"(it reads {', '.join(sorted(read)) or 'no decoding option'}): drop it "
+                         "or choose a strategy that uses it")
+
+
+class _ReadRecorder:
+    """Decoding options that note which of them are read."""
+
+    def __init__(self, options: DecodingConfig):
+        self._options, self.read = options, set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.add(name)
+        return getattr(self._options, name)
 
 
 def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:

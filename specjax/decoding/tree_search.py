@@ -30,9 +30,9 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import CHILD_RULES, Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.timing import timed
 from specjax.decoding.tree import chain_layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
+from specjax.timing import timed
 
 MAX_CHILDREN = 8
 

@@ -3,21 +3,25 @@
 XLA:CPU computes a cached layer's masked softmax over every slot of the cache in several fused
 loops, each dispatched on its own: tens of microseconds a layer for one decode step, however
 little of the cache is filled. The kernel attends each query over the slots its mask shows, in
-one pass on the calling thread. Built on first use (`library`); `SPECJAX_CPU_ATTENTION=0`
-leaves XLA's ops in place.
+one pass on the calling thread. Built on first use (`library`); `decision` picks it per shape
+class (`SPECJAX_CPU_ATTENTION`: auto, 1 or 0).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
+
 import jax
 import numpy as np
 
-from specjax.kernels import library
+from specjax.kernels import decision, library
 
 # New tokens per call the kernel takes (decoding, verification; more: prefill, XLA). Measured
 # (infer/attention_bench.py, default model, 512 slots): at most as slow as XLA up to 48 tokens
 # whatever the cache's fill; at 64 tokens 7% slower with 440 slots filled.
 MAX_TOKENS = 48
+TOKEN_CLASSES = (1, 8, 16, 32, MAX_TOKENS)  # calls are measured against XLA at these counts
 SOURCE = "cpu_attention.cc"  # in this folder; its FFI handler SYMBOL registers as TARGET
 SYMBOL = "SpecjaxCachedAttentionF32"
 TARGET = "specjax_cached_attention_f32"
@@ -39,3 +43,42 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, np.float32),
                             vmap_method="sequential")
     return call(q, k, v, mask.astype(bool), scale=np.float32(scale))
+
+
+Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]  # (q, k, v, mask)
+
+
+def chosen(batch: int, kv_heads: int, group: int, tokens: int, slots: int, head_dim: int,
+           xla: Attend) -> bool:
+    """Whether a cached layer's attention of `tokens` new tokens (layouts: `cached_attention`)
+    runs on the kernel: few tokens, the kernel available, and `decision` picks it (against
+    `xla`, XLA's attention, measured at the token class's largest size)."""
+    if tokens > MAX_TOKENS or not available():
+        return False
+    tokens = decision.class_of(tokens, TOKEN_CLASSES)
+    shape = (batch, kv_heads, group, tokens, slots, head_dim)
+    return decision.use_kernel(
+        "attention", SWITCH, library.decisions_file(SOURCE),
+        f"batch {batch}, {kv_heads}x{group} heads of {head_dim}, {tokens} tokens, {slots} slots",
+        lambda: _measure(shape, xla))
+
+
+def _measure(shape: tuple[int, ...], xla: Attend) -> decision.Ratios:
+    """XLA's time over the kernel's with the cache a quarter, half and three quarters filled
+    (typical: their mean) and, at worst, also full (the kernel reads only filled slots; XLA
+    reads them all)."""
+    batch, kv_heads, group, tokens, slots, head_dim = shape
+    tokens = min(tokens, slots)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((batch * kv_heads, group * tokens, head_dim), dtype=np.float32)
+    k, v = (rng.standard_normal((batch * kv_heads, slots, head_dim), dtype=np.float32)
+            for _ in range(2))
+    fills = [min(slots * quarter // 4, slots - tokens) for quarter in (1, 2, 3, 4)]
+    masks = [np.broadcast_to(np.arange(slots) < fill + 1 + np.arange(tokens)[:, None],
+                             (batch, tokens, slots)) for fill in fills]
+    scale = head_dim ** -0.5
+    ratios = decision.ratios_per_call(
+        {"xla": xla, "kernel": lambda q, k, v, mask: cached_attention(q, k, v, mask, scale)},
+        [(q, k, v, mask) for mask in masks])
+    per_fill = [r["kernel"] for r in ratios]
+    return {"typical": statistics.mean(per_fill[:3]), "worst": min(per_fill)}

@@ -359,7 +359,14 @@ Pool& GlobalPool() {
 
 using Matrix = ffi::Buffer<ffi::F32, 2>;
 
-ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transposed) {
+// How a product's chunks are computed: kAdaptive (decoding) shares them with the pool unless
+// the pool is resting; the others are for measuring the two ends of that (specjax's
+// kernels/decision.py): kAlone, the calling thread computes them all (a busy machine), and
+// kShared, always offered to the pool (an idle machine, however the pool judged itself).
+enum Schedule : int32_t { kAdaptive = 0, kAlone = 1, kShared = 2 };
+
+ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transposed,
+                       int32_t schedule) {
   const auto x_dims = x.dimensions(), w_dims = w.dimensions();
   const Problem p{x.typed_data(), w.typed_data(), x_dims[0], x_dims[1],
                   transposed ? w_dims[0] : w_dims[1], transposed};
@@ -377,9 +384,10 @@ ffi::Error SmallMatmul(Matrix x, Matrix w, ffi::Result<Matrix> y, bool transpose
     outputs[chunk] = partials.data() + (chunk - 1) * size;
   }
   std::unique_lock<std::mutex> lock(pool.mutex(), std::try_to_lock);
-  if (lock.owns_lock() && chunks > 1 && !pool.Solo()) {
+  if (lock.owns_lock() && chunks > 1 && schedule != kAlone &&
+      (schedule == kShared || !pool.Solo())) {
     pool.Run(p, chunks, outputs.data());
-  } else {  // the pool is taken or resting: the same chunks in turn, so the same result
+  } else {  // the pool is taken or resting, or kAlone: the same chunks in turn, so the same bits
     for (int chunk = 0; chunk < chunks; ++chunk) RunChunk(p, chunk, chunks, outputs.data());
   }
   if (!transposed) {
@@ -398,4 +406,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSmallMatmulF32, SmallMatmul,
                                   .Arg<Matrix>()
                                   .Arg<Matrix>()
                                   .Ret<Matrix>()
-                                  .Attr<bool>("transposed"));
+                                  .Attr<bool>("transposed")
+                                  .Attr<int32_t>("schedule"));

@@ -5,7 +5,8 @@ first time a process needs it, against the FFI headers of the installed jaxlib, 
 `SPECJAX_KERNEL_CACHE` (default `~/.cache/specjax/kernels`), keyed by its source, the shared
 `simd.h`, compiler, flags, jax version and CPU, and registered as an XLA:CPU FFI target. No
 compiler, a failed build or the kernel's switch (`SPECJAX_CPU_MATMUL=0`,
-`SPECJAX_CPU_ATTENTION=0`) leaves XLA's own ops in place (with one warning for a failure).
+`SPECJAX_CPU_ATTENTION=0`) leaves XLA's own ops in place (with one warning for a failure);
+otherwise `decision` picks, shape by shape, the kernel or XLA.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 
 import jax
 from absl import logging
+
+from specjax.kernels import decision
 
 _DIRECTORY = pathlib.Path(__file__).parent
 _HEADER = _DIRECTORY / "simd.h"
@@ -65,6 +68,7 @@ def _build(compiler: str, source: pathlib.Path, target: pathlib.Path,
 
 _SOURCES = tuple(sorted(path.name for path in _DIRECTORY.glob("*.cc")))  # every kernel
 _switched_off: frozenset[str] = frozenset()
+_libraries: dict[str, pathlib.Path] = {}  # each source loaded with the default flags: its library
 
 
 @contextlib.contextmanager
@@ -88,8 +92,19 @@ def available(source: str, symbol: str, target: str, switch: str) -> bool:
     whose FFI handler `symbol` is registered as `target`: it is built, loaded and registered in
     this process (`load`), the environment variable `switch` is not "0", and not inside
     `xla_only`."""
-    return (source not in _switched_off and os.environ.get(switch, "1") != "0"
-            and load(source, symbol, target))
+    if source in _switched_off or decision.mode(switch) == "0":
+        return False
+    if not load(source, symbol, target):
+        decision.unavailable(switch)
+        return False
+    return True
+
+
+def decisions_file(source: str) -> pathlib.Path | None:
+    """Where the kernel built from `source` keeps its measured decisions (`decision`): beside
+    its library, so a new source, compiler, jax or CPU measures again."""
+    library = _libraries.get(source)
+    return None if library is None else library.with_suffix(".decisions.json")
 
 
 @functools.cache
@@ -113,4 +128,6 @@ def load(source: str, symbol: str, target: str, flags: tuple[str, ...] = FLAGS) 
                         detail)
         return False
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
+    if flags == FLAGS:
+        _libraries[source] = library
     return True

@@ -50,7 +50,7 @@ class Attention(nn.Module):
             kv = _write(kv, k, v, write_pos, kv_heads)
             k, v = kv.k, kv.v
 
-        if kv is not None and _on_kernel(q, k, steps):
+        if kv is not None and _on_kernel(cfg, q, k, batch, steps):
             attended = _kernel_or_xla(cfg, q, k, v,
                                       jnp.broadcast_to(mask, (batch, steps, mask.shape[-1])))
         else:
@@ -61,13 +61,14 @@ class Attention(nn.Module):
         return matmul(attended.reshape(batch, steps, -1), out), kv
 
 
-def _on_kernel(q: jax.Array, k: jax.Array, steps: int) -> bool:
+def _on_kernel(cfg: ModelConfig, q: jax.Array, k: jax.Array, batch: int, steps: int) -> bool:
     """Whether a cached layer's attention runs on the CPU kernel (`kernels.cpu_attention`):
     float32, a few new tokens (decoding, verification; not prefill), one device, the kernel
-    available. The choice is static; `lax.platform_dependent` keeps GPU/TPU programs on
-    `_attend`."""
-    return (q.dtype == k.dtype == jnp.float32 and steps <= cpu_attention.MAX_TOKENS
-            and traced_for_one_device() and cpu_attention.available())
+    available and measured faster than `_attend` on this CPU. The choice is made when tracing;
+    `lax.platform_dependent` keeps GPU/TPU programs on `_attend`."""
+    return (q.dtype == k.dtype == jnp.float32 and traced_for_one_device()
+            and cpu_attention.chosen(batch, cfg.num_kv_heads, cfg.group_size, steps, k.shape[1],
+                                     cfg.head_dim, functools.partial(_attend, cfg)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

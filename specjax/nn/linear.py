@@ -1,9 +1,10 @@
 """The model's products with a weight matrix, routed to the fastest kernel for the shape.
 
 A few-row float32 product on CPU (decoding: one row per sequence, or K+1 drafted tokens) in a
-one-device program goes to the multi-threaded kernel of `specjax.kernels.cpu_matmul`;
-everything else (training, prefill, bf16, meshes, GPU, TPU) is XLA's dot. The choice is
-static (shapes, dtypes, mesh, platform), so it costs nothing at run time, and
+one-device program goes to the multi-threaded kernel of `specjax.kernels.cpu_matmul` where it
+measured faster than XLA's dot on this CPU (`kernels.decision`); everything else (training,
+prefill, bf16, meshes, GPU, TPU) is XLA's dot. The choice is made when tracing (shapes, dtypes,
+mesh, platform, the cached measurement), so it costs nothing at run time, and
 `lax.platform_dependent` keeps programs lowered or exported for GPU/TPU free of the CPU kernel.
 Gradients go through XLA's dot.
 """
@@ -25,9 +26,10 @@ def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,
     """x [..., K] times w [K, N] (w [N, K], contracted on its last axis, when `transpose_w`):
     [..., N], accumulated in and returned as `out_dtype` (default x's dtype)."""
     rows = math.prod(x.shape[:-1])
-    if (rows > cpu_matmul.MAX_ROWS or x.dtype != jnp.float32 or w.dtype != jnp.float32
+    n = w.shape[0] if transpose_w else w.shape[1]
+    if (x.dtype != jnp.float32 or w.dtype != jnp.float32
             or out_dtype not in (None, jnp.float32) or not traced_for_one_device()
-            or not cpu_matmul.available()):
+            or not cpu_matmul.chosen(rows, x.shape[-1], n, transpose_w, _xla_matmul)):
         return _xla_matmul(x, w, transpose_w, out_dtype)
     flat = _cpu_or_xla(x.reshape(rows, x.shape[-1]), w, transpose_w)
     return flat.reshape(*x.shape[:-1], flat.shape[-1])

@@ -1,0 +1,135 @@
+"""The measured choice between the CPU kernels and XLA's ops (`specjax.kernels.decision`): a kernel
+runs a shape only where it measured clearly faster and not slower at worst, the measurement runs
+once per CPU (cached beside the kernel's library, a corrupt cache measured again), a pinned switch
+skips it, and either choice decodes the same tokens."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.decoding.loop import generate_tokens
+from specjax.kernels import KERNELS, cpu_attention, cpu_matmul, decision, library
+from specjax.model import init_params
+
+needs_kernels = pytest.mark.skipif(not all(k.available() for k in KERNELS.values()),
+                                   reason="no C++ compiler")
+CFG = ModelConfig(vocab_size=64, d_model=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                  mlp_dim=128)
+
+
+@pytest.fixture
+def auto(monkeypatch, tmp_path):
+    """Both switches at auto, this process's decisions forgotten, decisions cached in tmp_path."""
+    for kernel in KERNELS.values():
+        monkeypatch.setenv(kernel.SWITCH, "auto")
+    monkeypatch.setattr(decision, "_decided", {})
+    monkeypatch.setattr(library, "decisions_file", lambda source: tmp_path / f"{source}.json")
+    return tmp_path
+
+
+def _decode_hlo_and_tokens() -> tuple[str, list[int]]:
+    """The greedy decode program's HLO and its tokens, traced afresh."""
+    jax.clear_caches()
+    generator = Generator(init_params(CFG, jax.random.PRNGKey(0)), CFG)
+    prompt = [[1, 2, 3, 4]]
+    args, static = generator._inputs(prompt, 6, AUTOREGRESSIVE, None, 0, None, None)
+    hlo = generate_tokens.lower(*args, **static).as_text()
+    return hlo, generator.generate(prompt, max_new_tokens=6).tokens[0]
+
+
+@needs_kernels
+@pytest.mark.parametrize("typical, worst, on_kernel", [
+    (0.5, 0.5, False), (2.0, 0.8, False), (1.05, 1.0, False), (2.0, 1.0, True)],
+    ids=["slower", "loses-when-busy", "not-clearly-faster", "faster"])
+def test_decoding_runs_a_kernel_only_where_it_measured_faster(auto, monkeypatch, typical,
+                                                              worst, on_kernel):
+    """A forced measurement decides what the decode program calls: catches a kernel used although
+    it measured slower, one chosen on its idle speed alone although it loses on a busy machine
+    (worst), and one chosen within the noise. Either way the tokens are XLA's."""
+    measured = []
+
+    def fake(*args):
+        measured.append(args)
+        return {"typical": typical, "worst": worst}
+
+    monkeypatch.setattr(cpu_matmul, "_measure", fake)
+    monkeypatch.setattr(cpu_attention, "_measure", fake)
+    hlo, tokens = _decode_hlo_and_tokens()
+    assert measured
+    for kernel in KERNELS.values():
+        assert (kernel.TARGET in hlo) == on_kernel
+    with library.xla_only():
+        _, reference = _decode_hlo_and_tokens()
+    assert tokens == reference
+    summary = decision.summary()
+    matmuls = len([a for a in measured if len(a) == 5])  # _measure(rows, k, n, transposed, xla)
+    assert summary[cpu_matmul.SWITCH] == (f"auto: kernel for {matmuls * on_kernel} of {matmuls} "
+                                          "shapes")
+
+
+@needs_kernels
+def test_a_decision_is_measured_once_per_cpu_and_a_corrupt_cache_again(auto, monkeypatch,
+                                                                       capsys):
+    """Catches a measurement repeated in every process (it is cached in a file), a corrupt cache
+    file that raises instead of being measured again, and a cache shared between CPUs (its name
+    follows the library's, which follows the CPU signature)."""
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"typical": 1.5, "worst": 1.2}
+
+    cache = auto / "decisions.json"
+    assert decision.use_kernel("matmul", cpu_matmul.SWITCH, cache, "1x8x8", measure)
+    assert "measured for 1x8x8: 1.50x XLA's speed, 1.20x at worst -> kernel" in \
+        capsys.readouterr().err
+    monkeypatch.setattr(decision, "_decided", {})  # a new process
+    assert decision.use_kernel("matmul", cpu_matmul.SWITCH, cache, "1x8x8", measure)
+    assert len(calls) == 1 and json.loads(cache.read_text())["matmul 1x8x8"]["worst"] == 1.2
+    cache.write_text('{"matmul 1x8')
+    monkeypatch.setattr(decision, "_decided", {})
+    assert decision.use_kernel("matmul", cpu_matmul.SWITCH, cache, "1x8x8", measure)
+    assert len(calls) == 2 and json.loads(cache.read_text())  # healed
+    paths = {library._library_path(library._DIRECTORY / cpu_matmul.SOURCE, "c++", library.FLAGS)}
+    monkeypatch.setattr(library, "cpu_signature", lambda: "another CPU")
+    paths.add(library._library_path(library._DIRECTORY / cpu_matmul.SOURCE, "c++",
+                                    library.FLAGS))
+    assert len(paths) == 2
+
+
+@needs_kernels
+def test_pinned_and_bad_switches(auto, monkeypatch):
+    """1 pins the kernel without measuring (bitwise-reproducible runs across machines), 0 is
+    XLA; catches a mistyped value silently read as on or off."""
+    def never():
+        raise AssertionError("measured although pinned")
+
+    monkeypatch.setenv(cpu_matmul.SWITCH, "1")
+    assert decision.use_kernel("matmul", cpu_matmul.SWITCH, None, "1x8x8", never)
+    assert decision.summary()[cpu_matmul.SWITCH] == "pinned: kernel"
+    monkeypatch.setenv(cpu_matmul.SWITCH, "0")
+    assert not cpu_matmul.available()
+    monkeypatch.setenv(cpu_matmul.SWITCH, "yes")
+    with pytest.raises(ValueError, match="SPECJAX_CPU_MATMUL='yes': use auto"):
+        cpu_matmul.available()
+
+
+@needs_kernels
+def test_a_real_measurement_inside_a_trace_decides_and_is_cached(auto):
+    """The first trace of a shape on this CPU times kernel and XLA outside the trace (catches a
+    measurement staged into the program being traced, or one that fails under jit) and stores
+    both ratios."""
+    x = np.ones((3, 48), np.float32)
+    w = np.ones((48, 40), np.float32)
+    from specjax.nn.linear import matmul
+
+    out = jax.jit(lambda x, w: matmul(x, w))(x, w)
+    np.testing.assert_allclose(out, x @ w)
+    entries = json.loads((auto / f"{cpu_matmul.SOURCE}.json").read_text())
+    (ratios,) = entries.values()
+    assert list(entries) == ["matmul 4x48x40"]
+    assert ratios["worst"] <= ratios["typical"] and ratios["worst"] > 0

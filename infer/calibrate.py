@@ -29,16 +29,15 @@ from specjax.calibration import check_risk_levels, learn_then_test
 from specjax.decoding.bench import run_benchmark
 from specjax.decoding.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.decoding.cli import (
-    DECODING_FLAGS,
     decoding_defaults,
-    decoding_options,
     define_decoding_flags,
+    options_from_flags,
     require_positive_flags,
     run_writing_json,
 )
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
-from specjax.decoding.registry import make_strategy, require_used
+from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
@@ -97,14 +96,11 @@ def run() -> dict:
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
-              if getattr(FLAGS, name) is not None}
     calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"
-    if calibrated in chosen:
+    if getattr(FLAGS, calibrated) is not None:
         raise ValueError(f"--{calibrated}: this is what calibration chooses (over --grid); "
                          "drop it")
-    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg, chosen)
-    require_used([FLAGS.strategy], [options], chosen)
+    options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, [FLAGS.strategy])
     prompts, references = heldout_continuations(
         loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.new_tokens,
         skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)

@@ -18,15 +18,14 @@ from specjax.calibrated import read_calibrated
 from specjax.decoding.bench import run_benchmark
 from specjax.decoding.calm_quality import heldout_continuations, measure_quality
 from specjax.decoding.cli import (
-    DECODING_FLAGS,
     decoding_defaults,
-    decoding_options,
     define_decoding_flags,
+    options_from_flags,
     require_positive_flags,
     run_writing_json,
 )
 from specjax.decoding.engine import AUTOREGRESSIVE
-from specjax.decoding.registry import make_strategy, require_used
+from specjax.decoding.registry import make_strategy
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
 from specjax.outputs import staged
@@ -66,12 +65,9 @@ def run(plot: str | None) -> list[dict]:
         raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: expected numbers") from None
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
-              if getattr(FLAGS, name) is not None}
-    if "calm_threshold" in chosen:
+    if FLAGS.calm_threshold is not None:
         raise ValueError("--calm_threshold: the bench sweeps --thresholds instead; drop it")
-    options = decoding_options(decoding_defaults(loaded.meta), loaded.cfg, chosen)
-    require_used(["calm"], [options], chosen)
+    options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, ["calm"])
     calm = make_strategy("calm", options)
     prompts, references = heldout_continuations(loaded.meta, tokenizer, FLAGS.num_prompts,
                                                 FLAGS.prompt_len, FLAGS.new_tokens)

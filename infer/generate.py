@@ -15,18 +15,17 @@ from absl import app, flags
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.cli import (
-    DECODING_FLAGS,
     decoding_defaults,
-    decoding_options,
     define_decoding_flags,
     define_mesh_flag,
     describe_plan,
     mesh_from_flag,
+    options_from_flags,
     read_prompts_file,
     require_positive_flags,
     resolve_auto_tree,
 )
-from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
+from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import decision
@@ -95,10 +94,7 @@ def _generate(prompts, sampling, mesh, output):
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    chosen = {name: getattr(FLAGS, name) for name in DECODING_FLAGS
-              if getattr(FLAGS, name) is not None}
-    options = decoding_options(decoding_defaults(meta), cfg, chosen)
-    require_used([FLAGS.strategy], [options], chosen)
+    options = options_from_flags(decoding_defaults(meta), cfg, [FLAGS.strategy])
     generator = loaded.generator()
     if generator.mesh is not None:
         print("decoding on a mesh of " + ", ".join(

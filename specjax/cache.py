@@ -108,16 +108,12 @@ class LayerSSM(NamedTuple):
     def commit(self, before: jax.Array, after: jax.Array, path: jax.Array | None) -> LayerSSM:
         """Folds the round's first `after - before` accepted tokens (the pending token, then
         the path's nodes; a chain's in window order) into the state and the conv history."""
-        if path is None:
-            order = jnp.broadcast_to(jnp.arange(self.window), (before.shape[0], self.window))
-        else:
-            order = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
         count = after - before
-        kept = (jnp.arange(order.shape[1])[None, :] < count[:, None])[..., None]
+        kept = (jnp.arange(self.window if path is None else path.shape[1] + 1)[None, :]
+                < count[:, None])[..., None]
 
         def along(buffer):
-            index = order.reshape(order.shape + (1,) * (buffer.ndim - 2))
-            return jnp.take_along_axis(buffer, index, axis=1)
+            return along_path(buffer, path)
 
         dt, log_decay = (jnp.where(kept, along(t), 0.0) for t in (self.dt, self.log_decay))
         state = ssd_fold(self.state, along(self.x), dt, log_decay, along(self.b))
@@ -125,6 +121,17 @@ class LayerSSM(NamedTuple):
         last = count[:, None] + jnp.arange(self.conv.shape[1])[None, :]
         conv = jnp.take_along_axis(history, last[..., None], axis=1)
         return self._replace(state=state, conv=conv)
+
+
+def along_path(values: jax.Array, path: jax.Array | None) -> jax.Array:
+    """Per-position values [B, W, ...] of a round's window (the pending token at position 0,
+    draft node i at i + 1) at the tokens the round keeps, in order: the root, then each node of
+    `path` [B, D] (giving [B, D+1, ...]); a chain (None) keeps its window in order."""
+    if path is None:
+        return values
+    positions = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
+    return jnp.take_along_axis(
+        values, positions.reshape(positions.shape + (1,) * (values.ndim - 2)), axis=1)
 
 
 @flax.struct.dataclass

@@ -4,6 +4,8 @@ import copy
 import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -30,6 +32,24 @@ for _kernel in KERNELS.values():
 # and by later runs), never to the user's ~/.cache; the CLI subprocesses inherit it.
 os.environ.setdefault("SPECJAX_CACHE", os.path.join(tempfile.gettempdir(),
                                                     f"specjax-test-cache-{os.getuid()}"))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment a script runs in from the tests: this one, the package importable."""
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_script(script: str, *args: str, env: dict[str, str] | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python <script> args` as a user runs it (`script` relative to the repository, e.g.
+    "infer/generate.py"), output captured as text; `env`: variables added."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
+                          env=script_env(**(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
+
 
 TINY_MODEL = dict(vocab_size=259, d_model=32, num_layers=4, num_heads=4, num_kv_heads=2,
                   mlp_dim=64)

@@ -18,7 +18,7 @@ from specjax.entrypoint import SpecjaxError
 from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, tiny_run
+from tests.conftest import TINY_MODEL, run_script, tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +97,7 @@ def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
 def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
     """Catches `calibrate.py --delta 0` failing only after the whole sweep (80 prompts x 21
     values by default): the error must come before the model is even loaded."""
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, os.path.join(root, "infer", "calibrate.py"),
-                             "--workdir=/nonexistent", flag], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    result = run_script("infer/calibrate.py", "--workdir=/nonexistent", flag)
     assert result.returncode == 1
     name, value = flag[2:].split("=")
     assert result.stderr.strip() == f"error: --{name}={float(value):g} must lie in (0, 1)"
@@ -156,15 +150,9 @@ def test_an_option_the_strategy_does_not_read_is_an_error(model_workdir, strateg
 def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
     """The command line's path: catches `--tree ''` quietly decoding with another tree (it means
     nothing: 'chain' is a chain), and a flag the strategy ignores reaching the decode."""
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for flags, error in [(["--tree="], "error: --tree is empty: give 'chain' for a chain"),
                          (["--strategy=calm", "--tree=2,2"],
                           "error: --tree is not used by strategy calm")]:
-        result = subprocess.run([sys.executable, os.path.join(root, "infer", "generate.py"),
-                                 f"--workdir={model_workdir}", "--prompt=x", *flags],
-                                capture_output=True, text=True,
-                                env={**os.environ, "PYTHONPATH": root}, timeout=300)
+        result = run_script("infer/generate.py", f"--workdir={model_workdir}", "--prompt=x",
+                            *flags)
         assert result.returncode == 1 and result.stderr.strip().startswith(error), result.stderr

@@ -3,16 +3,13 @@ defaults, which generation then uses; the lambda sweep's table and curve."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from specjax.calibrated import FILE
 from specjax.training.trainer import Trainer
-from tests.conftest import tiny_run
+from tests.conftest import run_script, tiny_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompt_len", "16", "--new_tokens", "8"]
 CALIBRATION = [*SMALL, "--num_prompts", "6", "--per_document", "2", "--skip_documents", "0",
                "--speed_prompts", "1", "--grid", "1,0.5,0"]
@@ -26,9 +23,7 @@ def workdir(tmp_path_factory):
 
 
 def _run(script, *args):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "infer", script), *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return run_script(f"infer/{script}", *args)
 
 
 def _mean_exit(workdir, *args):

@@ -4,8 +4,6 @@ accumulation, bf16 compute on an fp32 master copy, frozen groups, the memory est
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +21,9 @@ from specjax.training.init_source import resolve_init
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, tiny_run
+from tests.conftest import ROOT, TINY_MODEL, run_script, tiny_run
 from tests.test_token_cache import write_bpe_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_MODEL = dict(TINY_MODEL, vocab_size=320)  # room for the BPE tokenizer's ids
 
 
@@ -148,11 +145,10 @@ def test_bad_sources_and_data_are_one_line_errors_with_nothing_written(sources, 
 def test_a_contradicting_flag_is_one_line_from_the_command_line(sources, tmp_path):
     """Catches train.py passing no explicit overrides (the contradiction would go unnoticed)."""
     workdir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "train", "train.py"), "--config",
-         os.path.join(ROOT, "tests", "configs", "tiny.py"), "--workdir", str(workdir),
-         f"--config.init.source={sources['hf']}", "--config.model.d_model=64"],
-        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    result = run_script("train/train.py", "--config", os.path.join(ROOT, "tests", "configs",
+                                                                    "tiny.py"),
+                        "--workdir", str(workdir), f"--config.init.source={sources['hf']}",
+                        "--config.model.d_model=64")
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines() == [
         "error: --config.model.d_model=64 contradicts init.source, whose model has d_model=32; "
@@ -234,11 +230,9 @@ def test_memory_check_prints_the_estimate(tmp_path):
     """Catches the memory check's command failing (on a CPU it prints the estimate alone: the
     CPU reports no peak) or writing no record."""
     out = tmp_path / "memory.json"
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "train", "memory_check.py"), "--config",
-         os.path.join(ROOT, "tests", "configs", "tiny.py"), "--steps=1",
-         "--config.train.grad_accum=2", f"--output_json={out}"],
-        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    result = run_script("train/memory_check.py", "--config",
+                        os.path.join(ROOT, "tests", "configs", "tiny.py"), "--steps=1",
+                        "--config.train.grad_accum=2", f"--output_json={out}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "memory per device (estimate)" in result.stdout
     record = json.loads(out.read_text())

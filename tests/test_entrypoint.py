@@ -1,12 +1,9 @@
 """What every entry point shares (`specjax.entrypoint`): usage and exit statuses."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import run_script
 
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
@@ -14,6 +11,5 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_help_exits_zero(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
     would read it as a failure)."""
-    result = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    result = run_script(script, "--help")
     assert result.returncode == 0 and "--workdir" in result.stdout + result.stderr

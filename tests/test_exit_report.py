@@ -3,8 +3,6 @@ metrics against direct forwards, its predictions against hand values, the CLI en
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -26,9 +24,8 @@ from specjax.exit_report import (
 from specjax.model import embed, exit_logits, init_params, run_layers
 from specjax.tokenizer import ByteTokenizer
 from specjax.training.evaluate import ExitReport
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import ROOT, TINY_MODEL, damped_params, run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)  # shallow exits agree part of the time
 # Distinct made-up seconds per token count: a cost read at the wrong count changes the result.
@@ -153,9 +150,7 @@ def imported(tmp_path_factory):
 
 
 def _run(*args):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "infer", "exits.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return run_script("infer/exits.py", *args)
 
 
 def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported):

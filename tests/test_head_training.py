@@ -3,10 +3,7 @@ decoding from a head's workdir."""
 
 import glob
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -20,10 +17,7 @@ from specjax.loading import load_model
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_RUN, tiny_run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from tests.conftest import TINY_RUN, run_script, tiny_run
 
 BASE_RUN = tiny_run(model=dict(init_std=0.3),  # peaked distributions that exits disagree on
                     train=dict(total_steps=4, warmup_steps=1, eval_every=4, save_every=4))
@@ -197,12 +191,9 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, strat
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "import os\\n"}\n{"prompt": "def f(x):"}\n')
     out = tmp_path / "out.jsonl"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", adapter,
-         "--strategy", strategy, flag, "--prompts_file", str(prompts),
-         "--max_new_tokens", "24", "--output", str(out)],
-        env=env, capture_output=True, text=True, timeout=300)
+    result = run_script("infer/generate.py", "--workdir", adapter, "--strategy", strategy, flag,
+                        "--prompts_file", str(prompts), "--max_new_tokens", "24",
+                        "--output", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     plain = specjax.load(base).generate(["import os\n", "def f(x):"], max_new_tokens=24,

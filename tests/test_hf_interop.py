@@ -4,8 +4,6 @@ Needs the `hf` extra (torch, transformers); the reference models are created loc
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +19,8 @@ from specjax.checkpoint import CheckpointError, load_params  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
+from tests.conftest import run_script  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
             vocab_size=101)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -165,11 +163,9 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     source = _saved(hf_model, tmp_path / "hf")
     _word_tokenizer(os.path.join(source, "tokenizer.json"))
     workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def cli(script, *args):
-        result = subprocess.run([sys.executable, os.path.join(ROOT, "infer", script), *args],
-                                env=env, capture_output=True, text=True, timeout=300)
+        result = run_script(f"infer/{script}", *args)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout
 

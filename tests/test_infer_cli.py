@@ -12,9 +12,7 @@ import pytest
 
 from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.training.trainer import Trainer
-from tests.conftest import tiny_run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT, run_script, script_env, tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +25,7 @@ def workdir(tmp_path_factory):
 
 
 def _run(script, *args, env=None):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           **(env or {})}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "infer", script), *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return run_script(f"infer/{script}", *args, env=env)
 
 
 def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_path):
@@ -147,7 +142,7 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
     streamed = lambda: [tmp_path / n for n in os.listdir(tmp_path) if n.endswith(".partial")]
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}("}) + "\n" for i in range(5000)))
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = script_env()
     command = [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", workdir,
                "--prompts_file", str(prompts), "--max_new_tokens", "64", "--batch_size", "1",
                "--output", str(out)]

@@ -2,20 +2,13 @@
 run, and an output that is also the input is refused."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 from specjax.outputs import staged
+from tests.conftest import run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OLD = b'{"kept": "the previous run\'s results"}\n'
-
-
-def _run(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
 
 
 def test_an_interrupted_or_failed_block_leaves_the_old_file_and_no_partial(tmp_path):
@@ -53,7 +46,7 @@ def test_a_failed_run_leaves_an_existing_output_untouched(tmp_path, command):
     out = tmp_path / "results.json"
     out.write_bytes(OLD)
     args = [arg.format(out=out) for arg in command]
-    result = _run(*args, f"--workdir={tmp_path / 'typo'}")
+    result = run_script(*args, f"--workdir={tmp_path / 'typo'}")
     assert result.returncode == 1 and result.stderr.startswith("error:"), result.stderr
     assert out.read_bytes() == OLD and os.listdir(tmp_path) == ["results.json"]
 
@@ -62,7 +55,7 @@ def test_generate_refuses_to_write_over_its_prompts_file(tmp_path):
     """Catches `--output` equal to `--prompts_file` destroying the prompts."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f("}\n')
-    result = _run("infer/generate.py", f"--workdir={tmp_path / 'typo'}",
+    result = run_script("infer/generate.py", f"--workdir={tmp_path / 'typo'}",
                   f"--prompts_file={prompts}", f"--output={prompts}")
     assert result.returncode == 1
     assert result.stderr.strip() == (f"error: --output {prompts} is the prompts file: write the "

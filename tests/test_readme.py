@@ -10,9 +10,7 @@ import sys
 from specjax.checkpoint import Checkpointer
 from specjax.decoding.registry import STRATEGIES
 from specjax.training.trainer import Trainer
-from tests.conftest import tiny_run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT, script_env, tiny_run
 
 
 def _readme():
@@ -21,7 +19,7 @@ def _readme():
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return script_env()
 
 
 def test_the_readme_python_examples_run(tmp_path):

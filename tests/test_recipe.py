@@ -20,8 +20,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from specjax import model as M  # noqa: E402
 from specjax.checkpoint import load_params  # noqa: E402
+from tests.conftest import ROOT, script_env  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = ["--config.data.max_documents=150", "--config.data.seq_len=64",
              "--config.train.batch_size=4", "--config.train.total_steps=4",
              "--config.train.warmup_steps=1", "--config.train.eval_every=4",
@@ -68,7 +68,7 @@ def test_the_readme_recipe_runs_from_a_stand_in_to_a_self_drafting_export(tmp_pa
         "infer/exits.py", "train/train.py", "infer/exits.py", "infer/bench.py",
         "infer/convert.py"]
     os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = script_env()
     for args in commands:
         result = subprocess.run(_smoke(args), cwd=tmp_path, env=env, capture_output=True,
                                 text=True, timeout=300)

@@ -28,9 +28,7 @@ from specjax.sharding import (
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
 from tests import mesh_training as M
-from tests.conftest import tiny_run
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT, tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,6 @@
 utilisation; the 1B bfloat16 config it is meant to run on a GPU."""
 
 import math
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,9 +11,8 @@ from configs.tiny_code import get_config
 from specjax.config import ModelConfig, SsmConfig
 from specjax.model import forward, init_params
 from specjax.training.flops import train_flops_per_token
-from tests.conftest import TINY_MODEL, tiny_run
+from tests.conftest import TINY_MODEL, run_script, tiny_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SSM = SsmConfig(num_heads=4, head_dim=16, state_size=8, groups=2, chunk_size=16)
 
 
@@ -50,9 +46,8 @@ def test_step_bench_reports_step_times_and_utilisation(tmp_path):
     run = tiny_run(train=dict(batch_size=4))
     config.write_text("import ml_collections\n\n\ndef get_config():\n    return "
                       f"ml_collections.ConfigDict({run!r})\n")
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "step_bench.py"),
-                             f"--config={config}", "--steps=2", "--peak_tflops=0.001"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_script("train/step_bench.py", f"--config={config}", "--steps=2",
+                        "--peak_tflops=0.001")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stdout.splitlines() if "ms/step" in line]
     assert len(lines) == 2 and lines[0].startswith("plain jit")

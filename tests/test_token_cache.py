@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from specjax import data as D
 from specjax.tokenizer import HFTokenizer, load_tokenizer
+from tests.conftest import ROOT, run_script
 
 TEXTS = [f"def function_{i}(value):\n    return value * {i} + 'é→λ'\n" * (i % 4 + 1)
          for i in range(40)]
@@ -156,14 +157,8 @@ def test_bad_data_files_are_one_line_errors(tmp_path, files, message):
 
 def test_the_data_bench_runs(tmp_path):
     """Catches the data bench's command failing (it is the docs' tokenization figure)."""
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, os.path.join(root, "train", "data_bench.py"), "--config",
-         os.path.join(root, "tests", "configs", "tiny.py"), "--repeats=1",
-         "--config.data.max_documents=20"], env={**os.environ, "PYTHONPATH": root},
-        capture_output=True, text=True, timeout=300)
+    result = run_script("train/data_bench.py", "--config",
+                        os.path.join(ROOT, "tests", "configs", "tiny.py"), "--repeats=1",
+                        "--config.data.max_documents=20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "x of encode_batch alone" in result.stdout and "read in" in result.stdout

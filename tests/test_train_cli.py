@@ -11,8 +11,7 @@ import pytest
 
 from specjax.checkpoint import Checkpointer
 from specjax.workdir import exclusive_workdir
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT, script_env
 
 
 def _command(workdir, *overrides):
@@ -22,7 +21,7 @@ def _command(workdir, *overrides):
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return script_env()
 
 
 def _train_steps(workdir):

@@ -18,6 +18,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specjax.cache import along_path
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.tree import ancestor_matrix, children_table, walk
@@ -52,7 +53,7 @@ def accept(key: jax.Array, proposal: Proposal, target_logits: jax.Array,
         path, count = _greedy_tree_path(proposal, target, shape.depth)
         # An accepted node's token is the target's argmax at its parent: emit argmaxes along
         # the path, ending with the one at the last accepted node (the bonus token).
-        return Acceptance(count, _along_path(target, path), path)
+        return Acceptance(count, along_path(target, path), path)
     accept_key, final_key = jax.random.split(key)
     children = children_table(proposal.parents, shape.max_children)
     accepted_child, leftover = _sampled_decisions(accept_key, proposal, target_probs, children)
@@ -191,12 +192,6 @@ def _take_nodes(values: jax.Array, node: jax.Array) -> jax.Array:
     """values [B, T, ...] at node ids [B, P] (-1 reads node 0; callers mask it)."""
     index = jnp.maximum(node, 0).reshape(node.shape + (1,) * (values.ndim - 2))
     return jnp.take_along_axis(values, index, axis=1)
-
-
-def _along_path(per_position: jax.Array, path: jax.Array) -> jax.Array:
-    """per_position [B, 1+T] read at the root and at each node of path [B, D]: [B, D+1]."""
-    positions = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
-    return jnp.take_along_axis(per_position, positions, axis=1)
 
 
 def _normalise(weights: jax.Array) -> jax.Array:

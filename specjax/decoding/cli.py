@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.decoding.engine import Generator
+from specjax.decoding.registry import require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
@@ -101,6 +102,17 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
                 raise ValueError(f"--{name}={value!r}: expected a {kind.__name__}") from None
     options = dataclasses.replace(defaults, **values)
     options.check(cfg)
+    return options
+
+
+def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,
+                       strategies: Sequence[str]) -> DecodingConfig:
+    """`defaults` with the decoding flags the user set (`define_decoding_flags`), checked
+    against the model and against `strategies`: a flag none of them reads is an error."""
+    chosen = {name: getattr(flags.FLAGS, name) for name in DECODING_FLAGS
+              if getattr(flags.FLAGS, name) is not None}
+    options = decoding_options(defaults, cfg, chosen)
+    require_used(strategies, [options], chosen)
     return options
 
 

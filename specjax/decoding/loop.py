@@ -17,7 +17,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
+from specjax.cache import Cache, along_path
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
@@ -168,7 +168,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     count = jnp.where(active, count, 0)
     write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
     written = write(s.tokens, accepted.emitted, s.num_tokens)
-    traced = {name: write(s.trace[name], _along_emitted(values, accepted.path), s.num_tokens)
+    traced = {name: write(s.trace[name], along_path(values, accepted.path), s.num_tokens)
               for name, values in verified.trace.items()}
     num_tokens = s.num_tokens + count
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
@@ -192,16 +192,6 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
         round=s.round + 1)
-
-
-def _along_emitted(values: jax.Array, path: jax.Array | None) -> jax.Array:
-    """Per-position values [B, 1+T] at the positions whose logits produced each emitted token
-    [B, D+1]: emitted token j comes from the pending token (j = 0) or the j-th accepted node's
-    position (a chain's node j - 1; a tree's path[j - 1])."""
-    if path is None:  # a chain's emitted tokens come from positions 0 .. T in order
-        return values
-    positions = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)
-    return jnp.take_along_axis(values, positions, axis=1)
 
 
 def _pick(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None) -> jax.Array:

@@ -163,7 +163,7 @@ def _verify_costs(generator, strategies, prompts) -> dict | None:
     trees = [s for s in strategies.values() if not s.shape.is_chain]
     if not trees:
         return None
-    exit_layer = getattr(trees[0], "exit_layer", 0)  # 0: a drafter whose target runs it all
+    exit_layer = trees[0].verify_from
     context = int(sum(len(p) for p in prompts) / len(prompts) + FLAGS.max_new_tokens / 2)
     sizes = [1, 8, 16, 32]
     seconds = pass_seconds(generator, (exit_layer, generator.cfg.num_layers), sizes, context)
@@ -178,8 +178,7 @@ def compare_with_hf(results, strategies, prompts) -> list[dict]:
         raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
                          "(transformers' assisted generation is batch 1 only)")
     by_name = {r.name: r for r in results}
-    drafters = [name for name, s in strategies.items()
-                if getattr(s, "hf_options", lambda: None)() is not None]
+    drafters = [name for name, s in strategies.items() if s.hf_options() is not None]
     if "ar" not in by_name or not drafters:
         raise ValueError("--compare_hf compares with ar and a selfspec chain: keep both in "
                          "--strategies")

@@ -28,7 +28,8 @@ from specjax.checkpoint import (
     load_params,
 )
 from specjax.config import ModelConfig
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.engine import Generator
 from specjax.model import Params, unstack_layers
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.objectives import HEADS

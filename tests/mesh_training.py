@@ -16,7 +16,8 @@ from specjax.checkpoint import Checkpointer, abstract_tree
 from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
-from specjax.decoding.engine import AUTOREGRESSIVE, DraftWeights, Generator
+from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens

@@ -11,8 +11,9 @@ from specjax.checkpoint import Checkpointer, CheckpointError
 from specjax.confidence_head import init_confidence_head
 from specjax.config import ModelConfig
 from specjax.decoding.calm import Calm
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.early_exit import EarlyExit
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.engine import Generator
 from specjax.training.calm import balanced_bce, exit_labels
 from specjax.training.config import CalmConfig
 from specjax.training.frozen_base import load_base

@@ -9,8 +9,9 @@ import pytest
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.engine import Generator
 from specjax.decoding.static_tree import StaticTree
 from specjax.model import allocate_cache, embed, run_layers_cached
 from tests.conftest import (

@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specjax.config import ModelConfig
+from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding.chain import Chain
-from specjax.decoding.drafter import FullVerification
+from specjax.decoding.drafter import DrafterBase, FullVerification
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Shape
+from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params
 
@@ -89,3 +90,15 @@ def test_a_drafter_with_weights_and_state_is_lossless_and_kept_in_step(generator
             assert stats.extra["rounds_seen"] == stats.rounds * (stats.rounds - 1) // 2
         if noise == 0.5:
             assert out.total.accepted > 0  # the table's weights reached the drafts
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_registered_strategy_has_the_optional_hooks(name):
+    """The engine and the bench call the optional hooks (needs_weights, bind, runtime_params,
+    hf_options, verify_from) without getattr: catches a registered drafter that does not
+    derive from `DrafterBase` (an AttributeError at decode time) or that registers under
+    another name than its own."""
+    strategy = make_strategy(name, DecodingConfig(skip_layers="1"))
+    assert isinstance(strategy, DrafterBase) and strategy.name == name
+    assert isinstance(strategy.needs_weights, bool) and isinstance(strategy.verify_from, int)
+    assert strategy.hf_options() is None or name == "selfspec"

@@ -15,9 +15,10 @@ from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.calm import CalmDraft
 from specjax.decoding.chain import Chain
 from specjax.decoding.draft_model import DraftModel
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.early_exit import EarlyExit
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.engine import Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens

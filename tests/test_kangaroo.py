@@ -15,8 +15,9 @@ from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.chain import Chain
 from specjax.decoding.cli import resolve_auto_tree
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.engine import Generator
 from specjax.decoding.kangaroo import Kangaroo
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams

@@ -17,8 +17,9 @@ from specjax.acceptance_head import init_acceptance_head
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop, specdec
 from specjax.decoding.chain import Chain
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import DraftWeights, Generator
+from specjax.decoding.engine import Generator
 from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, probabilities

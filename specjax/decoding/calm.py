@@ -29,9 +29,14 @@ from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.chain import Chain
-from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round
+from specjax.decoding.drafter import (
+    DraftContext,
+    DrafterBase,
+    FullVerification,
+    Prefilled,
+    Round,
+)
 from specjax.decoding.early_exit import EarlyExit, ExitParams, decayed_threshold
-from specjax.decoding.engine import DraftWeights
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.tree import Layout, chain_layout
 from specjax.decoding.verify import Verified
@@ -51,15 +56,13 @@ class Position:
 
 
 @dataclasses.dataclass(frozen=True)
-class _EarlyExiting:
+class _EarlyExiting(DrafterBase):
     """What both CALM strategies share: the early exit, its default traced parameters and the
     classifier's weights when the measure is learned."""
 
     early_exit: EarlyExit = EarlyExit()
     threshold: float = dataclasses.field(default=0.9, compare=False)
     decay: float = dataclasses.field(default=4.0, compare=False)
-
-    prefill_exits: ClassVar[tuple[int, ...]] = ()
 
     @property
     def needs_weights(self) -> bool:
@@ -72,9 +75,6 @@ class _EarlyExiting:
                 "runs/calm) and decode from its workdir, or add it with --draft_workdir; or use "
                 "--calm_measure softmax or state")
 
-    def bind(self, weights: DraftWeights) -> _EarlyExiting:
-        return self
-
     def runtime_params(self, weights: Params | None) -> ExitParams:
         """The traced parameters: this strategy's threshold and decay, and `weights` (the
         classifier's) when its measure needs them."""
@@ -85,9 +85,6 @@ class _EarlyExiting:
         self.early_exit.validate(cfg)
         if self.decay < 0:
             raise ValueError(f"calm_decay={self.decay} must be >= 0")
-
-    def hf_options(self) -> None:
-        return None  # transformers has no CALM
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Position:
         return Position(prefilled.lengths, jnp.float32(prefilled.max_new_tokens))
@@ -103,6 +100,7 @@ class Calm(_EarlyExiting):
 
     name: ClassVar[str] = "calm"
     shape: ClassVar[Chain] = Autoregressive.shape
+    lossless: ClassVar[bool] = False  # its tokens leave early: quality traded for speed
 
     def label(self) -> str:
         return f"{self.name} {self.early_exit.label()} lambda={self.threshold:g}"

@@ -21,8 +21,13 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.chain import Chain
-from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round
-from specjax.decoding.engine import DraftWeights
+from specjax.decoding.drafter import (
+    DraftContext,
+    DraftWeights,
+    FullVerification,
+    Prefilled,
+    Round,
+)
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.tree import Layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
@@ -40,8 +45,6 @@ class DraftModel(FullVerification):
     needs_weights: ClassVar[bool] = True
     weights_hint: ClassVar[str] = (
         "pass --draft_workdir, a specjax workdir (trained or imported) with the same tokenizer")
-    prefill_exits: ClassVar[tuple[int, ...]] = ()
-
     def bind(self, weights: DraftWeights) -> DraftModel:
         return dataclasses.replace(self, cfg=weights.cfg)
 
@@ -55,9 +58,6 @@ class DraftModel(FullVerification):
 
     def label(self) -> str:
         return f"{self.name} {self.shape.label()}"
-
-    def hf_options(self) -> None:
-        return None
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Cache:
         batch = prefilled.prompts.shape[0]

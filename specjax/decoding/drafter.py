@@ -15,10 +15,14 @@ LayerSkip). The loop calls its hooks:
 
 The loop owns acceptance, the target cache's commit, EOS, budgets and statistics. New ideas
 (Kangaroo, a draft model, CALM) are new drafters, registered once in `decoding.registry`.
+Every drafter derives from `DrafterBase`, which gives the optional hooks (weights of its own,
+traced settings, the Hugging Face peer's options, what verification reuses) their defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 import flax.struct
@@ -31,6 +35,18 @@ from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.verify import Verified, verify
 from specjax.model import Params
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftWeights:
+    """A drafter's own weights: a Kangaroo adapter's (and the exit it was trained on) or a
+    draft model's (and its config); a head's `settings` are those its checkpoint records
+    (SpecDec++'s: exit_layer, width, temperature, top_p, children)."""
+
+    params: Params
+    exit_layer: int | None = None
+    cfg: ModelConfig | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @flax.struct.dataclass
@@ -76,7 +92,20 @@ class Round:
 class Drafter(Protocol):
     name: ClassVar[str]       # the registry's and the CLI's name for this kind of drafter
     shape: Shape              # the static shape of every proposal
-    prefill_exits: tuple[int, ...]
+    prefill_exits: tuple[int, ...]  # exits whose prompt hidden states `prefill` reads
+    needs_weights: bool       # drafts with weights of its own (`bind`, `Generator`)
+    weights_hint: str         # how to get them, for the error when they are missing
+    verify_from: int          # layers below this verification reuses from the draft (0: none)
+    lossless: bool            # its output is the target's (greedy: identical; sampled: in law)
+
+    def bind(self, weights: DraftWeights) -> Drafter:
+        """This drafter for these weights of its own (checked against them)."""
+
+    def runtime_params(self, draft_params: Any) -> Any:
+        """The params traced into the program: its weights' (default) plus traced settings."""
+
+    def hf_options(self) -> dict[str, Any] | None:
+        """`generate()` options of the equivalent Hugging Face decoding (None: none exists)."""
 
     def validate(self, cfg: ModelConfig) -> None:
         """Raises ValueError if the drafter cannot run on this model."""
@@ -99,7 +128,28 @@ class Drafter(Protocol):
         """The state after the round `done`."""
 
 
-class FullVerification:
+class DrafterBase:
+    """The optional hooks' defaults (see `Drafter`): no weights of its own, no traced
+    settings, no Hugging Face equivalent, verification of every layer, no prompt states,
+    lossless."""
+
+    prefill_exits: ClassVar[tuple[int, ...]] = ()
+    lossless: ClassVar[bool] = True
+    needs_weights: ClassVar[bool] = False
+    weights_hint: ClassVar[str] = ""
+    verify_from: ClassVar[int] = 0
+
+    def bind(self, weights: DraftWeights) -> Drafter:
+        return self
+
+    def runtime_params(self, draft_params: Any) -> Any:
+        return draft_params
+
+    def hf_options(self) -> dict[str, Any] | None:
+        return None
+
+
+class FullVerification(DrafterBase):
     """Verification by the full target model: every drafter's but CALM's."""
 
     def verify(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
@@ -109,8 +159,6 @@ class FullVerification:
 
 class Stateless(FullVerification):
     """Hooks of a drafter that needs no state across rounds (LayerSkip, autoregressive)."""
-
-    prefill_exits: ClassVar[tuple[int, ...]] = ()
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> tuple:
         return ()

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from specjax.config import ModelConfig
 from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.drafter import Drafter
+from specjax.decoding.drafter import Drafter, DraftWeights
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.model import Params, unstack_layers
@@ -60,18 +60,6 @@ class RowStats:
                    sum(r.accepted for r in rows), sum(r.verified for r in rows),
                    {name: sum(r.extra[name] for r in rows) for name in
                     (rows[0].extra if rows else {})})
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftWeights:
-    """A drafter's own weights: a Kangaroo adapter's (and the exit it was trained on) or a
-    draft model's (and its config); a head's `settings` are those its checkpoint records
-    (SpecDec++'s: exit_layer, width, temperature, top_p, children)."""
-
-    params: Params
-    exit_layer: int | None = None
-    cfg: ModelConfig | None = None
-    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,14 +166,13 @@ class Generator:
         clear error when a drafter that needs weights has none."""
         if draft_params is not None:
             return strategy, draft_params
-        if getattr(strategy, "needs_weights", False):
+        if strategy.needs_weights:
             weights = self.draft_weights.get(strategy.name)
             if weights is None:
                 raise ValueError(f"strategy {strategy.name!r} needs weights of its own and "
                                  f"this model has none: {strategy.weights_hint}")
             strategy, draft_params = strategy.bind(weights), weights.params
-        runtime = getattr(strategy, "runtime_params", None)
-        return strategy, draft_params if runtime is None else runtime(draft_params)
+        return strategy, strategy.runtime_params(draft_params)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""

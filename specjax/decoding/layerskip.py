@@ -23,8 +23,7 @@ import jax
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.chain import AcceptModel, Chain
-from specjax.decoding.drafter import DraftContext, Stateless
-from specjax.decoding.engine import DraftWeights
+from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
@@ -90,6 +89,11 @@ class SelfSpeculative(Stateless):
 
     def label(self) -> str:
         return f"{self.name} E={self.exit_layer} {self.shape.label()}"
+
+    @property
+    def verify_from(self) -> int:
+        """Verification reuses the draft's layers [0, E) (their cache is written)."""
+        return self.exit_layer
 
     def hf_options(self) -> dict[str, Any] | None:
         """transformers `generate()` options for the same drafting policy (chains only: HF's
@@ -166,3 +170,4 @@ class HeadDrafter(SelfSpeculative):
 
     def hf_options(self) -> None:
         return None  # transformers has neither head
+

@@ -23,9 +23,8 @@ from absl import logging
 from specjax.acceptance_head import acceptance_probability
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext
+from specjax.decoding.drafter import DraftContext, DraftWeights
 from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.engine import DraftWeights
 from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
 

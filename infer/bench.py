@@ -30,6 +30,7 @@ from specjax.decoding.cli import (
     mesh_from_flag,
     read_prompts_file,
     require_positive_flags,
+    require_weights_used,
     resolve_auto_tree,
     run_writing_json,
     sweep_options,
@@ -73,7 +74,9 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    print(format_report(run_writing_json(benchmark, FLAGS.output_json)))
+    print(format_report(run_writing_json(benchmark, FLAGS.output_json, reads={
+        "--workdir": FLAGS.workdir, "--prompts_file": FLAGS.prompts_file,
+        "--draft_workdir": FLAGS.draft_workdir})))
 
 
 def _progress(line: str) -> None:
@@ -83,6 +86,9 @@ def _progress(line: str) -> None:
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats",
                            "seeds")
+    for name in ("num_prompts", "prompt_len"):
+        if FLAGS.prompts_file and FLAGS[name].present:
+            raise ValueError(f"--{name} picks held-out prompts; --prompts_file gives them all")
     mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
@@ -109,6 +115,7 @@ def benchmark() -> dict:
             strategies[strategy.label()] = strategy
             if plan is not None and strategy.shape == plan.tree:
                 plans[strategy.label()] = plan
+    require_weights_used(FLAGS.draft_workdir, strategies.values())
     results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
                             batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
                             baseline="ar" if "ar" in strategies else next(iter(strategies)),

@@ -83,7 +83,8 @@ class Sweep:
 
 def main(argv):
     del argv
-    run_writing_json(run, FLAGS.output_json)
+    run_writing_json(run, FLAGS.output_json, reads={"--workdir": FLAGS.workdir,
+                                                    "--draft_workdir": FLAGS.draft_workdir})
 
 
 def run() -> dict:
@@ -94,6 +95,9 @@ def run() -> dict:
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     if sampling is not None and FLAGS.strategy == "calm":
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
+    for name in ("consistency", "draft_workdir"):
+        if FLAGS.strategy != "calm" and FLAGS[name].present:
+            raise ValueError(f"--{name} applies to --strategy calm only")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"

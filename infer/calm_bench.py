@@ -48,7 +48,9 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    run_writing_json(lambda: run_with_plot(FLAGS.plot), FLAGS.output_json)
+    run_writing_json(lambda: run_with_plot(FLAGS.plot), FLAGS.output_json,
+                     reads={"--workdir": FLAGS.workdir, "--draft_workdir": FLAGS.draft_workdir},
+                     writes={"--plot": FLAGS.plot})
 
 
 def run_with_plot(path: str | None) -> list[dict]:

@@ -5,11 +5,14 @@ and back.
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
 """
 
+import os
+
 from absl import app, flags
 
-from specjax.config import DTYPES
+from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.outputs import check_destinations
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")
@@ -29,14 +32,36 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     if FLAGS.to_hf:
-        files = run_cli(lambda: export_checkpoint(
-            FLAGS.workdir, FLAGS.hf_dir, max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
-            overwrite=FLAGS.overwrite, dtype=FLAGS.dtype))
+        files = run_cli(_export)
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
     else:
-        cfg = run_cli(lambda: import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
-                                                tokenizer=FLAGS.tokenizer))
+        cfg = run_cli(_import)
         print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
+
+
+def _export() -> list[str]:
+    _refuse_unused(("tokenizer",), "an import")
+    if FLAGS.max_shard_gb <= 0:
+        raise ValueError(f"--max_shard_gb={FLAGS.max_shard_gb:g} must be > 0")
+    check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir})
+    return export_checkpoint(FLAGS.workdir, FLAGS.hf_dir,
+                             max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
+                             overwrite=FLAGS.overwrite, dtype=FLAGS.dtype)
+
+
+def _import() -> ModelConfig:
+    _refuse_unused(("max_shard_gb", "overwrite"), "an export (--to_hf)")
+    if os.path.isfile(FLAGS.workdir):
+        raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
+    return import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
+                             tokenizer=FLAGS.tokenizer)
+
+
+def _refuse_unused(names: tuple[str, ...], applies_to: str) -> None:
+    """A one-line error for a flag given on the command line that only `applies_to` reads."""
+    for name in names:
+        if FLAGS[name].present:
+            raise ValueError(f"--{name} applies to {applies_to} only")
 
 
 if __name__ == "__main__":

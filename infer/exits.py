@@ -17,7 +17,7 @@ from specjax.decoding.cli import require_positive_flags, whole_numbers_flag
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.exit_report import NUM_DRAFTS, model_exit_report
 from specjax.loading import load_model
-from specjax.outputs import staged
+from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
@@ -47,6 +47,8 @@ def run() -> None:
     if FLAGS.seq_len is not None and FLAGS.seq_len < 1:
         raise ValueError(f"--seq_len={FLAGS.seq_len} must be >= 1")
     num_drafts = whole_numbers_flag("num_drafts", 1)
+    check_destinations({"--output_json": FLAGS.output_json, "--plot": FLAGS.plot},
+                       {"--workdir": FLAGS.workdir, "--texts_file": FLAGS.texts_file})
     with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
         texts = read_texts_file(FLAGS.texts_file) if FLAGS.texts_file else None
         loaded = load_model(FLAGS.workdir)

@@ -7,7 +7,6 @@
 
 import contextlib
 import json
-import os
 import sys
 
 from absl import app, flags
@@ -23,6 +22,7 @@ from specjax.decoding.cli import (
     options_from_flags,
     read_prompts_file,
     require_positive_flags,
+    require_weights_used,
     resolve_auto_tree,
 )
 from specjax.decoding.registry import STRATEGIES, make_strategy
@@ -30,7 +30,7 @@ from specjax.decoding.sampling import sampling_or_greedy
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.kernels import decision
 from specjax.loading import load_model
-from specjax.outputs import staged
+from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -67,9 +67,9 @@ def run() -> None:
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     mesh = mesh_from_flag()
-    if FLAGS.output and FLAGS.prompts_file and _same_file(FLAGS.output, FLAGS.prompts_file):
-        raise ValueError(f"--output {FLAGS.output} is the prompts file: write the completions "
-                         "elsewhere")
+    check_destinations({"--output": FLAGS.output}, {
+        "--prompts_file": FLAGS.prompts_file, "--workdir": FLAGS.workdir,
+        "--draft_workdir": FLAGS.draft_workdir})
     # Rows stream into a temporary file beside --output, renamed onto it only when all are
     # written: a failed or interrupted run leaves an existing file as it was (Ctrl-C keeps the
     # finished rows as <output>.partial).
@@ -82,10 +82,6 @@ def run() -> None:
     if plan is not None:
         print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
               f"{plan.expected_tau:.2f})")
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
 def _generate(prompts, sampling, mesh, output):
@@ -108,6 +104,7 @@ def _generate(prompts, sampling, mesh, output):
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
     strategy = make_strategy(FLAGS.strategy, options)
+    require_weights_used(FLAGS.draft_workdir, [strategy])
     rounds = committed = 0
     for start in range(0, len(prompts), FLAGS.batch_size):
         batch = slice(start, start + FLAGS.batch_size)

@@ -63,7 +63,8 @@ class LanguageModel:
         the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...)
         overriding them, or a `Drafter`.
         """
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        texts = ([prompts] if isinstance(prompts, str) else
+                 list(prompts) if isinstance(prompts, (list, tuple)) else [])
         if not texts or not all(isinstance(text, str) for text in texts):
             raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
                              f"{type(prompts).__name__}"

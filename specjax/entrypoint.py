@@ -1,7 +1,11 @@
 """What every command-line entry point shares: user errors end as one line, not a traceback."""
 
+import gc
 import os
+import signal
 import sys
+import threading
+import types
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,6 +30,9 @@ def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
     process at once with status 130 and one line: nothing is written half-way there, and a
     normal interpreter exit while JAX's threads are still starting can crash."""
     logging.set_verbosity(verbosity)
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, interrupt)
     try:
         return body()
     except USER_ERRORS as error:
@@ -36,6 +43,20 @@ def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+
+
+def interrupt(signum: int, frame: types.FrameType | None) -> None:
+    """Ctrl-C as a KeyboardInterrupt, except inside a garbage-collection callback (JAX runs
+    one), where Python would print and swallow it and the run would go on to write its
+    outputs: there it is delivered again a moment later."""
+    callbacks = {callback.__code__ for callback in gc.callbacks
+                 if hasattr(callback, "__code__")}
+    while frame is not None:
+        if frame.f_code in callbacks:
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 def parse_flags(argv: list[str]) -> list[str]:

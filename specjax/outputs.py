@@ -9,7 +9,40 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+
+# What a workdir holds that a run reads (checkpoints, decoding defaults, caches, tokenizer,
+# logs, the lock): an output written over one of them would break the workdir.
+WORKDIR_FILES = ("checkpoints", "calibrated_decoding.json", "tree_plans.json", "tokenizer.json",
+                 "tokenizer_config.json", "metrics.jsonl", ".lock")
+
+
+def check_destinations(outputs: Mapping[str, str | None],
+                       inputs: Mapping[str, str | Sequence[str] | None]) -> None:
+    """One-line errors, before any work, for outputs that would destroy what the run reads or
+    each other: an output that is an input file (a link to it too), one that would replace an
+    input folder or a folder holding it, one onto a workdir's own files (`WORKDIR_FILES`), and
+    two outputs at one path. Keys are the flags, for the message."""
+    sources = [(flag, path, os.path.realpath(path)) for flag, paths in inputs.items() if paths
+               for path in ([paths] if isinstance(paths, str) else paths)]
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        out = os.path.realpath(path)
+        if out in seen:
+            raise ValueError(f"{seen[out]} and {flag} name one file ({path}): give each its own")
+        seen[out] = flag
+        for source_flag, source, real in sources:
+            if out == real or real.startswith(out + os.sep):
+                raise ValueError(f"{flag} {path} {'is' if out == real else 'holds'} "
+                                 f"{source_flag} {source}, which this run reads: write it "
+                                 "elsewhere")
+            owned = [os.path.join(real, name) for name in WORKDIR_FILES]
+            if os.path.isdir(real) and any(out == own or out.startswith(own + os.sep)
+                                           for own in owned):
+                raise ValueError(f"{flag} {path} would overwrite a file of {source_flag} "
+                                 f"{source}, which this run reads: write it elsewhere")
 
 
 @contextlib.contextmanager
@@ -17,8 +50,9 @@ def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str 
     """A temporary file beside `path`, created before any work (a bad path fails at once) and
     renamed onto `path` when the block completes; on failure it is removed and an existing
     `path` is left as it was. None for no path. `keep_interrupted`: a block stopped by Ctrl-C
-    keeps what it wrote as `path` + ".partial" (rows streamed as they finish: nothing done is
-    lost, and nothing incomplete takes the output's name)."""
+    keeps what it wrote as `path` + ".partial" (or ".partial.2"... beside an earlier one: rows
+    streamed as they finish, so nothing done is lost, and nothing incomplete takes the
+    output's name)."""
     if path is None:
         yield None
         return
@@ -36,8 +70,9 @@ def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str 
         os.replace(partial, path)
     except KeyboardInterrupt:
         if keep_interrupted and os.path.getsize(partial):
-            os.replace(partial, path + ".partial")
-            print(f"kept what was written in {path}.partial", file=sys.stderr)
+            kept = _free_name(path + ".partial")
+            os.replace(partial, kept)
+            print(f"kept what was written in {kept}", file=sys.stderr)
         raise
     finally:
         if os.path.exists(partial):
@@ -70,6 +105,15 @@ def staged_dir(path: str) -> Iterator[str]:
             os.replace(staging, full)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _free_name(path: str) -> str:
+    """`path`, or `path`.2, .3 ... when it exists (an earlier interrupted run's rows stay)."""
+    candidate, number = path, 1
+    while os.path.exists(candidate):
+        number += 1
+        candidate = f"{path}.{number}"
+    return candidate
 
 
 def _normal_permissions(path: str) -> None:

@@ -156,3 +156,36 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
         result = run_script("infer/generate.py", f"--workdir={model_workdir}", "--prompt=x",
                             *flags)
         assert result.returncode == 1 and result.stderr.strip().startswith(error), result.stderr
+
+
+@pytest.mark.parametrize("script, flags, error", [
+    ("infer/generate.py", ["--prompt=x", "--draft_workdir={workdir}"],
+     "--draft_workdir: the chosen strategies draft without weights of their own (kangaroo, "
+     "specdec, draft and calm's classifier use them)"),
+    ("infer/bench.py", ["--prompts_file={prompts}", "--num_prompts=5"],
+     "--num_prompts picks held-out prompts; --prompts_file gives them all"),
+    ("infer/calibrate.py", ["--strategy=selfspec", "--consistency=risk"],
+     "--consistency applies to --strategy calm only"),
+    ("infer/convert.py", ["--hf_dir={workdir}", "--max_shard_gb=1"],
+     "--max_shard_gb applies to an export (--to_hf) only"),
+    ("infer/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--tokenizer=bytes"],
+     "--tokenizer applies to an import only"),
+    ("infer/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--max_shard_gb=0"],
+     "--max_shard_gb=0 must be > 0"),
+    ("infer/convert.py", ["--hf_dir={workdir}", "--workdir={prompts}"],
+     "--workdir {prompts} is a file, not a directory"),
+], ids=["draft-workdir-unused", "num-prompts-with-a-file", "consistency-with-selfspec",
+        "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file"])
+def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path, script, flags,
+                                                       error):
+    """The probe's silent ignores and the import's traceback: a flag the chosen mode or strategy
+    does not read is named, before the work (or, for --draft_workdir, before decoding)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "x"}\n')
+    values = {"workdir": model_workdir, "prompts": prompts, "tmp": tmp_path}
+    args = [flag.format(**values) for flag in flags]
+    if not any(arg.startswith("--workdir") for arg in args):
+        args.append(f"--workdir={model_workdir}")
+    result = run_script(script, *args)
+    assert result.returncode == 1 and result.stderr.strip() == f"error: {error.format(**values)}", \
+        result.stderr[-2000:]

@@ -23,6 +23,8 @@ from specjax.decoding.sampling import SamplingParams
 from specjax.model import init_params, unstack_layers
 from specjax.timing import time_interleaved
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):

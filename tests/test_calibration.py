@@ -10,6 +10,8 @@ from scipy import stats
 
 from specjax.calibration import hoeffding_bentkus_pvalue, learn_then_test
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 DELTA, EPSILON, N, TRIALS = 0.1, 0.05, 300, 1500
 GRID = np.linspace(1.0, 0.0, 41)  # thresholds, safest first
 

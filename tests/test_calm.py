@@ -24,6 +24,8 @@ from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import apply_rope, rope_tables
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})  # 4 layers: candidates 1, 2, 3
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
 NEW = 20

@@ -10,6 +10,8 @@ from specjax.calibrated import FILE
 from specjax.training.trainer import Trainer
 from tests.conftest import run_script, tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 SMALL = ["--prompt_len", "16", "--new_tokens", "8"]
 CALIBRATION = [*SMALL, "--num_prompts", "6", "--per_document", "2", "--skip_documents", "0",
                "--speed_prompts", "1", "--grid", "1,0.5,0"]

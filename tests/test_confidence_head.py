@@ -20,6 +20,8 @@ from specjax.training.frozen_base import load_base
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, TINY_RUN, damped_params, tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
 

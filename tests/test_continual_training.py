@@ -24,6 +24,8 @@ from specjax.training.trainer import Trainer
 from tests.conftest import ROOT, TINY_MODEL, run_script, tiny_run
 from tests.test_token_cache import write_bpe_tokenizer
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 SOURCE_MODEL = dict(TINY_MODEL, vocab_size=320)  # room for the BPE tokenizer's ids
 
 

@@ -31,6 +31,8 @@ from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.specdec import SpecDecHead
 from specjax.decoding.static_tree import StaticTree
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 VOCAB, NEW, ROWS, SEEDS = 8, 3, 2000, 6
 CFG = ModelConfig(vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
                   mlp_dim=64, init_std=0.3)

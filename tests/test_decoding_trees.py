@@ -25,6 +25,8 @@ from specjax.decoding.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59)), [9, 9, 8]]  # ragged, a 1-token prompt
 NEW = 23

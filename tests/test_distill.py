@@ -13,6 +13,8 @@ from specjax.training.train_step import TrainState
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 TEACHER_RUN = tiny_run(model=dict(init_std=0.3),
                        train=dict(total_steps=4, warmup_steps=1, eval_every=4, save_every=4))
 

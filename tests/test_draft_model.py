@@ -22,6 +22,8 @@ from tests.conftest import (
     first_layers,
 )
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 DRAFT_CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3, "num_layers": 2})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt

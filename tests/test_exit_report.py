@@ -26,6 +26,8 @@ from specjax.tokenizer import ByteTokenizer
 from specjax.training.evaluate import ExitReport
 from tests.conftest import ROOT, TINY_MODEL, damped_params, run_script
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)  # shallow exits agree part of the time
 # Distinct made-up seconds per token count: a cost read at the wrong count changes the result.

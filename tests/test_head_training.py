@@ -19,6 +19,8 @@ from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_RUN, run_script, tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 BASE_RUN = tiny_run(model=dict(init_std=0.3),  # peaked distributions that exits disagree on
                     train=dict(total_steps=4, warmup_steps=1, eval_every=4, save_every=4))
 

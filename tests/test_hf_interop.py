@@ -21,6 +21,8 @@ from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from tests.conftest import run_script  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 BASE = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
             vocab_size=101)
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

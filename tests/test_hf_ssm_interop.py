@@ -23,6 +23,8 @@ from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from tests.conftest import tiny_run  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CONFIGS = {
     # 10 heads of 8 in 2 groups, state 6, conv 3, chunks of 4: every size differs from the others
     "mamba2": ("Mamba2", dict(hidden_size=40, num_hidden_layers=3, num_heads=10, head_dim=8,

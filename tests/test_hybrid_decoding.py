@@ -26,6 +26,8 @@ from specjax.decoding.skip_search import AcceptanceProbe
 from specjax.decoding.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds, first_layers
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 SSM = SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8, dt_min=0.05,
                 dt_max=0.5)
 CONFIGS = {

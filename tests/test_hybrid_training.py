@@ -5,6 +5,7 @@ step exports for TPU and GPU."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specjax.checkpoint import load_params
 from specjax.training.config import parse_run_config
@@ -13,6 +14,8 @@ from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
+
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
 HYBRID = dict(layer_pattern=["mamba2", "attention", "mamba2", "attention"],
               ssm=dict(num_heads=4, head_dim=8, state_size=8, groups=2, chunk_size=8))

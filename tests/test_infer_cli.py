@@ -14,6 +14,8 @@ from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.training.trainer import Trainer
 from tests.conftest import ROOT, run_script, script_env, tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):

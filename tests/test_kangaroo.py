@@ -25,6 +25,8 @@ from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.tree import chain_layout
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
 NEW = 23

@@ -15,6 +15,8 @@ from specjax.decoding.loop import generate_tokens
 from specjax.kernels import KERNELS, cpu_attention, cpu_matmul, decision, library
 from specjax.model import init_params
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 needs_kernels = pytest.mark.skipif(not all(k.available() for k in KERNELS.values()),
                                    reason="no C++ compiler")
 CFG = ModelConfig(vocab_size=64, d_model=64, num_layers=2, num_heads=2, num_kv_heads=1,

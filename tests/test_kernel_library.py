@@ -10,6 +10,8 @@ import pytest
 
 from specjax.kernels import KERNELS, cpu_attention, cpu_matmul, library
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_each_kernel_builds_where_a_compiler_exists(name):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from specjax.outputs import staged
+from specjax.outputs import check_destinations, staged
 from tests.conftest import run_script
 
 OLD = b'{"kept": "the previous run\'s results"}\n'
@@ -51,17 +51,59 @@ def test_a_failed_run_leaves_an_existing_output_untouched(tmp_path, command):
     assert out.read_bytes() == OLD and os.listdir(tmp_path) == ["results.json"]
 
 
-def test_generate_refuses_to_write_over_its_prompts_file(tmp_path):
-    """Catches `--output` equal to `--prompts_file` destroying the prompts."""
+@pytest.mark.parametrize("script, output", [("infer/generate.py", "--output"),
+                                            ("infer/bench.py", "--output_json")])
+def test_an_output_onto_its_prompts_file_is_refused(tmp_path, script, output):
+    """Catches `--output` (generate) or `--output_json` (bench) equal to `--prompts_file`, or a
+    link to it, destroying the prompts (bench wrote its JSON over them)."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f("}\n')
-    result = run_script("infer/generate.py", f"--workdir={tmp_path / 'typo'}",
-                  f"--prompts_file={prompts}", f"--output={prompts}")
-    assert result.returncode == 1
-    assert result.stderr.strip() == (f"error: --output {prompts} is the prompts file: write the "
-                                     "completions elsewhere")
-    assert prompts.read_text() == '{"prompt": "def f("}\n'
+    os.symlink(prompts, tmp_path / "link.jsonl")
+    for target in (prompts, tmp_path / "link.jsonl"):
+        result = run_script(script, f"--workdir={tmp_path / 'typo'}",
+                            f"--prompts_file={prompts}", f"{output}={target}")
+        assert result.returncode == 1
+        assert result.stderr.strip() == (f"error: {output} {target} is --prompts_file {prompts}, "
+                                         "which this run reads: write it elsewhere")
+        assert prompts.read_text() == '{"prompt": "def f("}\n'
 
+
+def test_outputs_onto_what_the_run_reads_or_onto_each_other_are_refused(tmp_path):
+    """The probe's data losses, each caught before any work: a report over the texts it reads,
+    two outputs at one path (exits' plot over its JSON), an output over a workdir's decoding
+    defaults or a checkpoint file, and an export replacing the workdir it reads or a folder
+    holding it."""
+    workdir, texts = tmp_path / "w", tmp_path / "texts.jsonl"
+    (workdir / "checkpoints" / "300").mkdir(parents=True)
+    texts.write_text("x")
+    reads = {"--workdir": str(workdir), "--texts_file": str(texts)}
+    refused = {
+        ("--output_json", str(texts)): "is --texts_file",
+        ("--output", str(workdir / "calibrated_decoding.json")): "would overwrite a file of",
+        ("--output", str(workdir / "checkpoints" / "300" / "meta")): "would overwrite a file of",
+        ("--hf_dir", str(workdir)): "is --workdir",
+        ("--hf_dir", str(tmp_path)): "holds --workdir",
+    }
+    for (flag, path), message in refused.items():
+        with pytest.raises(ValueError, match=f"^{flag} {path} {message}"):
+            check_destinations({flag: path}, reads)
+    with pytest.raises(ValueError, match="^--output_json and --plot name one file"):
+        check_destinations({"--output_json": str(tmp_path / "r"), "--plot": str(tmp_path / "r")},
+                           reads)
+    check_destinations({"--output_json": str(workdir / "report.json"),  # beside its own files
+                        "--plot": str(tmp_path / "r.png")}, reads)
+
+
+def test_an_interrupted_run_never_replaces_an_earlier_partial(tmp_path):
+    """Catches a second interrupted run overwriting the rows an earlier one kept."""
+    target = str(tmp_path / "out.jsonl")
+    for rows in ("first\n", "second\n"):
+        with pytest.raises(KeyboardInterrupt), staged(target, keep_interrupted=True) as partial:
+            with open(partial, "w") as f:
+                f.write(rows)
+            raise KeyboardInterrupt
+    assert (tmp_path / "out.jsonl.partial").read_text() == "first\n"
+    assert (tmp_path / "out.jsonl.partial.2").read_text() == "second\n"
 
 
 def test_a_staged_folder_replaces_whole_with_normal_permissions(tmp_path, monkeypatch):

@@ -7,10 +7,14 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from specjax.checkpoint import Checkpointer
 from specjax.decoding.registry import STRATEGIES
 from specjax.training.trainer import Trainer
 from tests.conftest import ROOT, script_env, tiny_run
+
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
 
 def _readme():

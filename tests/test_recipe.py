@@ -22,6 +22,8 @@ from specjax import model as M  # noqa: E402
 from specjax.checkpoint import load_params  # noqa: E402
 from tests.conftest import ROOT, script_env  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 SMALL_RUN = ["--config.data.max_documents=150", "--config.data.seq_len=64",
              "--config.train.batch_size=4", "--config.train.total_steps=4",
              "--config.train.warmup_steps=1", "--config.train.eval_every=4",

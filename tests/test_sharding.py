@@ -30,6 +30,8 @@ from specjax.training.trainer import Trainer
 from tests import mesh_training as M
 from tests.conftest import ROOT, tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 @pytest.fixture(scope="module")
 def on_eight_devices(tmp_path_factory):

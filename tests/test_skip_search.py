@@ -25,6 +25,8 @@ from specjax.decoding.tree_search import child_acceptance
 from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
 from tests.conftest import TINY_MODEL, damped_params
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], list(range(40, 59))]
 

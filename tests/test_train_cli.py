@@ -13,6 +13,8 @@ from specjax.checkpoint import Checkpointer
 from specjax.workdir import exclusive_workdir
 from tests.conftest import ROOT, script_env
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 def _command(workdir, *overrides):
     return [sys.executable, os.path.join(ROOT, "train", "train.py"),

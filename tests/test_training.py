@@ -19,6 +19,8 @@ from specjax.training.trainer import Trainer, TrainingDivergedError
 from specjax.workdir import WorkdirBusyError, exclusive_workdir
 from tests.conftest import tiny_run
 
+pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
+
 
 def _train_losses(workdir):
     return {r["step"]: r["loss"] for r in MetricsLog(workdir).read() if r["split"] == "train"}

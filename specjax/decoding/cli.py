@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -14,12 +14,13 @@ from absl import flags, logging
 from jax.sharding import Mesh
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
+from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
-from specjax.outputs import staged
+from specjax.outputs import check_destinations, staged
 from specjax.sharding import MeshConfig, make_mesh
 
 DECODING_FLAGS = {
@@ -116,6 +117,15 @@ def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,
     return options
 
 
+def require_weights_used(draft_workdirs: Sequence[str] | None,
+                         strategies: Iterable[Drafter]) -> None:
+    """A one-line error for --draft_workdir when none of the strategies drafts with weights of
+    its own (it would be loaded and ignored)."""
+    if draft_workdirs and not any(strategy.needs_weights for strategy in strategies):
+        raise ValueError("--draft_workdir: the chosen strategies draft without weights of their "
+                         "own (kangaroo, specdec, draft and calm's classifier use them)")
+
+
 def sweep_options(defaults: DecodingConfig, cfg: ModelConfig,
                   sweeps: Mapping[str, list | None]) -> list[DecodingConfig]:
     """Every combination of the swept values (a field without values keeps its default)."""
@@ -185,12 +195,16 @@ def read_prompts_file(path: str) -> list[str]:
 
 
 def run_writing_json(body: Callable[[], Any], path: str | None,
-                     to_json: Callable[[Any], Any] = lambda result: result) -> Any:
-    """An entry point's body (`run_cli`) whose result is also written to `path` as JSON, whole
-    or not at all (`outputs.staged`: a bad path fails before any work; a failed or
-    interrupted run leaves an existing file as it was)."""
+                     to_json: Callable[[Any], Any] = lambda result: result, *,
+                     reads: Mapping[str, str | Sequence[str] | None] | None = None,
+                     writes: Mapping[str, str | None] | None = None) -> Any:
+    """An entry point's body (`run_cli`) whose result is also written to `path` (--output_json)
+    as JSON, whole or not at all (`outputs.staged`: a bad path fails before any work; a failed
+    or interrupted run leaves an existing file as it was). `reads`/`writes`: the run's input
+    and other output flags, checked first (`outputs.check_destinations`)."""
 
     def written() -> Any:
+        check_destinations({"--output_json": path, **(writes or {})}, reads or {})
         with staged(path) as partial:
             result = body()
             if partial:

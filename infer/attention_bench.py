@@ -9,6 +9,10 @@ none is skipped), compiled ahead of time in this one process and timed in turns;
 gives the median microseconds per call over --repeats.
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import functools
 import itertools
 import statistics

@@ -7,6 +7,10 @@ prompts, one process, after a warm-up; greedy unless --temperature.
     python infer/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import os
 import platform
 import sys

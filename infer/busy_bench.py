@@ -13,6 +13,10 @@ without: the matrix kernel (the default), the attention kernel, or both. The tar
 0.95 in every row (the default path never loses to XLA's ops).
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import contextlib
 import statistics
 import subprocess

@@ -18,6 +18,10 @@ Calibration prompts are windows of held-out documents after the first --skip_doc
 infer/bench.py and infer/calm_bench.py decode).
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import dataclasses
 from collections.abc import Callable
 

@@ -8,6 +8,10 @@ curve as a PNG, with the workdir's calibrated lambda marked.
     python infer/calm_bench.py --workdir runs/tiny --calm_exits 1,2,3,4,5,6,7
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import dataclasses
 import sys
 

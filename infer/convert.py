@@ -5,6 +5,10 @@ and back.
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import os
 
 from absl import app, flags

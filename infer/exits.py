@@ -8,6 +8,10 @@ trained here or freshly imported (the logit lens).
         --output_json exits.json --plot exits.png
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import json
 
 from absl import app, flags

@@ -5,6 +5,10 @@
     python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import contextlib
 import json
 import sys
@@ -65,6 +69,9 @@ def run() -> None:
         raise ValueError("give exactly one of --prompt and --prompts_file")
     require_positive_flags("batch_size")
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
+    if sampling is None and FLAGS["seed"].present:
+        raise ValueError("--seed draws sampled tokens: set --temperature > 0 (temperature 0 is "
+                         "greedy decoding, the same tokens whatever the seed)")
     prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     mesh = mesh_from_flag()
     check_destinations({"--output": FLAGS.output}, {

@@ -6,6 +6,10 @@ command that decodes with the first.
     python infer/search_skip.py --workdir runs/tiny --temperature 0.8 --top_p 0.95
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import sys
 
 from absl import app, flags

@@ -14,6 +14,10 @@ training). Also printed: the bytes a decode step moves (`bench.bytes_per_token`:
 K/V of attention layers, each Mamba-2 layer's state and conv history read and written).
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import statistics
 
 import jax

@@ -12,6 +12,8 @@ from typing import TypeVar
 from absl import flags, logging
 from ml_collections.config_flags.config_flags import is_config_flag
 
+from specjax import early_interrupt
+
 T = TypeVar("T")
 
 
@@ -26,13 +28,14 @@ HELP_FLAGS = ("help", "h", "?", "helpshort", "helpfull", "helpxml")
 def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
     """Runs an entry point's body; a user error is printed as `error: ...` and exits with 1.
 
-    Ctrl-C outside a training loop (which saves first, see `training.interrupt`) ends the
-    process at once with status 130 and one line: nothing is written half-way there, and a
+    Ctrl-C or SIGTERM outside a training loop (which saves first, see `training.interrupt`)
+    ends the process at once with status 130 and one line: nothing is written half-way there, and a
     normal interpreter exit while JAX's threads are still starting can crash."""
     logging.set_verbosity(verbosity)
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        signal.signal(signal.SIGINT, interrupt)
+    if threading.current_thread() is threading.main_thread():
+        for signum, default in early_interrupt.DEFAULTS:
+            if signal.getsignal(signum) in (default, early_interrupt.exit_now):
+                signal.signal(signum, interrupt)
     try:
         return body()
     except USER_ERRORS as error:
@@ -46,9 +49,10 @@ def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
 
 
 def interrupt(signum: int, frame: types.FrameType | None) -> None:
-    """Ctrl-C as a KeyboardInterrupt, except inside a garbage-collection callback (JAX runs
-    one), where Python would print and swallow it and the run would go on to write its
-    outputs: there it is delivered again a moment later."""
+    """Ctrl-C or SIGTERM as a KeyboardInterrupt (outputs then keep what is finished and leave
+    no temporary file), except inside a garbage-collection callback (JAX runs one), where
+    Python would print and swallow it and the run would go on to write its outputs: there it
+    is delivered again a moment later."""
     callbacks = {callback.__code__ for callback in gc.callbacks
                  if hasattr(callback, "__code__")}
     while frame is not None:

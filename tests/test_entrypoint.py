@@ -3,13 +3,14 @@
 import gc
 import os
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 from specjax import entrypoint
-from tests.conftest import run_script
+from tests.conftest import run_script, script_env
 
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
@@ -38,3 +39,20 @@ def test_ctrl_c_inside_a_gc_callback_is_delivered_again(monkeypatch):
     assert sent == [signal.SIGINT]
     with pytest.raises(KeyboardInterrupt):
         entrypoint.interrupt(signal.SIGINT, sys._getframe())
+
+
+def test_ctrl_c_during_the_imports_ends_at_once_with_one_line():
+    """Catches Ctrl-C in an entry point's first second (jax still importing) aborting with a
+    C++ `terminate` trace from inside an extension module's initialisation."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import specjax.early_interrupt, sys; print('ready', flush=True); "
+         "sys.stdin.readline(); import jax, time; time.sleep(30)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=script_env())
+    assert proc.stdout.readline() == "ready\n"
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    time.sleep(0.05)  # jax's imports take far longer
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and stderr == "interrupted\n", stderr[-2000:]

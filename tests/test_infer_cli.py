@@ -100,7 +100,9 @@ def test_generate_sampling_with_a_single_prompt(workdir):
     (["--prompt", "x", "--strategy", "skip"], "strategy 'skip' needs --skip_layers"),
     (["--prompt", "x", "--strategy", "skip", "--skip_layers", "2,x"], "expected comma-separated"),
     (["--prompt", "x", "--strategy", "skip", "--skip_layers", "4"], "must lie in [1, num_layers"),
-    (["--prompt", "x", "--top_p", "0.9"], "--top_k and --top_p filter a sampling distribution"),
+    (["--prompt", "x", "--top_p", "0.9"], "--top_p filters a sampling distribution"),
+    (["--prompt", "x", "--seed", "3"], "--seed draws sampled tokens: set --temperature > 0"),
+    (["--prompts_file", "missing.jsonl"], "missing.jsonl: no such prompts file"),
     (["--prompt", "x", "--mesh", "2,x"], "give three sizes data,fsdp,tensor"),
     (["--prompt", "x", "--mesh", "2,1,1"], "does not fit 1 devices"),
 ])
@@ -135,10 +137,12 @@ def test_ar_reports_no_acceptance_rate(workdir):
     assert result.returncode == 0 and "acceptance=n/a" in result.stdout, result.stderr[-2000:]
 
 
-def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tmp_path, signum):
     """Catches Ctrl-C ending in a traceback and a crash of JAX's threads at exit, rows held
-    back until the end (an interrupted run would lose them all), and an interrupted run's rows
-    under the output's own name (they go to <output>.partial). The child starts with
+    back until the end (an interrupted run would lose them all), an interrupted run's rows
+    under the output's own name (they go to <output>.partial), and SIGTERM killing the run
+    with its hidden temporary file left beside the output. The child starts with
     SIGINT at its default and unblocked whatever the test runner's worker left (a worker that
     ignores or blocks it hands that on, and the run then ends normally, uninterrupted)."""
     prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
@@ -159,13 +163,13 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
         assert time.time() < deadline, "no row was written"
         time.sleep(0.1)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and stderr.strip().endswith("interrupted"), (
         f"rc {proc.returncode}, runner SIGINT {signal.getsignal(signal.SIGINT)}, blocked "
         f"{signal.pthread_sigmask(signal.SIG_BLOCK, [])}: {stderr[-2000:]}")
     assert "Traceback" not in stderr and not out.exists()
-    assert streamed() == [tmp_path / "out.jsonl.partial"]
+    assert streamed() == [tmp_path / "out.jsonl.partial"]  # the hidden temporary file is gone
     rows = [json.loads(line) for line in streamed()[0].read_text().splitlines()]  # all whole
     assert 2 <= len(rows) < 5000 and rows[0]["prompt"] == "def f0("
 

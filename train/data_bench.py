@@ -8,6 +8,10 @@ Each figure is the best of --repeats; the cache is built in a fresh temporary fo
 memory. A batch read is what each train step adds: rows gathered from the memory-mapped cache.
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import tempfile
 import time
 

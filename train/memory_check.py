@@ -11,6 +11,10 @@ XLA's buffer assignment for the step) beside the peak bytes the device had in us
 printed).
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import json
 import time
 

@@ -13,6 +13,10 @@ the step time is the achieved rate, and over the device's peak dense bf16 rate
 (`--peak_tflops`, or the datasheet figure of a known GPU/TPU) the utilisation (MFU).
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import statistics
 import time
 

@@ -10,6 +10,10 @@ them, so `data.tokenizer=runs/bpe` finds them as it does in a Hugging Face check
 into a new (or empty) --output_dir only.
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import json
 import os
 

@@ -12,6 +12,10 @@ Exit status: 0 when the run reached train.total_steps (or had already), 1 for a 
 stopped it after saving a checkpoint: run the same command again to resume.
 """
 
+import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+
+# isort: split
+
 import signal
 import sys
 

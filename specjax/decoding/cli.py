@@ -173,6 +173,8 @@ def read_prompts_file(path: str) -> list[str]:
     """One JSON object per line with a "prompt" field."""
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a directory, not a JSONL file of prompts")
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such prompts file")
     prompts = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):

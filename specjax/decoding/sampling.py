@@ -39,9 +39,11 @@ def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *
     in that message as the user typed them."""
     if temperature != 0:
         return SamplingParams.create(temperature, top_k, top_p)
-    if top_k or top_p != 1.0:
-        raise ValueError(f"{prefix}top_k and {prefix}top_p filter a sampling distribution: set "
-                         f"{prefix}temperature > 0 (temperature 0 is greedy decoding)")
+    filters = [name for name, on in (("top_k", top_k), ("top_p", top_p != 1.0)) if on]
+    if filters:
+        raise ValueError(f"{' and '.join(prefix + name for name in filters)} "
+                         f"filter{'s' if len(filters) == 1 else ''} a sampling distribution: "
+                         f"set {prefix}temperature > 0 (temperature 0 is greedy decoding)")
     return None
 
 

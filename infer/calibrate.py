@@ -43,7 +43,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
-from specjax.entrypoint import parse_flags
+from specjax.entrypoint import parse_flags, refuse_flags
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 
@@ -99,9 +99,8 @@ def run() -> dict:
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     if sampling is not None and FLAGS.strategy == "calm":
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
-    for name in ("consistency", "draft_workdir"):
-        if FLAGS.strategy != "calm" and FLAGS[name].present:
-            raise ValueError(f"--{name} applies to --strategy calm only")
+    if FLAGS.strategy != "calm":
+        refuse_flags(("consistency", "draft_workdir"), "--strategy calm")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"

@@ -15,7 +15,7 @@ from absl import app, flags
 
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.outputs import check_destinations
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
@@ -44,7 +44,7 @@ def main(argv):
 
 
 def _export() -> list[str]:
-    _refuse_unused(("tokenizer",), "an import")
+    refuse_flags(("tokenizer",), "an import")
     if FLAGS.max_shard_gb <= 0:
         raise ValueError(f"--max_shard_gb={FLAGS.max_shard_gb:g} must be > 0")
     check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir})
@@ -54,18 +54,11 @@ def _export() -> list[str]:
 
 
 def _import() -> ModelConfig:
-    _refuse_unused(("max_shard_gb", "overwrite"), "an export (--to_hf)")
+    refuse_flags(("max_shard_gb", "overwrite"), "an export (--to_hf)")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
     return import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
                              tokenizer=FLAGS.tokenizer)
-
-
-def _refuse_unused(names: tuple[str, ...], applies_to: str) -> None:
-    """A one-line error for a flag given on the command line that only `applies_to` reads."""
-    for name in names:
-        if FLAGS[name].present:
-            raise ValueError(f"--{name} applies to {applies_to} only")
 
 
 if __name__ == "__main__":

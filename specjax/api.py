@@ -20,7 +20,7 @@ from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding.cli import decoding_defaults, decoding_options
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import RowStats
-from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
+from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.exit_report import DraftExitReport, model_exit_report
 from specjax.loading import LoadedModel, load_model
@@ -72,9 +72,8 @@ class LanguageModel:
                                  prompts, (bytes, str)) else ""))
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         if isinstance(strategy, str):
-            chosen = decoding_options(self.decoding_defaults, self.config, options)
-            require_used([strategy], [chosen], options)
-            strategy = make_strategy(strategy, chosen)
+            strategy = make_strategy(strategy, decoding_options(
+                self.decoding_defaults, self.config, options, [strategy]))
         elif options:
             raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
                              "Drafter (build it with them instead)")

@@ -11,7 +11,14 @@ import threading
 
 
 def exit_now(signum: int, frame: object) -> None:
-    """Ends the process at once: one line, status 130."""
+    """The signal handler until `run_cli`'s: ends the process at once."""
+    exit_interrupted()
+
+
+def exit_interrupted() -> None:
+    """Ends the process at once, one line and status 130 (a normal interpreter exit while
+    JAX's threads are still starting can crash)."""
+    sys.stdout.flush()
     print("interrupted", file=sys.stderr, flush=True)
     os._exit(130)
 

@@ -42,10 +42,7 @@ def run_cli(body: Callable[[], T], verbosity: int = logging.WARNING) -> T:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
+        early_interrupt.exit_interrupted()
 
 
 def interrupt(signum: int, frame: types.FrameType | None) -> None:
@@ -61,6 +58,14 @@ def interrupt(signum: int, frame: types.FrameType | None) -> None:
             return
         frame = frame.f_back
     raise KeyboardInterrupt
+
+
+def refuse_flags(names: tuple[str, ...], applies_to: str) -> None:
+    """A one-line error for the first of these flags given on the command line: only
+    `applies_to` reads it, so the run would ignore it."""
+    for name in names:
+        if flags.FLAGS[name].present:
+            raise ValueError(f"--{name} applies to {applies_to} only")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

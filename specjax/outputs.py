@@ -5,11 +5,15 @@ permissions the user's umask gives a new file (the temporary's own 0600/0700 nev
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from absl import logging
 
 # What a workdir holds that a run reads (checkpoints, decoding defaults, caches, tokenizer,
 # logs, the lock): an output written over one of them would break the workdir.
@@ -105,6 +109,35 @@ def staged_dir(path: str) -> Iterator[str]:
             os.replace(staging, full)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_json_cache(path: str, check: Callable[[dict], Any] = lambda entries: None) -> dict:
+    """The JSON object cached in `path` ({} when there is none). A file that cannot be read or
+    fails `check` (truncated by an interrupted write of an older version, edited by hand) is
+    named and ignored with a warning: its entries are measured again."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)
+        if not isinstance(entries, dict):
+            raise ValueError("not a JSON object")
+        check(entries)
+        return entries
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logging.warning("ignoring %s, which cannot be read (%s): its entries are measured again",
+                        path, str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return {}
+
+
+def write_json_cache(path: str, entries: dict) -> None:
+    """`entries` written whole over `path` (`staged`); a failure is a warning, since a cache
+    only saves measuring again."""
+    try:
+        with staged(path) as partial, open(partial, "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+    except (OSError, ValueError) as error:
+        logging.warning("could not save %s: %s", path, error)
 
 
 def _free_name(path: str) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
-from absl import flags, logging
+from absl import flags
 from jax.sharding import Mesh
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
@@ -20,7 +20,7 @@ from specjax.decoding.registry import require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
-from specjax.outputs import check_destinations, staged
+from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
 
 DECODING_FLAGS = {
@@ -82,10 +82,11 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
     return dataclass_from_mapping(DecodingConfig, section, "decoding")
 
 
-def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
-                     overrides: Mapping[str, Any]) -> DecodingConfig:
+def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapping[str, Any],
+                     strategies: Sequence[str] = ()) -> DecodingConfig:
     """`defaults` with every override that is not None, converted to the field's type and
-    checked against the model."""
+    checked against the model and, given `strategies`, against them: an override none of them
+    reads is an error (`registry.require_used`)."""
     values = {}
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(defaults)})
     if unknown:
@@ -103,6 +104,8 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig,
                 raise ValueError(f"--{name}={value!r}: expected a {kind.__name__}") from None
     options = dataclasses.replace(defaults, **values)
     options.check(cfg)
+    if strategies:
+        require_used(strategies, [options], values)
     return options
 
 
@@ -110,11 +113,8 @@ def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,
                        strategies: Sequence[str]) -> DecodingConfig:
     """`defaults` with the decoding flags the user set (`define_decoding_flags`), checked
     against the model and against `strategies`: a flag none of them reads is an error."""
-    chosen = {name: getattr(flags.FLAGS, name) for name in DECODING_FLAGS
-              if getattr(flags.FLAGS, name) is not None}
-    options = decoding_options(defaults, cfg, chosen)
-    require_used(strategies, [options], chosen)
-    return options
+    return decoding_options(defaults, cfg, {name: getattr(flags.FLAGS, name)
+                                            for name in DECODING_FLAGS}, strategies)
 
 
 def require_weights_used(draft_workdirs: Sequence[str] | None,
@@ -252,7 +252,7 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     key = (f"{spec} step={step} exit_layer={options.exit_layer} "
            f"children={options.tree_children} {mode} platform={jax.default_backend()}")
     path = os.path.join(workdir, "tree_plans.json")
-    plans = _read_plans(path)
+    plans = read_json_cache(path, lambda plans: [TreePlan.from_dict(p) for p in plans.values()])
     if key in plans:
         plan = TreePlan.from_dict(plans[key])
     else:
@@ -260,31 +260,8 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
                              prompts, sampling)
         plan = measured.best_tree(nodes=nodes)
         plans[key] = plan.to_dict()
-        try:
-            with staged(path) as partial, open(partial, "w", encoding="utf-8") as f:
-                json.dump(plans, f, indent=1)
-        except (OSError, ValueError) as error:
-            logging.warning("could not save the tree plan to %s: %s", path, error)
+        write_json_cache(path, plans)
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
-
-
-def _read_plans(path: str) -> dict[str, Any]:
-    """The cached tree plans; a file that cannot be read (truncated by an interrupted write of
-    an older version, edited by hand) is named, ignored with a warning and measured again."""
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            plans = json.load(f)
-        if not isinstance(plans, dict):
-            raise ValueError("not a JSON object")
-        for plan in plans.values():
-            TreePlan.from_dict(plan)
-        return plans
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        logging.warning("ignoring %s, which cannot be read (%s): its trees are measured again",
-                        path, str(error).splitlines()[0] if str(error) else type(error).__name__)
-        return {}
 
 
 _MEASURED: dict[tuple, Measurements] = {}

@@ -16,20 +16,18 @@ decision is made when a program is traced, so it costs nothing when it runs.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from specjax import outputs
+from specjax.timing import timed
 
 MODES = ("auto", "1", "0")
 FASTER = 1.1  # auto: XLA's time over the kernel's, typical conditions, at least this
@@ -123,11 +121,11 @@ def ratios_per_call(programs: dict[str, Callable], conditions: Sequence[tuple[np
     results = []
     for operands in placed:
         probe = 4
-        warm = max(_seconds(run, probe, operands) for run in loops.values())  # also a warm-up
+        warm = max(timed(_run, run, probe, operands) for run in loops.values())  # also a warm-up
         calls = np.int32(max(probe, LOOP_SECONDS * probe / warm))
         ratios = {name: [] for name in loops if name != "xla"}
         for _ in range(REPEATS):  # a ratio per turn: drift in machine speed hits both alike
-            seconds = {name: _seconds(run, calls, operands) for name, run in loops.items()}
+            seconds = {name: timed(_run, run, calls, operands) for name, run in loops.items()}
             for name in ratios:
                 ratios[name].append(seconds["xla"] / seconds[name])
         results.append({name: statistics.median(values) for name, values in ratios.items()})
@@ -145,10 +143,8 @@ def _loop(fn: Callable) -> Callable:
     return run
 
 
-def _seconds(run: Callable, calls: np.int32, operands: tuple) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(run(calls, *operands))
-    return time.perf_counter() - start
+def _run(program: Callable, calls: np.int32, operands: tuple) -> None:
+    jax.block_until_ready(program(calls, *operands))
 
 
 def _last_level_cache_bytes() -> int:
@@ -165,24 +161,11 @@ def _last_level_cache_bytes() -> int:
 
 
 def _cached(cache: pathlib.Path | None) -> dict[str, Ratios]:
-    if cache is None or not cache.exists():
-        return {}
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError) as error:
-        logging.warning("specjax: ignoring the unreadable kernel decisions %s (%s); measuring "
-                        "again", cache, error)
-        return {}
+    return {} if cache is None else outputs.read_json_cache(str(cache))
 
 
 def _store(cache: pathlib.Path | None, key: str, ratios: Ratios) -> None:
-    """Adds one measurement to the cache file (written whole, then renamed: a concurrent or
-    interrupted writer never leaves a partial file)."""
-    if cache is None:
-        return
-    entries = {**_cached(cache), key: ratios}
-    try:
-        with outputs.staged(str(cache)) as path:
-            pathlib.Path(path).write_text(json.dumps(entries, indent=1, sort_keys=True))
-    except OSError as error:
-        logging.warning("specjax: could not cache kernel decisions in %s: %s", cache, error)
+    """Adds one measurement to the cache file (written whole: a concurrent or interrupted
+    writer never leaves a partial file)."""
+    if cache is not None:
+        outputs.write_json_cache(str(cache), {**_cached(cache), key: ratios})

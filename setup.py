@@ -22,13 +22,17 @@ setup(
         "ml_collections>=1.0",
         "numpy>=1.26",
         "scipy>=1.11",
-        "matplotlib>=3.8",  # benchmark curves (infer/calm_bench.py)
+        "matplotlib>=3.8",  # figures (specjax.plots, infer/exits.py, infer/calm_bench.py)
         "tqdm>=4.66",
         "safetensors>=0.4",
         "tokenizers>=0.20",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5"],
+        # nbclient, nbformat and ipykernel execute the notebooks (tests/test_notebooks.py).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.9",
+                 "ipykernel>=6.29", "tensorboardX>=2.6"],
+        # TensorBoard event files beside metrics.jsonl (specjax/training/metrics_log.py).
+        "tensorboard": ["tensorboardX>=2.6"],
         # Parity tests and the peer benchmark against the reference implementation; never
         # imported by specjax at run time.
         "hf": ["torch==2.13.0", "transformers>=4.46"],

@@ -3,6 +3,10 @@
 Sized to train in minutes on a 2-core CPU with early exits good enough for self-speculation.
     python train/train.py --config configs/tiny_code.py --workdir runs/tiny
 
+Variant `smoke`: a 4-layer model of width 64 trained for 300 short steps (under a minute on 2
+cores), whose first exit already drafts: the README's smoke run and the notebooks' test size.
+    python train/train.py --config configs/tiny_code.py:smoke --workdir runs/smoke
+
 Variant `peer25m`: a 25.8M-parameter model (8 layers, width 512, MHA) for the peer benchmark
 against Hugging Face transformers, trained briefly (400 steps of 8 x 256 bytes, ~30 min on 2 cores).
     python train/train.py --config configs/tiny_code.py:peer25m --workdir runs/peer25m
@@ -42,7 +46,7 @@ GPU: the train step's model-FLOPs utilisation, then a short run whose early exit
 
 import ml_collections
 
-VARIANTS = ("", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b")
+VARIANTS = ("", "smoke", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b")
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -118,6 +122,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.train.update(batch_size=32, total_steps=500, learning_rate=5e-4,
                             warmup_steps=50, eval_every=250, save_every=250, log_every=50)
         config.layerskip.update(e_scale_warmup=50)
+    if variant == "smoke":
+        config.model.update(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=176,
+                            exit_layers=(1, 2, 4))
+        config.data.update(seq_len=64, max_documents=300)
+        config.train.update(batch_size=8, total_steps=300, warmup_steps=20, eval_every=150,
+                            eval_batches=2, save_every=150, log_every=10)
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

@@ -19,6 +19,7 @@ import jax
 from absl import app, flags
 
 from specjax.data import DataConfig
+from specjax.decoding import cli
 from specjax.decoding.bench import (
     bytes_per_token,
     heldout_prompts,
@@ -57,6 +58,7 @@ flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare (ar i
                   f"baseline); available: {', '.join(sorted(STRATEGIES))}.")
 define_decoding_flags(sweep=True)
 define_mesh_flag()
+flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
 flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")

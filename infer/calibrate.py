@@ -23,13 +23,16 @@ import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 # isort: split
 
 import dataclasses
+import sys
 from collections.abc import Callable
 
 import numpy as np
 from absl import app, flags
+from tqdm import tqdm
 
 from specjax.calibrated import write_calibrated
 from specjax.calibration import check_risk_levels, learn_then_test
+from specjax.decoding import cli
 from specjax.decoding.bench import run_benchmark
 from specjax.decoding.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.decoding.cli import (
@@ -62,11 +65,12 @@ flags.DEFINE_integer("num_prompts", 80, "Calibration prompts.")
 flags.DEFINE_integer("per_document", 4, "Calibration windows per held-out document.")
 flags.DEFINE_integer("skip_documents", 16, "Held-out documents left to the benchmarks.")
 flags.DEFINE_integer("prompt_len", 64, "Tokens per calibration prompt.")
-flags.DEFINE_integer("new_tokens", 64, "Tokens generated (and reference tokens scored).")
+flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated (and reference tokens scored).")
 flags.DEFINE_integer("speed_prompts", 4, "Prompts timed at the chosen value (batch 1).")
 flags.DEFINE_bool("write", True, "Write the chosen value to the workdir's decoding defaults.")
 flags.DEFINE_string("output_json", None, "Also write the grid's risks and p-values here.")
 define_decoding_flags()
+flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -92,7 +96,7 @@ def main(argv):
 
 
 def run() -> dict:
-    require_positive_flags("num_prompts", "per_document", "prompt_len", "new_tokens",
+    require_positive_flags("num_prompts", "per_document", "prompt_len", "max_new_tokens",
                            "speed_prompts")
     check_risk_levels(FLAGS.delta, FLAGS.epsilon, prefix="--")
     grid = _grid(FLAGS.grid or [f"{1 - i / 20:.2f}" for i in range(FLAGS.strategy != "calm", 21)])
@@ -109,7 +113,7 @@ def run() -> dict:
                          "drop it")
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, [FLAGS.strategy])
     prompts, references = heldout_continuations(
-        loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.new_tokens,
+        loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.max_new_tokens,
         skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)
     generator = loaded.generator()
     strategy = make_strategy(FLAGS.strategy, options)
@@ -135,7 +139,7 @@ def run() -> dict:
               "unchanged")
         return result
     timed = run_benchmark(generator, {"ar": AUTOREGRESSIVE, "chosen": sweep.at(chosen.value)},
-                          prompts[:FLAGS.speed_prompts], max_new_tokens=FLAGS.new_tokens,
+                          prompts[:FLAGS.speed_prompts], max_new_tokens=FLAGS.max_new_tokens,
                           sampling=sampling)
     result["speedup"] = timed[1].tokens_per_second / timed[0].tokens_per_second
     print(f"chosen {sweep.field}={chosen.value:g}: {sweep.summaries[chosen.index]}, speed-up "
@@ -170,8 +174,8 @@ def _selfspec(generator: Generator, options, grid: list[float], prompts: list[li
         return make_strategy("selfspec", dataclasses.replace(options, draft_threshold=value))
 
     losses, rows, summaries = [], [], []
-    for value in grid:
-        out = generator.generate(prompts, max_new_tokens=FLAGS.new_tokens, strategy=at(value),
+    for value in tqdm(grid, desc="thresholds", file=sys.stderr, disable=None, leave=False):
+        out = generator.generate(prompts, max_new_tokens=FLAGS.max_new_tokens, strategy=at(value),
                                  sampling=sampling)
         losses.append([(s.drafted - s.accepted) / s.drafted if s.drafted else 0.0
                        for s in out.stats])

@@ -16,9 +16,9 @@ import dataclasses
 import sys
 
 from absl import app, flags
-from matplotlib.figure import Figure
 
 from specjax.calibrated import read_calibrated
+from specjax.decoding import cli
 from specjax.decoding.bench import run_benchmark
 from specjax.decoding.calm_quality import heldout_continuations, measure_quality
 from specjax.decoding.cli import (
@@ -33,6 +33,7 @@ from specjax.decoding.registry import make_strategy
 from specjax.entrypoint import parse_flags
 from specjax.loading import load_model
 from specjax.outputs import staged
+from specjax.plots import calm_curve
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
@@ -41,11 +42,12 @@ flags.DEFINE_list("thresholds", ["1", "0.95", "0.9", "0.8", "0.6", "0.4", "0.2",
                   "The lambdas swept.")
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts (one per document, as infer/bench.py).")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt.")
-flags.DEFINE_integer("new_tokens", 128, "Tokens generated (and reference tokens scored).")
+flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated (and reference tokens scored).")
 flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
 flags.DEFINE_string("plot", None, "Write the quality-versus-speed curve here (PNG).")
 flags.DEFINE_string("output_json", None, "Also write the results here.")
 define_decoding_flags()
+flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -64,7 +66,7 @@ def run_with_plot(path: str | None) -> list[dict]:
 
 
 def run(plot: str | None) -> list[dict]:
-    require_positive_flags("num_prompts", "prompt_len", "new_tokens", "repeats")
+    require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "repeats")
     try:
         thresholds = [float(t) for t in FLAGS.thresholds]
     except ValueError:
@@ -76,52 +78,32 @@ def run(plot: str | None) -> list[dict]:
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, ["calm"])
     calm = make_strategy("calm", options)
     prompts, references = heldout_continuations(loaded.meta, tokenizer, FLAGS.num_prompts,
-                                                FLAGS.prompt_len, FLAGS.new_tokens)
+                                                FLAGS.prompt_len, FLAGS.max_new_tokens)
     generator = loaded.generator()
     print("measuring quality ...", file=sys.stderr, flush=True)
     qualities = measure_quality(generator, calm, thresholds, prompts, references)
     strategies = {"ar": AUTOREGRESSIVE,
                   **{f"{t:g}": dataclasses.replace(calm, threshold=t) for t in thresholds}}
     timed = {r.name: r for r in run_benchmark(
-        generator, strategies, prompts, max_new_tokens=FLAGS.new_tokens, repeats=FLAGS.repeats,
+        generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens, repeats=FLAGS.repeats,
         progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))}
     baseline = timed["ar"].tokens_per_second
     rows = [{"threshold": q.threshold, "mean_exit": q.mean_exit,
              "tokens_per_second": timed[f"{q.threshold:g}"].tokens_per_second,
              "speedup": timed[f"{q.threshold:g}"].tokens_per_second / baseline,
              "agreement": q.agreement, "log_loss": q.log_loss} for q in qualities]
-    print(f"{calm.early_exit.label()}, {len(prompts)} held-out prompts x {FLAGS.new_tokens} "
+    print(f"{calm.early_exit.label()}, {len(prompts)} held-out prompts x {FLAGS.max_new_tokens} "
           f"tokens, batch 1; ar {baseline:.0f} tok/s")
     print(f"{'lambda':>6} {'exit':>5} {'tok/s':>7} {'speed-up':>8} {'ROUGE-L':>7} {'loss':>6}")
     for row in rows:
         print(f"{row['threshold']:6.2f} {row['mean_exit']:5.2f} {row['tokens_per_second']:7.0f} "
               f"{row['speedup']:7.2f}x {row['agreement']:7.3f} {row['log_loss']:6.3f}")
     if plot:
-        _plot(rows, loaded.cfg.num_layers, calm.early_exit.label(),
-              read_calibrated(FLAGS.workdir).get("decoding", {}).get("calm_threshold"), plot)
+        calm_curve(rows, loaded.cfg.num_layers, calm.early_exit.label(),
+                   read_calibrated(FLAGS.workdir).get("decoding", {}).get("calm_threshold")
+                   ).savefig(plot, dpi=120, format="png")
         print(f"wrote {FLAGS.plot}")
     return rows
-
-
-def _plot(rows: list[dict], num_layers: int, title: str, calibrated: float | None,
-          path: str) -> None:
-    """Agreement and per-token loss against speed-up, one point per lambda."""
-    figure = Figure(figsize=(10, 4), layout="constrained")
-    agree, loss = figure.subplots(1, 2)
-    speedups = [r["speedup"] for r in rows]
-    for axis, key, label in ((agree, "agreement", "ROUGE-L F1 with full greedy output"),
-                             (loss, "log_loss", "per-token loss on held-out text (nats)")):
-        axis.plot(speedups, [r[key] for r in rows], "o-")
-        for r in rows:
-            mark = " (calibrated)" if r["threshold"] == calibrated else ""
-            axis.annotate(f"λ={r['threshold']:g}, exit {r['mean_exit']:.1f}{mark}",
-                          (r["speedup"], r[key]), fontsize=7, xytext=(4, 4),
-                          textcoords="offset points")
-        axis.axvline(1.0, color="grey", linewidth=0.8)
-        axis.set_xlabel("speed-up over ar (batch 1)")
-        axis.set_ylabel(label)
-    figure.suptitle(f"CALM on a {num_layers}-layer model: {title}")
-    figure.savefig(path, dpi=120, format="png")
 
 
 if __name__ == "__main__":

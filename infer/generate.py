@@ -15,9 +15,9 @@ import sys
 
 from absl import app, flags
 
-from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts
+from specjax.decoding import cli
 from specjax.decoding.cli import (
+    auto_tree_prompts,
     decoding_defaults,
     define_decoding_flags,
     define_mesh_flag,
@@ -45,6 +45,7 @@ flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this 
 flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
 define_decoding_flags()
 define_mesh_flag()
+flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.DEFINE_string("prompt", None, "A single prompt.")
 flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
@@ -106,7 +107,7 @@ def _generate(prompts, sampling, mesh, output):
     loaded.warn_long_prompts([len(ids) for ids in encoded])
     spec = options.tree
     options, plan = resolve_auto_tree(
-        options, generator, lambda: _tuning_prompts(meta, tokenizer, encoded), sampling,
+        options, generator, lambda: auto_tree_prompts(meta, tokenizer, encoded), sampling,
         workdir=FLAGS.workdir, step=meta["step"], strategies=[FLAGS.strategy])
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
@@ -150,18 +151,6 @@ def _kernels() -> dict:
     XLA's ops, so the row records it; nothing off CPU."""
     kernels = decision.summary()
     return {"cpu_kernels": kernels} if kernels else {}
-
-
-def _tuning_prompts(meta: dict, tokenizer, encoded: list[list[int]]) -> list[list[int]]:
-    """Prompts to shape `--tree auto` on: held-out training data when the workdir names its
-    corpus, else the prompts being decoded."""
-    data = meta.get("config", {}).get("data")
-    if not data:
-        return encoded
-    try:
-        return heldout_prompts(DataConfig.from_dict(data), tokenizer, 8, 128)
-    except ValueError:
-        return encoded
 
 
 if __name__ == "__main__":

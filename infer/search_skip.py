@@ -26,7 +26,7 @@ from specjax.tokenizer import get_tokenizer
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to measure acceptance on.")
 flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
-flags.DEFINE_integer("new_tokens", 128, "Tokens of the model's own continuation scored.")
+flags.DEFINE_integer("max_new_tokens", 128, "Tokens of the model's own continuation scored.")
 flags.DEFINE_integer("max_draft", 12, "Longest chain K considered.")
 flags.DEFINE_float("temperature", 0.0, "0: greedy acceptance; else sampled at this temperature.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
@@ -42,7 +42,7 @@ def main(argv):
 
 
 def run() -> list[SkipCandidate]:
-    require_positive_flags("num_prompts", "prompt_len", "new_tokens", "max_draft", "top")
+    require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "max_draft", "top")
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     loaded = load_model(FLAGS.workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
@@ -50,8 +50,8 @@ def run() -> list[SkipCandidate]:
     prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     generator = loaded.generator()
     print("measuring costs and acceptance ...", file=sys.stderr, flush=True)
-    costs = measure_costs(generator, FLAGS.prompt_len + FLAGS.new_tokens // 2, FLAGS.max_draft)
-    probe = AcceptanceProbe(generator, prompts, sampling, new_tokens=FLAGS.new_tokens)
+    costs = measure_costs(generator, FLAGS.prompt_len + FLAGS.max_new_tokens // 2, FLAGS.max_draft)
+    probe = AcceptanceProbe(generator, prompts, sampling, new_tokens=FLAGS.max_new_tokens)
     candidates = search(probe, costs, FLAGS.max_draft)
     num_layers = loaded.cfg.num_layers
     mode = ("greedy" if sampling is None else

@@ -43,6 +43,9 @@ from specjax.model import (
     unstack_layers,
 )
 from specjax.timing import time_interleaved
+from specjax.training.config import config_reference
+
+__doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_code.py:mamba2",
                                           "Config file[:variant] whose model is measured.")

@@ -1,12 +1,15 @@
 """specjax: self-speculative and early-exit language models in JAX.
 
-`specjax.load(workdir)` gives a model that generates text, `specjax.strategies()` the decoding
-strategies (see `specjax.api`); the modules below are the framework itself.
+`specjax.load(workdir)` gives a model that generates text and benchmarks settings,
+`specjax.train(config, workdir)` trains one, `specjax.strategies()` lists the decoding
+strategies (see `specjax.api`; figures: `specjax.plots`); the modules below are the framework
+itself.
 """
 
 from typing import Any
 
-_API = ("Completion", "LanguageModel", "load", "strategies")
+_API = ("Completion", "LanguageModel", "acceptance_by_depth", "import_hf", "load", "strategies",
+        "train")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,27 +1,46 @@
-"""The API for notebooks and scripts: load a workdir, generate text, list the strategies.
+"""The API for notebooks and scripts: train or load a workdir, generate text, benchmark settings.
 
     import specjax
-    model = specjax.load("runs/tiny")
+    model = specjax.load("runs/tiny")  # or specjax.train("configs/tiny_code.py", "runs/tiny"),
+                                       # or specjax.import_hf("llama_dir", "runs/llama")
     print(model.generate("def main(", max_new_tokens=64).text)
     model.generate(["import os", "class A:"], strategy="ar", temperature=0.8, seed=1)
-    specjax.strategies()  # ['ar', 'selfspec', 'skip']
+    model.benchmark({"K=4": dict(num_draft=4), "tree": dict(tree="2,2,1")})
+    specjax.strategies()  # ['ar', 'calm', 'calmdraft', 'draft', ...]
 
-Everything below is the same machinery as `infer/generate.py`: the checkpoint's decoding
-defaults, overridable per call, one compiled program per shape.
+Everything below is the same machinery as `infer/generate.py` and `infer/bench.py`: the
+checkpoint's decoding defaults, overridable per call, one compiled program per shape.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Sequence
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specjax.config import DecodingConfig, ModelConfig
-from specjax.decoding.cli import decoding_defaults, decoding_options
+from specjax.data import DataConfig
+from specjax.decoding.bench import heldout_prompts, run_benchmark
+from specjax.decoding.cli import (
+    auto_tree_prompts,
+    decoding_defaults,
+    decoding_options,
+    resolve_auto_tree,
+)
 from specjax.decoding.drafter import Drafter
-from specjax.decoding.engine import RowStats
+from specjax.decoding.engine import (
+    AUTOREGRESSIVE,
+    Generator,
+    RowStats,
+    accepted_runs,
+)
+from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.decoding.sampling import sampling_or_greedy
+from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
+from specjax.decoding.tree_search import TreePlan
 from specjax.exit_report import DraftExitReport, model_exit_report
 from specjax.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer
@@ -29,27 +48,84 @@ from specjax.tokenizer import Tokenizer, get_tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
-    """One prompt's generated text, its decoding statistics (tau, acceptance_rate...) and its
-    per-token trace (strategy calm: {"exit": [...], "confidence": [...]}, -1 for the first
-    token; empty otherwise)."""
+    """One prompt's generated text and token ids, its decoding statistics (tau,
+    acceptance_rate...) and its per-token traces: "depth" (the draft depth each token was
+    accepted at; 0: the target's own token) and, for strategy calm, "exit" and "confidence"
+    (-1 for the first token)."""
 
     prompt: str
     text: str
     stats: RowStats
     trace: dict[str, list] = dataclasses.field(default_factory=dict)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def accepted_runs(self) -> list[int]:
+        """The drafts each decoding round kept."""
+        return accepted_runs(self.trace["depth"])
+
+    def acceptance_by_depth(self, depth: int | None = None) -> list[float]:
+        """For d = 1..depth, the fraction of rounds whose accepted drafts reach depth d."""
+        return acceptance_by_depth([self], depth)
+
+    @staticmethod
+    def total(completions: Sequence[Completion]) -> RowStats:
+        """The statistics summed over completions (tau over all their rounds)."""
+        return RowStats.total([c.stats for c in completions])
+
+
+def acceptance_by_depth(completions: Completion | Sequence[Completion],
+                        depth: int | None = None) -> list[float]:
+    """Over every round of `completions`, the fraction whose accepted drafts reach depth d, for
+    d = 1..depth (default: the deepest any reached)."""
+    if isinstance(completions, Completion):
+        completions = [completions]
+    return _by_depth([run for c in completions for run in c.accepted_runs], depth)
 
 
 class LanguageModel:
     """A workdir's model with its tokenizer and decoding defaults, ready to generate."""
 
     def __init__(self, loaded: LoadedModel):
+        self.workdir = loaded.workdir
         self.config: ModelConfig = loaded.cfg
+        self.meta: dict[str, Any] = loaded.meta
         self.step = loaded.meta.get("step")
         self.tokenizer: Tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"),
                                                   loaded.workdir)
         self.decoding_defaults: DecodingConfig = decoding_defaults(loaded.meta)
+        self.generator: Generator = loaded.generator()
         self._loaded = loaded
-        self._generator = loaded.generator()
+
+    def strategy(self, name: str, sampling: SamplingParams | None = None,
+                 prompts: Sequence[Sequence[int]] = (), **options: Any) -> Drafter:
+        """The strategy `name` with the checkpoint's decoding defaults, `options` overriding
+        them (exit_layer=, num_draft=, tree=...). `tree="auto"` or "auto:N" is resolved into
+        the Sequoia tree measured for `sampling` (`plan_tree`), on held-out text or `prompts`."""
+        chosen = decoding_options(self.decoding_defaults, self.config, options, [name])
+        chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
+        return make_strategy(name, chosen)
+
+    def plan_tree(self, tree: str = "auto", *, temperature: float = 0.0, top_k: int = 0,
+                  top_p: float = 1.0, **options: Any) -> TreePlan:
+        """The Sequoia tree `tree` ("auto", or "auto:N" for N nodes) picks for `selfspec` at
+        the options' exit in this sampling mode: measured acceptance and costs, its expected
+        tau and speed-up; cached in the workdir's tree_plans.json like the command line's."""
+        chosen = decoding_options(self.decoding_defaults, self.config,
+                                  {**options, "tree": tree}, ["selfspec"])
+        _, plan = self._resolve_tree(chosen, "selfspec",
+                                     sampling_or_greedy(temperature, top_k, top_p), ())
+        if plan is None:
+            raise ValueError(f"tree={tree!r}: plan_tree takes 'auto' or 'auto:N'")
+        return plan
+
+    def _resolve_tree(self, options: DecodingConfig, name: str,
+                      sampling: SamplingParams | None, prompts: Sequence[Sequence[int]]
+                      ) -> tuple[DecodingConfig, TreePlan | None]:
+        return resolve_auto_tree(
+            options, self.generator,
+            lambda: auto_tree_prompts(self.meta, self.tokenizer, list(prompts)), sampling,
+            workdir=self.workdir, step=self.step, strategies=[name])
 
     def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
                  strategy: str | Drafter = "selfspec", temperature: float = 0.0,
@@ -60,8 +136,8 @@ class LanguageModel:
 
         Greedy at temperature 0 (the same text whatever the strategy); otherwise sampled, with
         exactly the model's distribution. `strategy` is a name from `strategies()` built from
-        the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...)
-        overriding them, or a `Drafter`.
+        the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...,
+        tree="auto") overriding them, or a `Drafter`.
         """
         texts = ([prompts] if isinstance(prompts, str) else
                  list(prompts) if isinstance(prompts, (list, tuple)) else [])
@@ -71,31 +147,67 @@ class LanguageModel:
                              + (f" of {type(texts[0]).__name__}" if texts and not isinstance(
                                  prompts, (bytes, str)) else ""))
         sampling = sampling_or_greedy(temperature, top_k, top_p)
+        encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
         if isinstance(strategy, str):
-            strategy = make_strategy(strategy, decoding_options(
-                self.decoding_defaults, self.config, options, [strategy]))
+            strategy = self.strategy(strategy, sampling, encoded, **options)
         elif options:
             raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
                              "Drafter (build it with them instead)")
-        encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
         self._loaded.warn_long_prompts([len(ids) for ids in encoded])
-        out = self._generator.generate(
+        out = self.generator.generate(
             encoded,
             max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
             eos_id=self.tokenizer.eos_id)
-        completions = [Completion(text, self.tokenizer.decode(tokens), stats, trace)
+        completions = [Completion(text, self.tokenizer.decode(tokens), stats, trace, tokens)
                        for text, tokens, stats, trace in zip(texts, out.tokens, out.stats,
                                                              out.trace, strict=True)]
         return completions[0] if isinstance(prompts, str) else completions
 
+    def benchmark(self, settings: Mapping[str, Mapping[str, Any]],
+                  prompts: Sequence[str] | None = None, *, max_new_tokens: int = 128,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                  repeats: int = 3, num_prompts: int = 8, prompt_len: int = 128,
+                  seeds: int = 1) -> list[dict[str, Any]]:
+        """Times `ar` and each labelled setting ({label: {"strategy": name (default
+        selfspec), option: value...}}) on the same prompts, batch 1, in this process after a
+        warm-up (`infer/bench.py`'s machinery); default prompts: `num_prompts` held-out
+        windows of `prompt_len` tokens. One dict per setting, `ar` first: name,
+        tokens_per_second, speedup over ar, tau, acceptance_rate, compile_seconds,
+        identical_to_ar (greedy; None when sampling)."""
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        if prompts:
+            encoded = [self.tokenizer.encode(text, add_bos=True) for text in prompts]
+        elif self.meta.get("config", {}).get("data"):
+            encoded = heldout_prompts(DataConfig.from_dict(self.meta["config"]["data"]),
+                                      self.tokenizer, num_prompts, prompt_len)
+        else:
+            raise ValueError(f"{self.workdir} names no training data to take held-out prompts "
+                             "from: pass prompts")
+        strategies: dict[str, Drafter] = {"ar": AUTOREGRESSIVE}
+        for label, options in settings.items():
+            if label in strategies:
+                raise ValueError(f"setting {label!r}: the label is taken (ar is the baseline)")
+            options = dict(options)
+            strategies[label] = self.strategy(options.pop("strategy", "selfspec"), sampling,
+                                              encoded, **options)
+        results = run_benchmark(self.generator, strategies, encoded,
+                                max_new_tokens=max_new_tokens, repeats=repeats,
+                                sampling=sampling, seeds=seeds)
+        baseline = results[0].tokens_per_second
+        return [{"name": r.name, "tokens_per_second": r.tokens_per_second,
+                 "speedup": r.tokens_per_second / baseline, "tau": r.stats.tau,
+                 "acceptance_rate": r.stats.acceptance_rate,
+                 "compile_seconds": r.compile_seconds,
+                 "identical_to_ar": r.identical_to_baseline} for r in results]
+
     def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:
         """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
-        predicted tau and speed-up of drafting K tokens from it (estimates; infer/bench.py
+        predicted tau and speed-up of drafting K tokens from it (estimates; `benchmark`
         measures). `texts`: held-out documents (default: the validation documents of the
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
         num_drafts=, costs=...). The same report as `infer/exits.py`."""
         return model_exit_report(self._loaded.params, self.config, self.tokenizer,
-                                 self._loaded.meta, texts, **options)
+                                 self.meta, texts, **options)
 
 
 def load(workdir: str, step: int | None = None,
@@ -104,6 +216,57 @@ def load(workdir: str, step: int | None = None,
     back to the newest readable one; `draft_workdir`, one or several workdirs of drafters for
     it: a model (strategy "draft") or heads trained on it ("kangaroo", "specdec")."""
     return LanguageModel(load_model(workdir, step, draft_workdir))
+
+
+def import_hf(hf_dir: str, workdir: str, *, dtype: str | None = None,
+              tokenizer: str | None = None) -> LanguageModel:
+    """Imports a Hugging Face checkpoint directory (Llama, Mistral, Qwen2, Mamba-2, Bamba:
+    config.json and safetensors) into a new workdir, as `infer/convert.py` does, and loads it;
+    its tokenizer.json comes along (`tokenizer="bytes"`: specjax's byte tokenizer instead)."""
+    from specjax.convert.hf import import_checkpoint
+
+    import_checkpoint(hf_dir, workdir, dtype=dtype, tokenizer=tokenizer)
+    return load(workdir)
+
+
+def train(config: str | Mapping[str, Any], workdir: str,
+          overrides: Mapping[str, Any] | None = None) -> LanguageModel:
+    """Trains the run `config` describes in `workdir` (or resumes it; a finished run is only
+    loaded) and returns its model. `config`: a config file as `train/train.py` takes it
+    ("configs/tiny_code.py:smoke") or its sections as a dict; `overrides`: dotted fields
+    ({"train.total_steps": 50}), which must exist in the config, as on the command line."""
+    from specjax.training.trainer import train_and_evaluate  # training stays out of `load`
+
+    sections = _read_config(config)
+    for field, value in (overrides or {}).items():
+        *path, leaf = field.split(".")
+        section = sections
+        for key in path:  # a dict config may leave sections to their defaults; a file may not
+            if not isinstance(config, str) and isinstance(section, dict):
+                section = section.setdefault(key, {})
+            else:
+                section = section.get(key) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or (isinstance(config, str) and leaf not in section):
+            raise ValueError(f"override {field!r}: no such config field")
+        section[leaf] = value
+    result = train_and_evaluate(sections, workdir, explicit=tuple(overrides or ()))
+    if result.interrupted:
+        raise KeyboardInterrupt(f"training interrupted at step {result.step}; the checkpoint "
+                                f"is saved in {workdir}: call train again to resume")
+    return load(workdir)
+
+
+def _read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A config's sections as a fresh dict: a file's `get_config(variant)` or a copy."""
+    if not isinstance(config, str):
+        return copy.deepcopy(dict(config))
+    path, _, variant = config.partition(":")
+    if not os.path.isfile(path):
+        raise ValueError(f"config file {path!r} not found")
+    spec = importlib.util.spec_from_file_location("specjax_user_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return (module.get_config(variant) if variant else module.get_config()).to_dict()
 
 
 def strategies() -> list[str]:

@@ -84,19 +84,23 @@ def parse_flags(argv: list[str]) -> list[str]:
             sys.exit(0)
         raise
     except Exception as error:  # config_flags raises whatever loading the file raised
-        print(f"error: {_unknown_field(error) or _one_line(error)}", file=sys.stderr)
+        print(f"error: {_unknown_field(error, argv) or _one_line(error)}", file=sys.stderr)
         sys.exit(1)
 
 
-def _unknown_field(error: Exception) -> str | None:
+def _unknown_field(error: Exception, argv: list[str]) -> str | None:
     """config_flags reports an override of a field the file lacks as a KeyError (of a missing
-    section) or an AttributeError wrapping one (of a missing field)."""
+    section) or an AttributeError wrapping one (of a missing field), naming only the last
+    part; the message names the whole flag."""
     cause = error.args[0] if error.args and isinstance(error, AttributeError) else error
     name = str(cause.args[0]).strip("'") if isinstance(cause, KeyError) and cause.args else ""
-    if name.isidentifier():  # a bare name; config_flags' own "Did you mean" message is kept
-        return (f"the config file has no field or section {name!r} to override (--help lists "
-                "the fields; a section the file lacks must be added to it first)")
-    return None
+    if not name.isidentifier():  # not a bare name; config_flags' "Did you mean" is kept
+        return None
+    overrides = [arg.split("=", 1)[0] for arg in argv[1:] if arg.startswith("--config.")]
+    flag = next((arg for arg in overrides if name in arg.split(".")[1:]), "")
+    where = f" ({flag})" if flag else ""
+    return (f"the config file has no field or section {name!r}{where} to override (--help "
+            "lists the fields; a section the file lacks must be added to it first)")
 
 
 def _one_line(error: Exception) -> str:

@@ -168,32 +168,10 @@ class DraftExitReport:
                 + f"; plain decoding {1e3 * self.costs.plain(self.layer_kinds):.3f} ms/token")
 
     def plot(self) -> Figure:
-        """Agreement (and top-1 accuracy) by exit, and the predicted speed-up by draft exit for
-        a few K (a figure of its own, no pyplot state: `savefig` renders it with Agg)."""
-        from matplotlib.figure import Figure  # only for plots: `import specjax` stays light
+        """`specjax.plots.exit_report` of this report."""
+        from specjax.plots import exit_report  # only for plots: `import specjax` stays light
 
-        figure = Figure(figsize=(10, 4), layout="constrained")
-        quality, speed = figure.subplots(1, 2)
-        exits = list(range(1, self.num_layers + 1))
-        quality.plot(exits, self.metrics.agreement, "o-", label="agreement with last layer")
-        quality.plot(exits, self.metrics.accuracy, "s--", label="top-1 accuracy")
-        quality.set_xticks(exits)
-        quality.set_xlabel("exit (layers run)")
-        quality.set_ylim(0, 1.02)
-        quality.legend()
-        draft_exits = exits[:-1] or exits
-        shown = sorted({self.num_drafts[0], self.num_drafts[len(self.num_drafts) // 2],
-                        self.num_drafts[-1]})
-        for k in shown:
-            speed.plot(draft_exits, [self.speedup(e, k) for e in draft_exits], "o-",
-                       label=f"K={k}")
-        speed.axhline(1.0, color="grey", linewidth=0.8)
-        speed.set_xticks(draft_exits)
-        speed.set_xlabel("draft exit E")
-        speed.set_ylabel("predicted speed-up over plain decoding")
-        speed.legend()
-        figure.suptitle(f"exit report ({self.metrics.tokens} held-out tokens; estimates)")
-        return figure
+        return exit_report(self)
 
 
 def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,

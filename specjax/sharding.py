@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from specjax.nn.layer_kinds import LAYER_KINDS
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axes (in order); a name not listed is replicated.
@@ -35,7 +37,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "ssm_heads": ("tensor",),
 }
 
-# A parameter's logical axes by its innermost keys; a layer stack adds a leading "layers" axis.
+# A parameter's logical axes by its innermost keys, for the leaves every layer kind shares
+# (embeddings, norms, MLPs); each kind adds its own (`LayerKind.param_axes`), and a stack of a
+# kind's layers (`LayerKind.params_key`) adds a leading "layers" axis.
 PARAM_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("embed",): ("vocab", "embed"),
     ("unembed",): ("embed", "vocab"),
@@ -45,28 +49,11 @@ PARAM_AXES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("attn", "out"): ("heads", None, None, "embed"),      # [K, G, Dh, D]
     ("mlp", "gate_up"): ("embed", None, "mlp"),           # [D, 2, F]
     ("mlp", "down"): ("mlp", "embed"),
-    ("mixer", "in_proj"): ("embed", None),                # z, xBC, dt side by side: kept whole
-    ("mixer", "out_proj"): (None, "embed"),
-    ("mixer", "dt_bias"): ("ssm_heads",),
-    ("mixer", "A_log"): ("ssm_heads",),
-    ("mixer", "D"): ("ssm_heads",),
 }
-STACKS = ("layers", "mamba2_layers")
 
-# A decode cache leaf's logical axes by its field name (`cache.Cache`, `LayerKV`, `LayerSSM`).
-# "rows*kv_heads" is attention's merged axis of rows and K/V heads (row-major, see cache.py).
-CACHE_AXES: dict[str, tuple[str | None, ...]] = {
-    "lengths": ("batch",),
-    "k": ("rows*kv_heads", None, None),
-    "v": ("rows*kv_heads", None, None),
-    "state": ("batch", "ssm_heads", None, None),
-    "conv": ("batch", None, None),
-    "xbc": ("batch", None, None),
-    "x": ("batch", None, "ssm_heads", None),
-    "b": ("batch", None, None, None),
-    "dt": ("batch", None, "ssm_heads"),
-    "log_decay": ("batch", None, "ssm_heads"),
-}
+# A decode cache leaf's logical axes by its field name: the per-row lengths (`cache.Cache`), and
+# each kind's own leaves (`LayerKind.cache_axes`).
+CACHE_AXES: dict[str, tuple[str | None, ...]] = {"lengths": ("batch",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,15 +117,29 @@ def logical_to_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int]
 def param_axes(keys: Sequence[str], ndim: int) -> tuple[str | None, ...]:
     """A parameter's (or its optimizer state's) logical axes from its dict keys; unknown leaves
     and scalars are replicated."""
+    table = {**PARAM_AXES, **_declared("param_axes")}
+    stacks = {kind.params_key for kind in LAYER_KINDS.values()}
     for length in (2, 1):
-        axes = PARAM_AXES.get(tuple(keys[-length:]))
+        axes = table.get(tuple(keys[-length:]))
         if axes is None:
             continue
         if len(axes) == ndim:  # one layer's (decoding keeps a tuple of them) or a global leaf
             return axes
-        if len(axes) + 1 == ndim and keys[0] in STACKS:
+        if len(axes) + 1 == ndim and keys[0] in stacks:
             return ("layers", *axes)
     return (None,) * ndim
+
+
+def _declared(field: str) -> dict:
+    """The axes every registered layer kind declares in `field` (read at each call, so a kind
+    registered later, e.g. by a test, is laid out too); two kinds may not disagree on a key."""
+    table: dict = {}
+    for name, kind in LAYER_KINDS.items():
+        for key, axes in getattr(kind, field).items():
+            if table.setdefault(key, axes) != axes:
+                raise ValueError(f"layer kind {name!r} declares {field} {key} as {axes}, "
+                                 f"another kind as {table[key]}")
+    return table
 
 
 def tree_shardings(mesh: Mesh, tree: Any) -> Any:
@@ -156,8 +157,10 @@ def cache_specs(mesh: Mesh | AbstractMesh, cache: Any, rows: int) -> Any:
     CACHE_AXES. The merged rows-and-K/V-heads axis splits like the rows and, when each shard
     then holds one row, along its heads like the attention weights: the only splits of a
     row-major merge that keep a head's K/V on the devices that project them."""
+    table = {**CACHE_AXES, **_declared("cache_axes")}
+
     def spec(path, leaf):
-        axes = CACHE_AXES[path[-1].name]
+        axes = table[path[-1].name]
         if axes[0] != "rows*kv_heads":
             return logical_to_spec(mesh, axes, leaf.shape)
         by_rows = _mesh_axes(logical_to_spec(mesh, ("batch",), (rows,))[0])
@@ -168,14 +171,6 @@ def cache_specs(mesh: Mesh | AbstractMesh, cache: Any, rows: int) -> Any:
         return PartitionSpec(merged[0] if len(merged) == 1 else (merged or None),
                              *axes[1:])
     return jax.tree_util.tree_map_with_path(spec, cache)
-
-
-def traced_for_one_device() -> bool:
-    """Whether the program being traced runs on one device: no mesh set (`jax.set_mesh`), or a
-    mesh of one device. The CPU kernels (`specjax.kernels`) have no partitioning rule: on a
-    larger mesh XLA would gather their operands onto every device, so its own ops run there."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return mesh.empty or mesh.size == 1
 
 
 def constrain_cache(cache: Any, rows: int) -> Any:

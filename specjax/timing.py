@@ -7,6 +7,15 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 
+def time_left(started: float, done: int, total: int) -> str:
+    """"about N s left" after `done` of `total` equal steps begun at `started`
+    (`time.perf_counter()`), for progress lines of long commands."""
+    if done >= total:
+        return "done"
+    left = (time.perf_counter() - started) / max(done, 1) * (total - done)
+    return f"about {left:.0f} s left" if left < 120 else f"about {left / 60:.0f} min left"
+
+
 def timed(fn: Callable[..., Any], *args: Any) -> float:
     """Seconds one call of fn(*args) takes (callers block on asynchronous results inside fn)."""
     start = time.perf_counter()

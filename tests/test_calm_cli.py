@@ -12,7 +12,7 @@ from tests.conftest import run_script, tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
-SMALL = ["--prompt_len", "16", "--new_tokens", "8"]
+SMALL = ["--prompt_len", "16", "--max_new_tokens", "8"]
 CALIBRATION = [*SMALL, "--num_prompts", "6", "--per_document", "2", "--skip_documents", "0",
                "--speed_prompts", "1", "--grid", "1,0.5,0"]
 

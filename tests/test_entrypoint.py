@@ -10,16 +10,24 @@ import time
 import pytest
 
 from specjax import entrypoint
-from tests.conftest import run_script, script_env
+from specjax.decoding.cli import DECODING_FLAGS
+from tests.conftest import ROOT, run_script, script_env
 
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
-                                    "infer/exits.py"])
-def test_help_exits_zero(script):
+                                    "infer/exits.py", "infer/calm_bench.py",
+                                    "infer/calibrate.py"])
+def test_help_exits_zero_and_lists_every_flag(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
-    would read it as a failure)."""
+    would read it as a failure), and a help that hides the decoding flags a script takes from
+    `specjax.decoding.cli` (absl lists only the main module's own flags unless adopted)."""
     result = run_script(script, "--help")
-    assert result.returncode == 0 and "--workdir" in result.stdout + result.stderr
+    text = result.stdout + result.stderr
+    assert result.returncode == 0 and "--workdir" in text
+    with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+        takes_decoding_flags = "define_decoding_flags(" in f.read()
+    if takes_decoding_flags:
+        assert [name for name in DECODING_FLAGS if f"--{name}:" not in text] == []
 
 
 def test_ctrl_c_inside_a_gc_callback_is_delivered_again(monkeypatch):

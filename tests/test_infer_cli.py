@@ -287,7 +287,7 @@ def test_search_skip_prints_the_best_sets_and_a_command_that_runs(workdir, tmp_p
     JSON of every set, and a best line whose flags generate.py accepts."""
     report = tmp_path / "skip.json"
     result = _run("search_skip.py", "--workdir", workdir, "--num_prompts", "2",
-                  "--prompt_len", "16", "--new_tokens", "16", "--max_draft", "4",
+                  "--prompt_len", "16", "--max_new_tokens", "16", "--max_draft", "4",
                   "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
     scored = json.loads(report.read_text())

@@ -1,4 +1,5 @@
-"""The README's Python examples and its local-files training command run as written."""
+"""The Python examples of the README and the decoding guide, and the README's recipe for your
+own text, run as written."""
 
 import json
 import os
@@ -17,8 +18,8 @@ from tests.conftest import ROOT, script_env, tiny_run
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
 
-def _readme():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def _read(name: str) -> str:
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
         return f.read()
 
 
@@ -26,20 +27,25 @@ def _env():
     return script_env()
 
 
-def test_the_readme_python_examples_run(tmp_path):
-    """Catches an API change the README did not follow (names, arguments, imports)."""
-    blocks = re.findall(r"```python\n(.*?)```", _readme(), flags=re.S)
-    assert len(blocks) == 2
-    config = tiny_run(train=dict(total_steps=4, eval_every=4, save_every=4))
+def test_the_python_examples_run(tmp_path):
+    """Catches an API change the README or the decoding guide did not follow (names,
+    arguments, imports)."""
+    blocks = [re.findall(r"```python\n(.*?)```", _read(name), flags=re.S)
+              for name in ("README.md", os.path.join("docs", "guide", "decoding.md"))]
+    assert [len(found) for found in blocks] == [1, 1]
+    config = tiny_run(train=dict(total_steps=4, eval_every=4, save_every=4),
+                      data=dict(max_documents=400))  # held-out windows for the benchmark
     config["decoding"] = {"exit_layer": 1, "num_draft": 3}
     Trainer(config, str(tmp_path / "runs" / "tiny")).fit()
     outputs = []
-    for block in blocks:
+    for block in (found[0] for found in blocks):
         result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=_env(),
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
         outputs.append(result.stdout.strip().splitlines())
-    assert str(sorted(STRATEGIES)) in outputs[0][-1] and "'import os' ->" in "\n".join(outputs[0])
+    assert any(str(sorted(STRATEGIES)) in line for line in outputs[0])
+    assert "'import os' ->" in "\n".join(outputs[0])
+    assert "('ar', 1.0)" in outputs[0][-1] and "'tree'" in outputs[0][-1]
     assert float(outputs[1][-1]) >= 1.0  # the tree's tau
 
 
@@ -47,7 +53,7 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
     """Catches a data source the shipped config cannot reach from the command line (the
     README's `--config.data.files=...` failed on a config without that field)."""
     command = re.search(r"(train/train\.py --config configs/tiny_code\.py --workdir runs/x"
-                        r".*?--config\.data\.files=corpus\.jsonl)", _readme(), flags=re.S)
+                        r".*?--config\.data\.files=corpus\.jsonl)", _read("README.md"), flags=re.S)
     args = shlex.split(command.group(1).replace("\\\n", " "))
     os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")  # run as from the repo
     with open(tmp_path / "corpus.jsonl", "w", encoding="utf-8") as f:
@@ -67,3 +73,13 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
     assert meta["config"]["data"]["source"] == "files"
     assert meta["config"]["data"]["files"] == "corpus.jsonl"
     assert meta["config"]["layerskip"]["p_max"] == 0.2
+    # The recipe's next command decodes a prompts file from that workdir.
+    generate = re.search(r"infer/generate\.py --workdir runs/x .*", _read("README.md")).group(0)
+    with open(tmp_path / "prompts.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps({"prompt": "def f("}) + "\n")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "infer", "generate.py"),
+                             *shlex.split(generate)[1:], "--max_new_tokens", "8"],
+                            cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "out.jsonl").read_text())["prompt"] == "def f("

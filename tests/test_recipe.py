@@ -1,5 +1,6 @@
-"""The README's bring-your-own-model recipe runs as written, at smoke size: a stand-in checkpoint
-(BPE tokenizer, plain model, Hugging Face export), import, exit report, LayerSkip continual
+"""The bring-your-own-model recipe (docs/guide/your-own-model.md, which the README's recipe
+quotes) runs as written, at smoke size: a stand-in checkpoint (BPE tokenizer, plain model,
+Hugging Face export), import, exit report, LayerSkip continual
 training from it, exit report, bench, export; transformers loads the export, its logits match,
 and its `generate(assistant_early_exit=E)` runs."""
 
@@ -31,7 +32,7 @@ SMALL_RUN = ["--config.data.max_documents=150", "--config.data.seq_len=64",
 SMALL_MODEL = ["--config.model.d_model=64", "--config.model.num_layers=4",
                "--config.model.num_heads=2", "--config.model.mlp_dim=128",
                "--config.model.exit_layers=(4,)"]
-# What each command gets appended to run at smoke size (the README's values stay as written).
+# What each command gets appended to run at smoke size (the guide's values stay as written).
 SMOKE = {
     "train/tokenizer.py": ["--config.data.max_documents=150"],
     "train/train.py standin": SMALL_RUN + SMALL_MODEL,
@@ -44,12 +45,11 @@ SMOKE = {
 
 
 def recipe_commands() -> list[list[str]]:
-    """The commands of the README's code block under "Your own model", continuation lines
+    """The commands of the recipe's code block (the guide's first), continuation lines
     joined."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    section = readme[readme.index("## Your own model"):]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    with open(os.path.join(ROOT, "docs", "guide", "your-own-model.md"), encoding="utf-8") as f:
+        guide = f.read()
+    block = re.search(r"```bash\n(.*?)```", guide, flags=re.S).group(1)
     lines = block.replace("\\\n", " ").splitlines()
     return [shlex.split(line) for line in lines if line.startswith(".venv/bin/python")]
 

@@ -21,6 +21,9 @@ from ml_collections import config_flags
 
 from specjax.data import BatchSampler, Corpus, DataConfig, iter_documents
 from specjax.entrypoint import parse_flags, run_cli
+from specjax.training.config import config_reference
+
+__doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section is "
                                           "measured (and train.batch_size).")

@@ -24,8 +24,11 @@ from ml_collections import config_flags
 
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.outputs import staged
+from specjax.training.config import config_reference
 from specjax.training.memory import GIB
 from specjax.training.objectives import layerskip_with_data
+
+__doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _STEPS = flags.DEFINE_integer("steps", 3, "Train steps to run.")

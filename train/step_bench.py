@@ -27,10 +27,13 @@ from ml_collections import config_flags
 
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.sharding import place_batch
+from specjax.training.config import config_reference
 from specjax.training.flops import train_flops_per_token
 from specjax.training.objective import step_schedule
 from specjax.training.objectives import layerskip_with_data
 from specjax.training.train_step import make_train_step
+
+__doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per program.")

@@ -24,6 +24,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.entrypoint import parse_flags, run_cli
 from specjax.outputs import staged_dir
+from specjax.training.config import config_reference
+
+__doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section "
                                           "names the documents.")

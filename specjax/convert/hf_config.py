@@ -36,6 +36,11 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
         raise ConversionError(f"{path} is not valid JSON ({error})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"{path} holds no JSON object")
+    missing = [key for key in ("vocab_size", "hidden_size", "num_hidden_layers")
+               if key not in config]
+    if missing:
+        raise ConversionError(f"{path} lacks {missing}, which every {architecture(config)} "
+                              "checkpoint has")
     return config
 
 
@@ -49,15 +54,12 @@ def architecture(hf: dict[str, Any]) -> str:
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
-    """The ModelConfig of a checkpoint's config.json; `dtype` overrides the stored weight dtype
-    (it becomes both the parameter and the compute dtype)."""
+    """The ModelConfig of a checkpoint's config.json (as `read_hf_config` checked it); `dtype`
+    overrides the stored weight dtype (it becomes both the parameter and the compute dtype)."""
     arch = architecture(hf)
     weights = dtype or _stored_dtype(hf)
     if weights not in DTYPES:
         raise ConversionError(f"dtype {weights!r} is not one of {sorted(DTYPES)}")
-    missing = [key for key in ("vocab_size", "hidden_size", "num_hidden_layers") if key not in hf]
-    if missing:
-        raise ConversionError(f"config.json lacks {missing}, which every {arch} checkpoint has")
     _require_equal(hf, "hidden_act", "silu", arch)
     common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
                   num_layers=hf["num_hidden_layers"], dtype=weights, param_dtype=weights)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -32,7 +33,7 @@ from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
-from specjax.timing import time_interleaved, timed
+from specjax.timing import time_interleaved, time_left, timed
 from specjax.tokenizer import Tokenizer
 
 
@@ -194,6 +195,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
     for index, (rows, _) in enumerate(batches):
         shapes.setdefault(generator.pad(rows)[0].shape, index)
     compile_seconds, budget = {}, MappingBudget()
+    started = time.perf_counter()
     for done, name in enumerate(strategies, 1):
         run(name, batches[0], 1)
         first = timed(run, name, batches[0])
@@ -201,15 +203,18 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
         for index in set(shapes.values()) - {0}:
             run(name, batches[index], 1)
             run(name, batches[index])
-        progress(f"compiled {name} ({compile_seconds[name]:.1f} s)")
+        progress(f"compiled {name} ({compile_seconds[name]:.1f} s; {done}/{len(strategies)}, "
+                 f"{time_left(started, done, len(strategies))})")
         budget.check(done, len(strategies), "strategies")
     calls = {}
     for name in strategies:  # each strategy's one-token (prefill) call just before its full one
         calls[name, "prefill"] = lambda index, name=name: run(name, batches[index], 1)
         calls[name] = lambda index, name=name: run(name, batches[index])
+    started = time.perf_counter()
     times, outputs = time_interleaved(
         calls, len(batches), repeats,
-        lambda done: progress(f"timed repeat {done}/{repeats} of {len(strategies)} strategies"))
+        lambda done: progress(f"timed repeat {done}/{repeats} of {len(strategies)} strategies "
+                              f"({time_left(started, done, repeats)})"))
     results = []
     unpacked = {name: [generator.unpack(o) for o in outputs[name]] for name in strategies}
     for name in strategies:

@@ -14,9 +14,11 @@ Two consistencies (CALM, §3), each a loss in [0, 1] per held-out prompt:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
@@ -111,7 +113,8 @@ def measure_quality(generator: Generator, strategy: Calm, thresholds: Sequence[f
     full_tokens, _ = decode(None)
     full_loss, _ = forced(dataclasses.replace(strategy, threshold=1.0))
     results = []
-    for threshold in thresholds:
+    for threshold in tqdm(thresholds, desc="CALM thresholds", file=sys.stderr, disable=None,
+                          leave=False):  # a bar with the time left, on a terminal only
         calm = dataclasses.replace(strategy, threshold=float(threshold))
         tokens, exits = decode(calm)
         loss, forced_exits = forced(calm)

@@ -14,6 +14,8 @@ from absl import flags
 from jax.sharding import Mesh
 
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
+from specjax.data import DataConfig
+from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import require_used
@@ -22,6 +24,7 @@ from specjax.decoding.tree_search import Measurements, TreePlan, measure
 from specjax.entrypoint import run_cli
 from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
+from specjax.tokenizer import Tokenizer
 
 DECODING_FLAGS = {
     "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
@@ -262,6 +265,20 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
         plans[key] = plan.to_dict()
         write_json_cache(path, plans)
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
+
+
+def auto_tree_prompts(meta: dict, tokenizer: Tokenizer, fallback: list[list[int]],
+                      count: int = 8, length: int = 128) -> list[list[int]]:
+    """Prompts to measure on (an auto tree's acceptance, a benchmark): `count` held-out windows
+    of `length` tokens from the workdir's training data when it names its corpus, else
+    `fallback` (e.g. the prompts being decoded)."""
+    data = meta.get("config", {}).get("data")
+    if not data:
+        return fallback
+    try:
+        return heldout_prompts(DataConfig.from_dict(data), tokenizer, count, length)
+    except ValueError:
+        return fallback
 
 
 _MEASURED: dict[tuple, Measurements] = {}

@@ -62,11 +62,34 @@ class RowStats:
                     (rows[0].extra if rows else {})})
 
 
+def accepted_runs(depths: Sequence[int]) -> list[int]:
+    """The drafts each round kept, from a row's "depth" trace: after the prefill's token (0) a
+    round emits its accepted drafts (depths 1..a) and then the target's token (0); the last
+    round may end early, cut by EOS or the token budget."""
+    runs, run = [], 0
+    for depth in depths[1:]:
+        if depth == 0:
+            runs.append(run)
+        run = depth
+    if run:
+        runs.append(run)
+    return runs
+
+
+def acceptance_by_depth(runs: Sequence[int], depth: int | None = None) -> list[float]:
+    """For d = 1..`depth` (default: the deepest run), the fraction of rounds whose accepted
+    drafts reach depth d."""
+    depth = max(runs, default=0) if depth is None else depth
+    return [sum(run >= d for run in runs) / len(runs) if runs else 0.0
+            for d in range(1, depth + 1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Generation:
     """Generated token ids per row (EOS included when it ended the row), per-row stats and the
-    per-token trace of each row (CALM: {"exit": [...], "confidence": [...]}, -1 for the first
-    token, which the prefill's full pass produced; empty for other strategies)."""
+    per-token traces of each row: "depth" (the draft depth each token was accepted at, 0 for
+    the target's own tokens; `accepted_runs` turns it into rounds), and the verifier's (CALM:
+    "exit" and "confidence", -1 for the first token, which the prefill's full pass produced)."""
 
     tokens: list[list[int]]
     stats: list[RowStats]

@@ -24,6 +24,8 @@ from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
 
+DEPTH = "depth"  # the loop's own per-token trace; the verifier's traces sit beside it
+
 
 @flax.struct.dataclass
 class DecodeStats:
@@ -41,8 +43,9 @@ class DecodeStats:
 @flax.struct.dataclass
 class DecodeOutput:
     """tokens [B, max_new_tokens + D + 1] (row b valid up to num_tokens[b]), statistics, and
-    the verifier's per-token trace ({name: [B, same width]}, e.g. CALM's exit and confidence of
-    each token; -1 for the prefill's token)."""
+    per-token traces ({name: [B, same width]}): "depth", the draft depth each token was
+    accepted at (0: the target's own token, the prefill's included), and the verifier's (e.g.
+    CALM's exit and confidence of each token; -1 for the prefill's token)."""
 
     tokens: jax.Array
     num_tokens: jax.Array
@@ -131,8 +134,9 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
-        trace={name: jnp.full((batch, width), -1, like.dtype)
-               for name, like in trace_like.items()},
+        trace={DEPTH: jnp.zeros((batch, width), jnp.int32),
+               **{name: jnp.full((batch, width), -1, like.dtype)
+                  for name, like in trace_like.items()}},
         round=jnp.zeros((), jnp.int32))
 
 
@@ -170,6 +174,8 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     written = write(s.tokens, accepted.emitted, s.num_tokens)
     traced = {name: write(s.trace[name], along_path(values, accepted.path), s.num_tokens)
               for name, values in verified.trace.items()}
+    traced[DEPTH] = write(s.trace[DEPTH], _draft_depths(accepted.emitted.shape[1],
+                                                        accepted.num_accepted), s.num_tokens)
     num_tokens = s.num_tokens + count
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
     return LoopState(
@@ -192,6 +198,13 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
         round=s.round + 1)
+
+
+def _draft_depths(width: int, num_accepted: jax.Array) -> jax.Array:
+    """[B, width] the depth of each token a round emits: its accepted drafts 1..a, then 0 for
+    the target's token after them."""
+    positions = jnp.arange(width, dtype=jnp.int32)[None, :]
+    return jnp.where(positions < num_accepted[:, None], positions + 1, 0)
 
 
 def _pick(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None) -> jax.Array:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
@@ -188,10 +190,13 @@ def search(acceptance: Callable[[Sequence[int]], float], costs: SkipCosts,
     """Every skip set greedy forward selection visits, plus LayerSkip's exits, best first."""
     num_layers = costs.num_layers
     seen: dict[tuple[int, ...], SkipCandidate] = {}
+    visits = num_layers * (num_layers - 1) // 2 + num_layers - 1  # at most, some sets twice
+    bar = tqdm(total=visits, desc="skip sets", file=sys.stderr, disable=None, leave=False)
 
     def score(skip: tuple[int, ...]) -> float:
         if skip not in seen:
             seen[skip] = best_chain(skip, acceptance(skip), costs, max_draft)
+            bar.update()
         return seen[skip].expected_speedup
 
     current: tuple[int, ...] = ()
@@ -201,4 +206,5 @@ def search(acceptance: Callable[[Sequence[int]], float], costs: SkipCosts,
         current = max(options, key=score)
     for exit_layer in range(1, num_layers):
         score(tuple(range(exit_layer, num_layers)))
+    bar.close()
     return sorted(seen.values(), key=lambda c: -c.expected_speedup)

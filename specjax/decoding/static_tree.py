@@ -62,7 +62,7 @@ class StaticTree:
             if not -1 <= parent < i:
                 raise ValueError(f"tree parents: node {i} has parent {parent}; a parent must be "
                                  "-1 (the pending token) or an earlier node")
-        depth = _depths(parents)
+        depth = node_depths(parents)
         order = sorted(range(len(parents)), key=lambda i: (depth[i], i))
         renumbered = {old: new for new, old in enumerate(order)}
         return cls(tuple(renumbered[parents[old]] if parents[old] >= 0 else -1
@@ -109,7 +109,7 @@ class StaticTree:
 
     @functools.cached_property
     def _node_depths(self) -> list[int]:
-        return _depths(self.parents)
+        return node_depths(self.parents)
 
     @property
     def depth(self) -> int:
@@ -232,7 +232,8 @@ class StaticTree:
         return proposal, kept, missing, carry
 
 
-def _depths(parents: Sequence[int]) -> list[int]:
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """The depth of every node of a parents list (1: a child of the pending token)."""
     depth = []
     for parent in parents:
         depth.append(1 if parent < 0 else depth[parent] + 1)

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
+from specjax.devices import traced_for_one_device
 from specjax.kernels import cpu_attention
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
 from specjax.nn.rope import Rope, apply_rope
-from specjax.sharding import traced_for_one_device
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
 

@@ -9,7 +9,7 @@ pattern and looks kinds up here; adding a kind touches only this table.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -50,9 +50,11 @@ class LayerKind:
     names the stack of this kind's layers in the training layout; `step_bytes(cfg, context)`,
     the bytes one decode step moves in this layer's cache at `context` committed tokens;
     `mixing_flops(cfg, seq_len)`, the forward FLOPs per token of the sequence mixing beyond the
-    weights' matrix products (for model-FLOPs utilisation); `no_decay`, parameters that weight
-    decay leaves alone; `depthwise`, weights applied elementwise (not matrix products, whatever
-    their rank)."""
+    weights' matrix products (for model-FLOPs utilisation); `param_axes`, the logical axes of
+    its own parameters by their innermost keys, and `cache_axes`, those of its cache's leaves by
+    field name (`specjax.sharding` lays both out by them; the shared embeddings, norms and MLPs
+    are declared there); `no_decay`, parameters that weight decay leaves alone; `depthwise`,
+    weights applied elementwise (not matrix products, whatever their rank)."""
 
     params_key: str
     init: Callable[[ModelConfig, jax.Array], Params]
@@ -62,6 +64,9 @@ class LayerKind:
     allocate: Callable[[ModelConfig, int, int, int], Any]
     step_bytes: Callable[[ModelConfig, float], float]
     mixing_flops: Callable[[ModelConfig, int], float]
+    param_axes: Mapping[tuple[str, ...], tuple[str | None, ...]] = dataclasses.field(
+        default_factory=dict)
+    cache_axes: Mapping[str, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)
     no_decay: tuple[str, ...] = ()
     depthwise: tuple[str, ...] = ()
 
@@ -147,11 +152,29 @@ LAYER_KINDS: dict[str, LayerKind] = {
         params_key="layers", init=_attention_init, forward=_attention_forward,
         cached=_attention_cached, propagate=_attention_propagate,
         allocate=lambda cfg, batch, max_len, window: LayerKV.allocate(cfg, batch, max_len),
-        step_bytes=_attention_step_bytes, mixing_flops=_attention_mixing_flops),
+        step_bytes=_attention_step_bytes, mixing_flops=_attention_mixing_flops,
+        param_axes={
+            ("attn", "qkv"): ("embed", "heads", None, None),      # [D, K, G+2, Dh]
+            ("attn", "qkv_bias"): ("heads", None, None),
+            ("attn", "out"): ("heads", None, None, "embed"),      # [K, G, Dh, D]
+        },
+        # "rows*kv_heads": the merged axis of rows and K/V heads (row-major, see cache.py)
+        cache_axes={"k": ("rows*kv_heads", None, None), "v": ("rows*kv_heads", None, None)}),
     "mamba2": LayerKind(
         params_key="mamba2_layers", init=_mamba2_init, forward=_mamba2_forward,
         cached=_mamba2_cached, propagate=_mamba2_propagate,
         allocate=lambda cfg, batch, max_len, window: LayerSSM.allocate(cfg, batch, window),
         step_bytes=_mamba2_step_bytes, mixing_flops=_mamba2_mixing_flops,
+        param_axes={
+            ("mixer", "in_proj"): ("embed", None),  # z, xBC, dt side by side: kept whole
+            ("mixer", "out_proj"): (None, "embed"),
+            ("mixer", "dt_bias"): ("ssm_heads",),
+            ("mixer", "A_log"): ("ssm_heads",),
+            ("mixer", "D"): ("ssm_heads",),
+        },
+        cache_axes={"state": ("batch", "ssm_heads", None, None), "conv": ("batch", None, None),
+                    "xbc": ("batch", None, None), "x": ("batch", None, "ssm_heads", None),
+                    "b": ("batch", None, None, None), "dt": ("batch", None, "ssm_heads"),
+                    "log_decay": ("batch", None, "ssm_heads")},
         no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",)),
 }

@@ -17,8 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specjax.devices import traced_for_one_device
 from specjax.kernels import cpu_matmul
-from specjax.sharding import traced_for_one_device
 
 
 def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,

@@ -154,7 +154,10 @@ class Trainer:
         `stop_requested(step)` is checked after each step (step = steps completed).
         """
         with exclusive_workdir(self.workdir) if is_leader() else contextlib.nullcontext():
-            return self._fit(stop_requested)
+            try:
+                return self._fit(stop_requested)
+            finally:
+                self.log.close()
 
     def _fit(self, stop_requested: Callable[[int], bool] | None) -> TrainResult:
         train = self.run.train

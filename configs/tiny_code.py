@@ -3,7 +3,7 @@
 Sized to train in minutes on a 2-core CPU with early exits good enough for self-speculation.
     python train/train.py --config configs/tiny_code.py --workdir runs/tiny
 
-Variant `smoke`: a 4-layer model of width 64 trained for 300 short steps (under a minute on 2
+Variant `smoke`: a 4-layer model of width 64 trained for 100 short steps (about 20 s on 2
 cores), whose first exit already drafts: the README's smoke run and the notebooks' test size.
     python train/train.py --config configs/tiny_code.py:smoke --workdir runs/smoke
 
@@ -126,8 +126,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.model.update(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=176,
                             exit_layers=(1, 2, 4))
         config.data.update(seq_len=64, max_documents=300)
-        config.train.update(batch_size=8, total_steps=300, warmup_steps=20, eval_every=150,
-                            eval_batches=2, save_every=150, log_every=10)
+        config.train.update(batch_size=8, total_steps=100, warmup_steps=20, eval_every=100,
+                            eval_batches=2, save_every=100, log_every=10)
     if variant == "peer25m":
         config.model.update(d_model=512, num_heads=8, num_kv_heads=8, mlp_dim=1408)
         config.train.update(batch_size=8, total_steps=400, warmup_steps=40, eval_every=100,

@@ -8,8 +8,8 @@ itself.
 
 from typing import Any
 
-_API = ("Completion", "LanguageModel", "acceptance_by_depth", "import_hf", "load", "strategies",
-        "train")
+_API = ("Completion", "LanguageModel", "acceptance_by_depth", "bench", "import_hf", "load",
+        "strategies", "train")
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,7 @@
     print(model.generate("def main(", max_new_tokens=64).text)
     model.generate(["import os", "class A:"], strategy="ar", temperature=0.8, seed=1)
     model.benchmark({"K=4": dict(num_draft=4), "tree": dict(tree="2,2,1")})
+    for piece in model.stream("def main("): print(piece, end="")
     specjax.strategies()  # ['ar', 'calm', 'calmdraft', 'draft', ...]
 
 Everything below is the same machinery as `infer/generate.py` and `infer/bench.py`: the
@@ -18,7 +19,7 @@ import copy
 import dataclasses
 import importlib.util
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from specjax.config import DecodingConfig, ModelConfig
@@ -72,6 +73,23 @@ class Completion:
     def total(completions: Sequence[Completion]) -> RowStats:
         """The statistics summed over completions (tau over all their rounds)."""
         return RowStats.total([c.stats for c in completions])
+
+
+def text_pieces(tokenizer: Tokenizer, rounds: Iterable[list[int]]) -> Iterator[str]:
+    """The text that each round of tokens adds; a character whose bytes straddle rounds waits
+    for its last one (decoded alone, its first bytes would show as a replacement character
+    that the finished text does not hold)."""
+    tokens: list[int] = []
+    shown = ""
+    for new in rounds:
+        tokens += new
+        text = tokenizer.decode(tokens)
+        if not text.endswith("\ufffd") and len(text) > len(shown):
+            yield text[len(shown):]
+            shown = text
+    text = tokenizer.decode(tokens)
+    if len(text) > len(shown):
+        yield text[len(shown):]
 
 
 def acceptance_by_depth(completions: Completion | Sequence[Completion],
@@ -163,6 +181,28 @@ class LanguageModel:
                                                              out.trace, strict=True)]
         return completions[0] if isinstance(prompts, str) else completions
 
+    def stream(self, prompt: str, *, max_new_tokens: int = 128,
+               strategy: str | Drafter = "selfspec", temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, **options: Any) -> Iterator[str]:
+        """`generate` for one prompt, yielding its text as each decoding round commits tokens
+        (a round's accepted drafts and the target's token arrive together); joined, the pieces
+        are `generate(prompt).text`. A character whose bytes straddle two rounds waits for its
+        last byte."""
+        if not isinstance(prompt, str):
+            raise ValueError(f"stream takes one prompt string, not {type(prompt).__name__}")
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        encoded = [self.tokenizer.encode(prompt, add_bos=True)]
+        if isinstance(strategy, str):
+            strategy = self.strategy(strategy, sampling, encoded, **options)
+        elif options:
+            raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
+                             "Drafter (build it with them instead)")
+        self._loaded.warn_long_prompts([len(encoded[0])])
+        rounds = self.generator.stream(encoded, max_new_tokens=max_new_tokens,
+                                       strategy=strategy, sampling=sampling, seed=seed,
+                                       eos_id=self.tokenizer.eos_id)
+        yield from text_pieces(self.tokenizer, (rows[0] for rows in rounds))
+
     def benchmark(self, settings: Mapping[str, Mapping[str, Any]],
                   prompts: Sequence[str] | None = None, *, max_new_tokens: int = 128,
                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -216,6 +256,13 @@ def load(workdir: str, step: int | None = None,
     back to the newest readable one; `draft_workdir`, one or several workdirs of drafters for
     it: a model (strategy "draft") or heads trained on it ("kangaroo", "specdec")."""
     return LanguageModel(load_model(workdir, step, draft_workdir))
+
+
+def bench(workdir: str, settings: Mapping[str, Mapping[str, Any]],
+          **options: Any) -> list[dict[str, Any]]:
+    """`load(workdir).benchmark(settings, **options)`: `ar` and each labelled setting timed on
+    held-out prompts, one row each."""
+    return load(workdir).benchmark(settings, **options)
 
 
 def import_hf(hf_dir: str, workdir: str, *, dtype: str | None = None,

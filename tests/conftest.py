@@ -32,6 +32,17 @@ for _kernel in KERNELS.values():
 # and by later runs), never to the user's ~/.cache; the CLI subprocesses inherit it.
 os.environ.setdefault("SPECJAX_CACHE", os.path.join(tempfile.gettempdir(),
                                                     f"specjax-test-cache-{os.getuid()}"))
+# The suite compiles the same tiny programs in many processes (the workers, each CLI subprocess,
+# each notebook's kernel): JAX's persistent compilation cache (keyed by the program, the
+# compiler options and flags, and the jax version) lets the second one load the first's
+# executable. Measured: a CLI test file 72.9 s -> 62.1 s with a cold cache.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"specjax-test-jax-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 

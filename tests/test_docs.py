@@ -2,7 +2,7 @@
 flags that exist, every config field it sets exists in its config, every relative link
 resolves, and every notebook is ready for Colab with its figures committed. (The commands that
 can run in a test run in test_readme.py and test_recipe.py; the notebooks in
-test_notebooks.py.)"""
+test_notebooks*.py.)"""
 
 import glob
 import importlib.util
@@ -155,6 +155,11 @@ def test_notebooks_open_in_colab_with_their_figures(path):
     assert all(c["execution_count"] for c in cells if c["cell_type"] == "code")
 
 
-def test_there_are_the_notebooks_the_docs_promise():
-    assert {os.path.basename(p) for p in NOTEBOOKS} >= {
+def test_every_notebook_is_executed_by_a_test():
+    """Catches a notebook added without a test that runs it (its cells could rot unseen)."""
+    from tests.test_notebooks import ON_THE_DEFAULT_MODEL
+    from tests.test_notebooks_training import TRAINING_THEIR_OWN
+
+    executed = {f"{name}.ipynb" for name in ON_THE_DEFAULT_MODEL + TRAINING_THEIR_OWN}
+    assert {os.path.basename(p) for p in NOTEBOOKS} == executed >= {
         "quickstart.ipynb", "your_own_model.ipynb", "trees.ipynb", "calm.ipynb", "ssm.ipynb"}

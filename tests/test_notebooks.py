@@ -1,23 +1,19 @@
-"""Every notebook runs end to end at smoke size in a fresh kernel, as a user runs it, after the
-README's smoke run (whose model the notebooks on the default model share)."""
+"""The notebooks on the default model run end to end at smoke size in a fresh kernel each,
+after the README's smoke run, whose model they share (the notebooks that train their own
+models: test_notebooks_training.py)."""
 
-import glob
 import os
 import re
 import shlex
 import subprocess
 import sys
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from tests.conftest import ROOT, script_env
+from tests.notebook_runner import run_notebook
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
-
-NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
-CELL_TIMEOUT_S = 300
 
 
 def _readme_smoke_commands() -> list[list[str]]:
@@ -51,16 +47,11 @@ def test_the_readme_smoke_run_trains_and_drafts(smoke_run):
     assert completion.stats.tau > 1.5
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
-def test_the_notebook_runs_end_to_end(path, smoke_run, tmp_path, monkeypatch):
+ON_THE_DEFAULT_MODEL = ["quickstart", "trees", "calm"]
+
+
+@pytest.mark.parametrize("name", ON_THE_DEFAULT_MODEL)
+def test_the_notebook_runs_end_to_end(name, smoke_run, tmp_path, monkeypatch):
     """Catches an API change a notebook did not follow, a figure that fails to draw, and a
     notebook's own checks failing (greedy drafted text equal to `ar`'s)."""
-    notebook = nbformat.read(path, as_version=4)
-    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")  # run as from the repo
-    for name, value in script_env(SPECJAX_SMOKE="1", SPECJAX_WORKDIR=smoke_run).items():
-        monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
-    client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()  # raises CellExecutionError naming the failing cell
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert any("image/png" in o.get("data", {}) for o in outputs)
+    run_notebook(name, tmp_path, monkeypatch, SPECJAX_WORKDIR=smoke_run)

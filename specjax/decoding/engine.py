@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -13,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from specjax.config import ModelConfig
+from specjax.decoding import streaming
 from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.drafter import Drafter, DraftWeights
 from specjax.decoding.loop import DecodeOutput, generate_tokens
@@ -139,6 +142,39 @@ class Generator:
         return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
                                     sampling=sampling, seed=seed, eos_id=eos_id,
                                     draft_params=draft_params))
+
+    def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
+               seed: int = 0, eos_id: int | None = None,
+               draft_params: Any = None) -> Iterator[list[list[int]]]:
+        """Like `generate`, but yields each row's new tokens as the loop commits them: the
+        prefill's token, then one list per row after every round ([] for a row already done).
+        Joined, they are `generate`'s tokens. The loop runs in a thread and hands each round to
+        the host (`streaming`); one device only, one stream at a time."""
+        if self.mesh is not None:
+            raise ValueError("streaming runs on one device; decode on a mesh with generate")
+        args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
+                                    draft_params)
+        rounds: queue.Queue = queue.Queue()
+        failed: list[BaseException] = []
+
+        def decode() -> None:
+            try:
+                with streaming.receiving(lambda tokens, counts: rounds.put((tokens, counts))):
+                    jax.block_until_ready(generate_tokens(*args, **static, stream=True))
+            except BaseException as error:  # re-raised in the caller's thread
+                failed.append(error)
+            finally:
+                rounds.put(None)
+
+        thread = threading.Thread(target=decode, daemon=True)
+        thread.start()
+        while (item := rounds.get()) is not None:
+            tokens, counts = item
+            yield [row[:count].tolist() for row, count in zip(tokens, counts, strict=True)]
+        thread.join()
+        if failed:
+            raise failed[0]
 
     def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache, along_path
 from specjax.config import ModelConfig
+from specjax.decoding import streaming
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
@@ -69,11 +70,12 @@ class LoopState:
     round: jax.Array    # scalar, folds into the PRNG key
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "max_new_tokens", "cache_len"))
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "max_new_tokens", "cache_len",
+                                             "stream"))
 def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                     prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
                     eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter,
-                    max_new_tokens: int, cache_len: int) -> DecodeOutput:
+                    max_new_tokens: int, cache_len: int, stream: bool = False) -> DecodeOutput:
     """Generates up to `max_new_tokens` per row after right-padded prompts [B, P].
 
     Args:
@@ -83,14 +85,19 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
       sampling: None for greedy decoding, else the sampling distribution's parameters.
       eos_id: scalar token id that ends a row (-1 for none); it is included in the output.
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
+      stream: hand each round's committed tokens to the host as it finishes
+        (`streaming.emit`; a separate program, so the default one has no host round-trip).
     """
     ctx = DraftContext(params=params, draft_params=draft_params, sampling=sampling, cfg=cfg)
     prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
                     max_new_tokens=max_new_tokens, cache_len=cache_len)
+    if stream:
+        streaming.emit(state.tokens[:, :1], state.num_tokens)
     final = jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
-        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, max_new_tokens=max_new_tokens),
+        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, max_new_tokens=max_new_tokens,
+                               stream=stream),
         state)
     return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats,
                         trace=final.trace)
@@ -159,7 +166,7 @@ def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
 
 
 def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: jax.Array,
-                 s: LoopState, *, max_new_tokens: int) -> LoopState:
+                 s: LoopState, *, max_new_tokens: int, stream: bool = False) -> LoopState:
     """One draft -> verify -> accept -> commit round for every row that is not done."""
     draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
     proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
@@ -170,6 +177,8 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
                                     max_new_tokens - s.num_tokens)
     count = jnp.where(active, count, 0)
+    if stream:
+        streaming.emit(accepted.emitted, count)
     write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
     written = write(s.tokens, accepted.emitted, s.num_tokens)
     traced = {name: write(s.trace[name], along_path(values, accepted.path), s.num_tokens)

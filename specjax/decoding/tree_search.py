@@ -19,11 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
+import sys
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from specjax.decoding.acceptance import accept
 from specjax.decoding.engine import Generator
@@ -293,7 +295,8 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
         call()
         return statistics.median(timed(call) for _ in range(repeats))
 
-    return [seconds(n) for n in sizes]
+    return [seconds(n) for n in tqdm(sizes, desc=f"timing layers {layers[0]}-{layers[1] - 1}",
+                                     file=sys.stderr, disable=None, leave=False)]
 
 
 def measured_sizes(max_tokens: int) -> list[int]:

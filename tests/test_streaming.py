@@ -1,0 +1,66 @@
+"""Streaming: each round's tokens reach the host as the loop commits them, joined they are
+`generate`'s, and the default program carries no host callback."""
+
+import jax
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.decoding.chain import Chain
+from specjax.decoding.engine import Generator
+from specjax.decoding.layerskip import SelfSpeculative
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.static_tree import StaticTree
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 52))]
+NEW = 17
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(PARAMS, CFG)
+
+
+@pytest.mark.parametrize("strategy", [SelfSpeculative(1, Chain(3)),
+                                      SelfSpeculative(1, StaticTree.from_branching((2, 1)))],
+                         ids=["chain", "tree"])
+def test_streamed_rounds_join_into_generate_s_tokens(generator, strategy):
+    """Catches a stream that drops, repeats or reorders a round (an unordered callback, a
+    count taken before the EOS and budget cut), and one that sends rows that are done."""
+    expected = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy,
+                                  eos_id=9)
+    rounds = list(generator.stream(PROMPTS, max_new_tokens=NEW, strategy=strategy, eos_id=9))
+    joined = [[t for r in rounds for t in r[row]] for row in range(len(PROMPTS))]
+    assert joined == expected.tokens
+    assert all(len(r[row]) == 1 for r in rounds[:1] for row in range(len(PROMPTS)))
+    for row, stats in enumerate(expected.stats):  # one piece per round a row took part in
+        assert sum(1 for r in rounds[1:] if r[row]) == stats.rounds
+
+
+def test_a_failing_stream_raises_in_the_caller(generator):
+    """Catches an error inside the decoding thread swallowed (the stream would just end)."""
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        list(generator.stream(PROMPTS, max_new_tokens=0))
+
+
+def test_only_the_streaming_program_calls_the_host(generator):
+    """Catches the per-round host callback compiled into the default program, which would give
+    every generate call and benchmark a host round-trip per round."""
+    args, static = generator._inputs(PROMPTS, NEW, SelfSpeculative(1, Chain(3)), None, 0,
+                                     None, None)
+    plain = generate_tokens.lower(*args, **static).as_text()
+    streaming = generate_tokens.lower(*args, **static, stream=True).as_text()
+    assert "callback" not in plain and "callback" in streaming
+
+
+def test_a_character_split_across_rounds_is_shown_whole():
+    """Catches a stream that shows the first byte of a character as a replacement character
+    and then never takes it back."""
+    from specjax.api import text_pieces
+    from specjax.tokenizer import get_tokenizer
+
+    e_acute = list("é".encode())  # two byte tokens
+    pieces = list(text_pieces(get_tokenizer("bytes"), [[97], e_acute[:1], [*e_acute[1:], 98]]))
+    assert pieces == ["a", "éb"]

@@ -71,6 +71,8 @@ def run(plot: str | None) -> list[dict]:
         thresholds = [float(t) for t in FLAGS.thresholds]
     except ValueError:
         raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: expected numbers") from None
+    if not all(0 <= t <= 1 for t in thresholds):
+        raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: each must lie in [0, 1]")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.calm_threshold is not None:

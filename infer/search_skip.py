@@ -38,7 +38,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    run_writing_json(run, FLAGS.output_json, lambda found: [c.to_dict() for c in found])
+    run_writing_json(run, FLAGS.output_json, lambda found: [c.to_dict() for c in found],
+                     reads={"--workdir": FLAGS.workdir})
 
 
 def run() -> list[SkipCandidate]:

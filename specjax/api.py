@@ -159,11 +159,11 @@ class LanguageModel:
         """
         texts = ([prompts] if isinstance(prompts, str) else
                  list(prompts) if isinstance(prompts, (list, tuple)) else [])
-        if not texts or not all(isinstance(text, str) for text in texts):
+        wrong = [text for text in texts if not isinstance(text, str)]
+        if not texts or wrong:
             raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
                              f"{type(prompts).__name__}"
-                             + (f" of {type(texts[0]).__name__}" if texts and not isinstance(
-                                 prompts, (bytes, str)) else ""))
+                             + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
         if isinstance(strategy, str):

@@ -85,10 +85,12 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
     assert path.read_text() == "mine"
 
 
-@pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"), ([1, 2, 3], "list of int"),
-                                           ([], "list")])
+@pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"), ([1, 2, 3], "list holding a int"),
+                                           ([], "list"), (["ok", 5], "list holding a int")])
 def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
-    """Catches bytes or token ids reaching the tokenizer (an AttributeError from inside it)."""
+    """Catches bytes or token ids reaching the tokenizer (an AttributeError from inside it),
+    and a list with one wrong element reported by its first (a second probe's "not list of
+    str")."""
     model = specjax.load(model_workdir)
     with pytest.raises(ValueError, match=f"a non-empty list of strings, not {kind}"):
         model.generate(prompts)
@@ -190,3 +192,28 @@ def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path,
     result = run_script(script, *args)
     assert result.returncode == 1 and result.stderr.strip() == f"error: {error.format(**values)}", \
         result.stderr[-2000:]
+
+
+def test_the_skip_search_refuses_to_write_over_its_workdir(model_workdir):
+    """Catches `search_skip.py --output_json W/metrics.jsonl` replacing the run's metrics (a
+    second probe: the one writer that did not declare what it reads)."""
+    metrics = os.path.join(model_workdir, "metrics.jsonl")
+    with open(metrics, "w", encoding="utf-8") as f:
+        f.write('{"step": 1}\n')
+    try:
+        result = run_script("infer/search_skip.py", "--workdir", model_workdir,
+                            "--output_json", metrics)
+        assert result.returncode == 1 and "would overwrite a file of" in result.stderr
+        with open(metrics, encoding="utf-8") as f:
+            assert f.read() == '{"step": 1}\n'
+    finally:
+        os.remove(metrics)
+
+
+@pytest.mark.parametrize("thresholds", ["2", "-1", "1,0.5,1.5"])
+def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, thresholds):
+    """Catches λ = 2 swept and plotted as if it were a threshold (generate refuses it)."""
+    result = run_script("infer/calm_bench.py", "--workdir", model_workdir,
+                        f"--thresholds={thresholds}")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("each must lie in [0, 1]")

@@ -57,6 +57,7 @@ def _import() -> ModelConfig:
     refuse_flags(("max_shard_gb", "overwrite"), "an export (--to_hf)")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
+    check_destinations({"--workdir": FLAGS.workdir}, {"--hf_dir": FLAGS.hf_dir})
     return import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
                              tokenizer=FLAGS.tokenizer)
 

@@ -217,3 +217,12 @@ def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, threshold
                         f"--thresholds={thresholds}")
     assert result.returncode == 1
     assert result.stderr.strip().endswith("each must lie in [0, 1]")
+
+
+def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):
+    """Catches `convert.py --hf_dir D --workdir D` writing checkpoints/ into the Hugging Face
+    folder it reads (a second probe)."""
+    before = sorted(os.listdir(hf_dir))
+    result = run_script("infer/convert.py", "--hf_dir", hf_dir, "--workdir", hf_dir)
+    assert result.returncode == 1 and "is --hf_dir" in result.stderr
+    assert sorted(os.listdir(hf_dir)) == before

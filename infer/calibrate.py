@@ -23,12 +23,10 @@ import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 # isort: split
 
 import dataclasses
-import sys
 from collections.abc import Callable
 
 import numpy as np
 from absl import app, flags
-from tqdm import tqdm
 
 from specjax.calibrated import write_calibrated
 from specjax.calibration import check_risk_levels, learn_then_test
@@ -48,6 +46,7 @@ from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.entrypoint import parse_flags, refuse_flags
 from specjax.loading import load_model
+from specjax.timing import progress_bar
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
@@ -174,7 +173,7 @@ def _selfspec(generator: Generator, options, grid: list[float], prompts: list[li
         return make_strategy("selfspec", dataclasses.replace(options, draft_threshold=value))
 
     losses, rows, summaries = [], [], []
-    for value in tqdm(grid, desc="thresholds", file=sys.stderr, disable=None, leave=False):
+    for value in progress_bar(grid, desc="thresholds"):
         out = generator.generate(prompts, max_new_tokens=FLAGS.max_new_tokens, strategy=at(value),
                                  sampling=sampling)
         losses.append([(s.drafted - s.accepted) / s.drafted if s.drafted else 0.0

@@ -23,13 +23,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from specjax.config import DecodingConfig, ModelConfig
-from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts, run_benchmark
+from specjax.decoding.bench import run_benchmark
 from specjax.decoding.cli import (
     auto_tree_prompts,
     decoding_defaults,
     decoding_options,
     resolve_auto_tree,
+    workdir_heldout_prompts,
 )
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
@@ -124,6 +124,17 @@ class LanguageModel:
         chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
         return make_strategy(name, chosen)
 
+    def _drafter(self, strategy: str | Drafter, sampling: SamplingParams | None,
+                 encoded: Sequence[Sequence[int]], options: Mapping[str, Any]) -> Drafter:
+        """`generate`'s and `stream`'s strategy: a name built with `options`, or a `Drafter`
+        as given (options then have nothing to apply to)."""
+        if isinstance(strategy, str):
+            return self.strategy(strategy, sampling, encoded, **options)
+        if options:
+            raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
+                             "Drafter (build it with them instead)")
+        return strategy
+
     def plan_tree(self, tree: str = "auto", *, temperature: float = 0.0, top_k: int = 0,
                   top_p: float = 1.0, **options: Any) -> TreePlan:
         """The Sequoia tree `tree` ("auto", or "auto:N" for N nodes) picks for `selfspec` at
@@ -166,11 +177,7 @@ class LanguageModel:
                              + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
-        if isinstance(strategy, str):
-            strategy = self.strategy(strategy, sampling, encoded, **options)
-        elif options:
-            raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
-                             "Drafter (build it with them instead)")
+        strategy = self._drafter(strategy, sampling, encoded, options)
         self._loaded.warn_long_prompts([len(ids) for ids in encoded])
         out = self.generator.generate(
             encoded,
@@ -192,11 +199,7 @@ class LanguageModel:
             raise ValueError(f"stream takes one prompt string, not {type(prompt).__name__}")
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         encoded = [self.tokenizer.encode(prompt, add_bos=True)]
-        if isinstance(strategy, str):
-            strategy = self.strategy(strategy, sampling, encoded, **options)
-        elif options:
-            raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
-                             "Drafter (build it with them instead)")
+        strategy = self._drafter(strategy, sampling, encoded, options)
         self._loaded.warn_long_prompts([len(encoded[0])])
         rounds = self.generator.stream(encoded, max_new_tokens=max_new_tokens,
                                        strategy=strategy, sampling=sampling, seed=seed,
@@ -215,12 +218,10 @@ class LanguageModel:
         tokens_per_second, speedup over ar, tau, acceptance_rate, compile_seconds,
         identical_to_ar (greedy; None when sampling)."""
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        if prompts:
-            encoded = [self.tokenizer.encode(text, add_bos=True) for text in prompts]
-        elif self.meta.get("config", {}).get("data"):
-            encoded = heldout_prompts(DataConfig.from_dict(self.meta["config"]["data"]),
-                                      self.tokenizer, num_prompts, prompt_len)
-        else:
+        encoded = ([self.tokenizer.encode(text, add_bos=True) for text in prompts] if prompts
+                   else workdir_heldout_prompts(self.meta, self.tokenizer, num_prompts,
+                                                prompt_len))
+        if encoded is None:
             raise ValueError(f"{self.workdir} names no training data to take held-out prompts "
                              "from: pass prompts")
         strategies: dict[str, Drafter] = {"ar": AUTOREGRESSIVE}
@@ -284,7 +285,7 @@ def train(config: str | Mapping[str, Any], workdir: str,
     ({"train.total_steps": 50}), which must exist in the config, as on the command line."""
     from specjax.training.trainer import train_and_evaluate  # training stays out of `load`
 
-    sections = _read_config(config)
+    sections = read_config(config)
     for field, value in (overrides or {}).items():
         *path, leaf = field.split(".")
         section = sections
@@ -303,8 +304,9 @@ def train(config: str | Mapping[str, Any], workdir: str,
     return load(workdir)
 
 
-def _read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
-    """A config's sections as a fresh dict: a file's `get_config(variant)` or a copy."""
+def read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A config's sections as a fresh dict: a config file's `get_config(variant)`
+    ("configs/tiny_code.py:smoke", as `train/train.py` takes it) or a copy of a dict."""
     if not isinstance(config, str):
         return copy.deepcopy(dict(config))
     path, _, variant = config.partition(":")

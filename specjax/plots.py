@@ -9,8 +9,6 @@ pyplot state): a notebook displays it, `figure.savefig(path)` renders it with Ag
 from __future__ import annotations
 
 import html
-import json
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +16,7 @@ import numpy as np
 
 from specjax.decoding.static_tree import node_depths
 from specjax.tokenizer import Tokenizer
+from specjax.training.metrics_log import MetricsLog
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -41,8 +40,7 @@ def training_curves(workdir_or_records: str | Sequence[Mapping[str, Any]]) -> Fi
     agreement with the last layer (the greedy acceptance of a draft from it)."""
     records = workdir_or_records
     if isinstance(records, str):
-        with open(os.path.join(records, "metrics.jsonl"), encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = MetricsLog(records, writable=False).read()
     train = [r for r in records if r.get("split") == "train"]
     evals = [r for r in records if r.get("split") == "eval"]
     exits = sorted({int(e) for r in train for e in r.get("exit_ce", {})})

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
+
+from tqdm import tqdm
+
+
+def progress_bar(iterable: Iterable | None = None, *, desc: str,
+                 total: int | None = None) -> tqdm:
+    """A bar with the time left for a long command's loop: on stderr, shown on a terminal only
+    (logs, notebooks and tests stay quiet), cleared when done."""
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=None, leave=False)
 
 
 def time_left(started: float, done: int, total: int) -> str:

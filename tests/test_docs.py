@@ -5,7 +5,6 @@ can run in a test run in test_readme.py and test_recipe.py; the notebooks in
 test_notebooks*.py.)"""
 
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import shlex
 
 import pytest
 
+from specjax.api import read_config
 from specjax.decoding.cli import DECODING_FLAGS
 from tests.conftest import ROOT
 
@@ -59,12 +59,8 @@ def script_flags(script: str) -> set[str]:
 
 
 def config_sections(spec: str) -> dict:
-    """`get_config(variant)` of a "file.py[:variant]" config, as nested dicts."""
-    path, _, variant = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("doc_config", os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return (module.get_config(variant) if variant else module.get_config()).to_dict()
+    """The sections of a "file.py[:variant]" config (a path from the repository's root)."""
+    return read_config(os.path.join(ROOT, spec))
 
 
 ALL_COMMANDS = [(doc, command) for doc in DOCS for command in commands(_read(doc))]

@@ -14,17 +14,16 @@ Two consistencies (CALM, §3), each a loss in [0, 1] per held-out prompt:
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from specjax.data import DataConfig
 from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.calm import Calm
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.forced import forced_losses
+from specjax.timing import progress_bar
 from specjax.tokenizer import Tokenizer
 
 CONSISTENCIES = ("textual", "risk")
@@ -113,8 +112,7 @@ def measure_quality(generator: Generator, strategy: Calm, thresholds: Sequence[f
     full_tokens, _ = decode(None)
     full_loss, _ = forced(dataclasses.replace(strategy, threshold=1.0))
     results = []
-    for threshold in tqdm(thresholds, desc="CALM thresholds", file=sys.stderr, disable=None,
-                          leave=False):  # a bar with the time left, on a terminal only
+    for threshold in progress_bar(thresholds, desc="CALM thresholds"):
         calm = dataclasses.replace(strategy, threshold=float(threshold))
         tokens, exits = decode(calm)
         loss, forced_exits = forced(calm)

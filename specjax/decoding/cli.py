@@ -267,16 +267,20 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
     return dataclasses.replace(options, tree=json.dumps(list(plan.tree.parents))), plan
 
 
+def workdir_heldout_prompts(meta: dict, tokenizer: Tokenizer, count: int,
+                            length: int) -> list[list[int]] | None:
+    """`count` held-out windows of `length` tokens (`bench.heldout_prompts`) from the training
+    data a workdir's checkpoint names; None when it names none (an import)."""
+    data = meta.get("config", {}).get("data")
+    return heldout_prompts(DataConfig.from_dict(data), tokenizer, count, length) if data else None
+
+
 def auto_tree_prompts(meta: dict, tokenizer: Tokenizer, fallback: list[list[int]],
                       count: int = 8, length: int = 128) -> list[list[int]]:
-    """Prompts to measure on (an auto tree's acceptance, a benchmark): `count` held-out windows
-    of `length` tokens from the workdir's training data when it names its corpus, else
-    `fallback` (e.g. the prompts being decoded)."""
-    data = meta.get("config", {}).get("data")
-    if not data:
-        return fallback
+    """Prompts to shape an auto tree on: the workdir's held-out windows, else `fallback` (e.g.
+    the prompts being decoded) when it names no data or too little of it."""
     try:
-        return heldout_prompts(DataConfig.from_dict(data), tokenizer, count, length)
+        return workdir_heldout_prompts(meta, tokenizer, count, length) or fallback
     except ValueError:
         return fallback
 

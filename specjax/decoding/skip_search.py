@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
@@ -40,6 +38,7 @@ from specjax.decoding.tree_search import (
     pass_seconds,
 )
 from specjax.model import Params, allocate_cache, embed, exit_logits, run_layers_cached
+from specjax.timing import progress_bar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +190,7 @@ def search(acceptance: Callable[[Sequence[int]], float], costs: SkipCosts,
     num_layers = costs.num_layers
     seen: dict[tuple[int, ...], SkipCandidate] = {}
     visits = num_layers * (num_layers - 1) // 2 + num_layers - 1  # at most, some sets twice
-    bar = tqdm(total=visits, desc="skip sets", file=sys.stderr, disable=None, leave=False)
+    bar = progress_bar(desc="skip sets", total=visits)
 
     def score(skip: tuple[int, ...]) -> float:
         if skip not in seen:

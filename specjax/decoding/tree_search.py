@@ -19,13 +19,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
-import sys
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from specjax.decoding.acceptance import accept
 from specjax.decoding.engine import Generator
@@ -34,7 +32,7 @@ from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.static_tree import StaticTree
 from specjax.decoding.tree import chain_layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
-from specjax.timing import timed
+from specjax.timing import progress_bar, timed
 
 MAX_CHILDREN = 8
 
@@ -295,8 +293,8 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
         call()
         return statistics.median(timed(call) for _ in range(repeats))
 
-    return [seconds(n) for n in tqdm(sizes, desc=f"timing layers {layers[0]}-{layers[1] - 1}",
-                                     file=sys.stderr, disable=None, leave=False)]
+    return [seconds(n) for n in progress_bar(sizes, desc=f"timing layers {layers[0]}-"
+                                                          f"{layers[1] - 1}")]
 
 
 def measured_sizes(max_tokens: int) -> list[int]:

@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+TENSORBOARD = importlib.util.find_spec("tensorboardX") is not None  # the optional writer
+
 
 class MetricsLog:
     """`writable=False` (every process of a multi-process run but the first): reads only."""
@@ -36,7 +38,7 @@ class MetricsLog:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(_line(record))
-        if self._events is None and importlib.util.find_spec("tensorboardX") is not None:
+        if self._events is None and TENSORBOARD:
             from tensorboardX import SummaryWriter
 
             self._events = SummaryWriter(self._events_dir)

@@ -9,7 +9,7 @@ none is skipped), compiled ahead of time in this one process and timed in turns;
 gives the median microseconds per call over --repeats.
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from specjax.cli.decoding import require_positive_flags, run_writing_json, whole_numbers_flag
+from specjax.cli.entrypoint import parse_flags
 from specjax.config import ModelConfig
-from specjax.decoding.cli import require_positive_flags, run_writing_json, whole_numbers_flag
-from specjax.entrypoint import parse_flags
+from specjax.io.loading import load_model
 from specjax.kernels import cpu_attention
-from specjax.loading import load_model
 from specjax.nn.attention import _attend
-from specjax.timing import time_interleaved
+from specjax.tools.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir (its model's heads and head_dim).",
                     required=True)

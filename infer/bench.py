@@ -7,7 +7,7 @@ prompts, one process, after a warm-up; greedy unless --temperature.
     python infer/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -18,16 +18,8 @@ import sys
 import jax
 from absl import app, flags
 
-from specjax.data import DataConfig
-from specjax.decoding import cli
-from specjax.decoding.bench import (
-    bytes_per_token,
-    heldout_prompts,
-    matvec_bandwidth,
-    read_bandwidth,
-    run_benchmark,
-)
-from specjax.decoding.cli import (
+from specjax.cli import decoding as cli
+from specjax.cli.decoding import (
     DECODING_FLAGS,
     decoding_defaults,
     define_decoding_flags,
@@ -40,13 +32,21 @@ from specjax.decoding.cli import (
     run_writing_json,
     sweep_options,
 )
+from specjax.cli.entrypoint import parse_flags
+from specjax.data import DataConfig
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.decoding.tree_search import pass_seconds
-from specjax.entrypoint import parse_flags
+from specjax.io.loading import load_model
 from specjax.kernels import decision
-from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.bench import (
+    bytes_per_token,
+    heldout_prompts,
+    matvec_bandwidth,
+    read_bandwidth,
+    run_benchmark,
+)
+from specjax.tools.tree_search import pass_seconds
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
 flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model (repeat "
@@ -195,7 +195,7 @@ def compare_with_hf(results, strategies, prompts) -> list[dict]:
     if "ar" not in by_name or not drafters:
         raise ValueError("--compare_hf compares with ar and a selfspec chain: keep both in "
                          "--strategies")
-    from specjax.decoding.hf_peer import hf_peer_benchmark
+    from specjax.tools.hf_peer import hf_peer_benchmark
 
     peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
                               strategy=strategies[drafters[0]], repeats=FLAGS.repeats)

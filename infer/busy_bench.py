@@ -13,7 +13,7 @@ without: the matrix kernel (the default), the attention kernel, or both. The tar
 0.95 in every row (the default path never loses to XLA's ops).
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -27,22 +27,22 @@ from collections.abc import Iterator
 import jax
 from absl import app, flags
 
-from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts
-from specjax.decoding.cli import (
+from specjax.cli.decoding import (
     decoding_defaults,
     decoding_options,
     require_positive_flags,
     run_writing_json,
     whole_numbers_flag,
 )
+from specjax.cli.entrypoint import parse_flags
+from specjax.data import DataConfig
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.entrypoint import parse_flags
+from specjax.io.loading import load_model
 from specjax.kernels import KERNELS, decision, library
-from specjax.loading import load_model
-from specjax.timing import time_interleaved
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.bench import heldout_prompts
+from specjax.tools.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
 flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")

@@ -8,7 +8,7 @@
     python infer/calibrate.py --workdir runs/tiny --strategy selfspec --delta 0.3
 
 --strategy calm calibrates CALM's lambda (`calm_threshold`), the risk a consistency (see
-`specjax.decoding.calm_quality`): textual, 1 - ROUGE-L F1 against the full model's greedy
+`specjax.tools.calm_quality`): textual, 1 - ROUGE-L F1 against the full model's greedy
 output; risk, the excess per-token log-loss of the reference continuation, clipped to [0, 1].
 --strategy selfspec calibrates the chain's confidence stop eta (`draft_threshold`), the risk
 the fraction of a prompt's drafts that verification rejects (wasted draft work), greedy or
@@ -18,7 +18,7 @@ Calibration prompts are windows of held-out documents after the first --skip_doc
 infer/bench.py and infer/calm_bench.py decode).
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -28,26 +28,26 @@ from collections.abc import Callable
 import numpy as np
 from absl import app, flags
 
-from specjax.calibrated import write_calibrated
-from specjax.calibration import check_risk_levels, learn_then_test
-from specjax.decoding import cli
-from specjax.decoding.bench import run_benchmark
-from specjax.decoding.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
-from specjax.decoding.cli import (
+from specjax.cli import decoding as cli
+from specjax.cli.decoding import (
     decoding_defaults,
     define_decoding_flags,
     options_from_flags,
     require_positive_flags,
     run_writing_json,
 )
+from specjax.cli.entrypoint import parse_flags, refuse_flags
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
-from specjax.entrypoint import parse_flags, refuse_flags
-from specjax.loading import load_model
-from specjax.timing import progress_bar
+from specjax.io.calibrated_defaults import write_calibrated
+from specjax.io.loading import load_model
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.bench import run_benchmark
+from specjax.tools.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
+from specjax.tools.learn_then_test import check_risk_levels, learn_then_test
+from specjax.tools.timing import progress_bar
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
 flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model "

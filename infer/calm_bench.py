@@ -8,7 +8,7 @@ curve as a PNG, with the workdir's calibrated lambda marked.
     python infer/calm_bench.py --workdir runs/tiny --calm_exits 1,2,3,4,5,6,7
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -17,24 +17,24 @@ import sys
 
 from absl import app, flags
 
-from specjax.calibrated import read_calibrated
-from specjax.decoding import cli
-from specjax.decoding.bench import run_benchmark
-from specjax.decoding.calm_quality import heldout_continuations, measure_quality
-from specjax.decoding.cli import (
+from specjax.cli import decoding as cli
+from specjax.cli.decoding import (
     decoding_defaults,
     define_decoding_flags,
     options_from_flags,
     require_positive_flags,
     run_writing_json,
 )
+from specjax.cli.entrypoint import parse_flags
 from specjax.decoding.engine import AUTOREGRESSIVE
 from specjax.decoding.registry import make_strategy
-from specjax.entrypoint import parse_flags
-from specjax.loading import load_model
-from specjax.outputs import staged
+from specjax.io.calibrated_defaults import read_calibrated
+from specjax.io.loading import load_model
+from specjax.io.outputs import staged
 from specjax.plots import calm_curve
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.bench import run_benchmark
+from specjax.tools.calm_quality import heldout_continuations, measure_quality
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
 flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model.")

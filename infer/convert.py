@@ -5,7 +5,7 @@ and back.
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -13,10 +13,10 @@ import os
 
 from absl import app, flags
 
+from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
-from specjax.entrypoint import parse_flags, refuse_flags, run_cli
-from specjax.outputs import check_destinations
+from specjax.io.outputs import check_destinations
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")

@@ -1,6 +1,6 @@
 """The exit report of a workdir's model: per exit, held-out loss, top-1 accuracy and agreement
 with the last layer, and the predicted tau and speed-up of drafting K tokens from it (see
-`specjax/exit_report.py`; estimates, which infer/bench.py then measures). Works on a model
+`specjax/tools/exit_report.py`; estimates, which infer/bench.py then measures). Works on a model
 trained here or freshly imported (the logit lens).
 
     python infer/exits.py --workdir runs/tiny
@@ -8,7 +8,7 @@ trained here or freshly imported (the logit lens).
         --output_json exits.json --plot exits.png
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -16,13 +16,13 @@ import json
 
 from absl import app, flags
 
+from specjax.cli.decoding import require_positive_flags, whole_numbers_flag
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import DataConfig, iter_documents
-from specjax.decoding.cli import require_positive_flags, whole_numbers_flag
-from specjax.entrypoint import parse_flags, run_cli
-from specjax.exit_report import NUM_DRAFTS, model_exit_report
-from specjax.loading import load_model
-from specjax.outputs import check_destinations, staged
+from specjax.io.loading import load_model
+from specjax.io.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
 flags.DEFINE_string("texts_file", None, "Held-out text: a .jsonl file, one {\"text\": ...} per "

@@ -5,7 +5,7 @@
     python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -15,8 +15,8 @@ import sys
 
 from absl import app, flags
 
-from specjax.decoding import cli
-from specjax.decoding.cli import (
+from specjax.cli import decoding as cli
+from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
     define_decoding_flags,
@@ -29,12 +29,12 @@ from specjax.decoding.cli import (
     require_weights_used,
     resolve_auto_tree,
 )
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.io.loading import load_model
+from specjax.io.outputs import check_destinations, staged
 from specjax.kernels import decision
-from specjax.loading import load_model
-from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")

@@ -6,7 +6,7 @@ command that decodes with the first.
     python infer/search_skip.py --workdir runs/tiny --temperature 0.8 --top_p 0.95
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -14,14 +14,14 @@ import sys
 
 from absl import app, flags
 
+from specjax.cli.decoding import require_positive_flags, run_writing_json
+from specjax.cli.entrypoint import parse_flags
 from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts
-from specjax.decoding.cli import require_positive_flags, run_writing_json
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.decoding.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
-from specjax.entrypoint import parse_flags
-from specjax.loading import load_model
+from specjax.io.loading import load_model
 from specjax.tokenizer import get_tokenizer
+from specjax.tools.bench import heldout_prompts
+from specjax.tools.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to measure acceptance on.")

@@ -14,7 +14,7 @@ training). Also printed: the bytes a decode step moves (`bench.bytes_per_token`:
 K/V of attention layers, each Mamba-2 layer's state and conv history read and written).
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -26,13 +26,12 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax.cli.decoding import require_positive_flags, run_writing_json
+from specjax.cli.entrypoint import parse_flags
 from specjax.config import ModelConfig
-from specjax.decoding.bench import bytes_per_token
-from specjax.decoding.cli import require_positive_flags, run_writing_json
 from specjax.decoding.proposal import Proposal
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.verify import verify
-from specjax.entrypoint import parse_flags
 from specjax.model import (
     allocate_cache,
     embed,
@@ -42,7 +41,8 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
-from specjax.timing import time_interleaved
+from specjax.tools.bench import bytes_per_token
+from specjax.tools.timing import time_interleaved
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

@@ -22,15 +22,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from specjax.config import DecodingConfig, ModelConfig
-from specjax.decoding.bench import run_benchmark
-from specjax.decoding.cli import (
+from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
     decoding_options,
     resolve_auto_tree,
     workdir_heldout_prompts,
 )
+from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -41,10 +40,11 @@ from specjax.decoding.engine import (
 from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
-from specjax.decoding.tree_search import TreePlan
-from specjax.exit_report import DraftExitReport, model_exit_report
-from specjax.loading import LoadedModel, load_model
+from specjax.io.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer
+from specjax.tools.bench import run_benchmark
+from specjax.tools.exit_report import DraftExitReport, model_exit_report
+from specjax.tools.tree_search import TreePlan
 
 
 @dataclasses.dataclass(frozen=True)

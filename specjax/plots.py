@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specjax.decoding.static_tree import node_depths
+from specjax.decoding.shapes.static_tree import node_depths
 from specjax.tokenizer import Tokenizer
 from specjax.training.metrics_log import MetricsLog
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from specjax.api import Completion
-    from specjax.exit_report import DraftExitReport
+    from specjax.tools.exit_report import DraftExitReport
 
 DRAFT_COLOURS = ("#c7e9c0", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#006d2c")
 

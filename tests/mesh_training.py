@@ -11,18 +11,18 @@ import jax
 import numpy as np
 import optax
 
-from specjax.adapter import init_adapter
-from specjax.checkpoint import Checkpointer, abstract_tree
 from specjax.config import ModelConfig, SsmConfig
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.draft_model import DraftModel
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
-from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.heads.adapter_calls import init_adapter
+from specjax.io.checkpoint import Checkpointer, abstract_tree
 from specjax.model import allocate_cache, init_params, unstack_layers
 from specjax.sharding import (
     MeshConfig,
@@ -36,7 +36,7 @@ from specjax.training.distill import Distill
 from specjax.training.frozen_base import FrozenBase
 from specjax.training.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective, step_schedule
-from specjax.training.objectives import make_objective
+from specjax.training.registry import make_objective
 from tests.conftest import tiny_run
 
 MESHES = {"8,1,1": (8, 1, 1), "2,2,2": (2, 2, 2), "1,4,2": (1, 4, 2)}

@@ -9,19 +9,20 @@ import jax
 import pytest
 
 from specjax import mappings
-from specjax.decoding import bench, loop
-from specjax.decoding.bench import (
+from specjax.decoding import loop
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from specjax.model import init_params, unstack_layers
+from specjax.tools import bench
+from specjax.tools.bench import (
     bytes_per_token,
     decode_matrices,
     matvec_bandwidth,
     run_benchmark,
 )
-from specjax.decoding.chain import Chain
-from specjax.decoding.engine import AUTOREGRESSIVE, Generator
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.sampling import SamplingParams
-from specjax.model import init_params, unstack_layers
-from specjax.timing import time_interleaved
+from specjax.tools.timing import time_interleaved
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

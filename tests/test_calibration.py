@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specjax.calibration import hoeffding_bentkus_pvalue, learn_then_test
+from specjax.tools.learn_then_test import hoeffding_bentkus_pvalue, learn_then_test
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

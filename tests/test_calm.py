@@ -12,13 +12,13 @@ import pytest
 from specjax import model as M
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
-from specjax.decoding.calm import Calm, CalmDraft
-from specjax.decoding.chain import Chain
-from specjax.decoding.early_exit import EarlyExit
+from specjax.decoding.drafters.calm import Calm, CalmDraft
+from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.nn.block import DecoderBlock
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import apply_rope, rope_tables

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from specjax.calibrated import FILE
+from specjax.io.calibrated_defaults import FILE
 from specjax.training.trainer import Trainer
 from tests.conftest import run_script, tiny_run
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.calibrated import FILE, read_calibrated, with_calibrated, write_calibrated
 from specjax.config import ModelConfig
-from specjax.decoding.calm import Calm
-from specjax.decoding.calm_quality import rouge_l
-from specjax.decoding.early_exit import EarlyExit
-from specjax.decoding.forced import forced_losses
+from specjax.decoding.drafters.calm import Calm
+from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.io.calibrated_defaults import FILE, read_calibrated, with_calibrated, write_calibrated
+from specjax.tools.calm_quality import rouge_l
+from specjax.tools.forced import forced_losses
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

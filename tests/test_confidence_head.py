@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.checkpoint import Checkpointer, CheckpointError
-from specjax.confidence_head import init_confidence_head
 from specjax.config import ModelConfig
-from specjax.decoding.calm import Calm
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.early_exit import EarlyExit
+from specjax.decoding.drafters.calm import Calm
+from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
+from specjax.heads.confidence_head_calls import init_confidence_head
+from specjax.io.checkpoint import Checkpointer, CheckpointError
 from specjax.training.calm import balanced_bce, exit_labels
 from specjax.training.config import CalmConfig
 from specjax.training.frozen_base import load_base

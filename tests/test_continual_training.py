@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.checkpoint import Checkpointer, load_params
 from specjax.config import ModelConfig
 from specjax.convert.hf import export_checkpoint
 from specjax.data import BatchSampler, Corpus
+from specjax.io.checkpoint import Checkpointer, load_params
 from specjax.model import init_params
 from specjax.tokenizer import get_tokenizer
 from specjax.training.config import parse_run_config

@@ -14,10 +14,10 @@ from jax.sharding import AbstractMesh, AxisType
 from specjax import model as M
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.nn.attention import Attention
 from specjax.nn.rope import rope_tables

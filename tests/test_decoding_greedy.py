@@ -7,11 +7,11 @@ import pytest
 
 from specjax import model as M
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
+from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

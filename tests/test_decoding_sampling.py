@@ -12,24 +12,24 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.acceptance_head import init_acceptance_head
-from specjax.adapter import init_adapter
 from specjax.config import DecodingConfig, ModelConfig, SsmConfig
 from specjax.decoding import acceptance, loop, registry
 from specjax.decoding.acceptance import _prefix_length
-from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.calm import CalmDraft
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.early_exit import EarlyExit
+from specjax.decoding.drafters.autoregressive import Autoregressive
+from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.draft_model import DraftModel
+from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
-from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.decoding.specdec import SpecDecHead
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.heads.acceptance_head_calls import init_acceptance_head
+from specjax.heads.adapter_calls import init_adapter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -13,15 +13,15 @@ from specjax import model as M
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.decoding import loop
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DraftContext
-from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.tree import ancestor_matrix, inherit_validity
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 

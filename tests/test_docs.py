@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from specjax.api import read_config
-from specjax.decoding.cli import DECODING_FLAGS
+from specjax.cli.decoding import DECODING_FLAGS
 from tests.conftest import ROOT
 
 DOCS = ["README.md", *sorted(os.path.relpath(path, ROOT) for path in

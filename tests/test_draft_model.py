@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.engine import Generator
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.model import allocate_cache, embed, run_layers_cached
 from tests.conftest import (
     TINY_MODEL,

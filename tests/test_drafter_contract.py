@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import pytest
 
 from specjax.config import DecodingConfig, ModelConfig
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DrafterBase, FullVerification
-from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Shape
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

@@ -1,4 +1,4 @@
-"""What every entry point shares (`specjax.entrypoint`): usage and exit statuses."""
+"""What every entry point shares (`specjax.cli.entrypoint`): usage and exit statuses."""
 
 import gc
 import os
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from specjax import entrypoint
-from specjax.decoding.cli import DECODING_FLAGS
+from specjax.cli import entrypoint
+from specjax.cli.decoding import DECODING_FLAGS
 from tests.conftest import ROOT, run_script, script_env
 
 
@@ -20,7 +20,7 @@ from tests.conftest import ROOT, run_script, script_env
 def test_help_exits_zero_and_lists_every_flag(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
     would read it as a failure), and a help that hides the decoding flags a script takes from
-    `specjax.decoding.cli` (absl lists only the main module's own flags unless adopted)."""
+    `specjax.cli.decoding` (absl lists only the main module's own flags unless adopted)."""
     result = run_script(script, "--help")
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "--workdir" in text
@@ -53,7 +53,7 @@ def test_ctrl_c_during_the_imports_ends_at_once_with_one_line():
     """Catches Ctrl-C in an entry point's first second (jax still importing) aborting with a
     C++ `terminate` trace from inside an extension module's initialisation."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import specjax.early_interrupt, sys; print('ready', flush=True); "
+        [sys.executable, "-c", "import specjax.cli.early_interrupt, sys; print('ready', flush=True); "
          "sys.stdin.readline(); import jax, time; time.sleep(30)"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=script_env())

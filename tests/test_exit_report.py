@@ -1,4 +1,4 @@
-"""The exit report (specjax/exit_report.py, infer/exits.py, LanguageModel.exit_report): per-exit
+"""The exit report (specjax/tools/exit_report.py, infer/exits.py, LanguageModel.exit_report): per-exit
 metrics against direct forwards, its predictions against hand values, the CLI end to end."""
 
 import json
@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.checkpoint import Checkpointer
 from specjax.config import ModelConfig, SsmConfig
 from specjax.data import DataConfig, is_validation_key, iter_documents
-from specjax.exit_report import (
+from specjax.io.checkpoint import Checkpointer
+from specjax.model import embed, exit_logits, init_params, run_layers
+from specjax.tokenizer import ByteTokenizer
+from specjax.tools.exit_report import (
     DraftExitReport,
     LayerCosts,
     exit_report,
@@ -21,8 +23,6 @@ from specjax.exit_report import (
     predicted_speedup,
     predicted_tau,
 )
-from specjax.model import embed, exit_logits, init_params, run_layers
-from specjax.tokenizer import ByteTokenizer
 from specjax.training.evaluate import ExitReport
 from tests.conftest import ROOT, TINY_MODEL, damped_params, run_script
 
@@ -123,7 +123,7 @@ def test_default_text_is_the_runs_validation_split(tmp_path, monkeypatch):
                                 max_tokens=256, costs=COSTS)
     assert report.seq_len == 16 and report.metrics == held_out.metrics != trained.metrics
     seen, many = [], ["x = 1\n" * 20] * 200
-    monkeypatch.setattr("specjax.exit_report.validation_texts",
+    monkeypatch.setattr("specjax.tools.exit_report.validation_texts",
                         lambda cfg: seen.append(cfg) or iter(many))
     model_exit_report(PARAMS, CFG, tokenizer, {}, seq_len=16, max_tokens=64, costs=COSTS)
     assert seen == [DataConfig()]  # the embedded corpus, as a freshly imported model has no data

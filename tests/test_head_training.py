@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.checkpoint import Checkpointer, CheckpointError
-from specjax.decoding.chain import Chain
-from specjax.decoding.specdec import SpecDecHead
-from specjax.loading import load_model
+from specjax.decoding.drafters.specdec import SpecDecHead
+from specjax.decoding.shapes.chain import Chain
+from specjax.io.checkpoint import Checkpointer, CheckpointError
+from specjax.io.loading import load_model
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer

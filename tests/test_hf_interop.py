@@ -15,10 +15,10 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from specjax import model as M  # noqa: E402
-from specjax.checkpoint import CheckpointError, load_params  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
+from specjax.io.checkpoint import CheckpointError, load_params  # noqa: E402
 from tests.conftest import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

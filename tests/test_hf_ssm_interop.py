@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
 
 from specjax import model as M  # noqa: E402
-from specjax.checkpoint import load_params  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
+from specjax.io.checkpoint import load_params  # noqa: E402
 from tests.conftest import tiny_run  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -165,7 +165,7 @@ def _model_config(model):
 
 
 def _save(workdir, params, model):
-    from specjax.checkpoint import Checkpointer
+    from specjax.io.checkpoint import Checkpointer
     cfg = _model_config(model)
     checkpoints = Checkpointer(workdir)
     checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": cfg.to_dict(),

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.adapter import init_adapter
 from specjax.config import ModelConfig, SsmConfig
-from specjax.decoding.calm import CalmDraft
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.early_exit import EarlyExit
+from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.draft_model import DraftModel
+from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
-from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.loop import generate_tokens
-from specjax.decoding.skip_search import AcceptanceProbe
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.heads.adapter_calls import init_adapter
+from specjax.tools.skip_search import AcceptanceProbe
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds, first_layers
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

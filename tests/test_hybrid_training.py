@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.checkpoint import load_params
+from specjax.io.checkpoint import load_params
 from specjax.training.config import parse_run_config
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import make_optimizer

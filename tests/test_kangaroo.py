@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.adapter import init_adapter, run_adapter_cached
 from specjax.cache import LayerKV
+from specjax.cli.decoding import resolve_auto_tree
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.decoding import loop
-from specjax.decoding.chain import Chain
-from specjax.decoding.cli import resolve_auto_tree
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
-from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.tree import chain_layout
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.decoding.shapes.tree import chain_layout
+from specjax.heads.adapter_calls import init_adapter, run_adapter_cached
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

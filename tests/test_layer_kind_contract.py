@@ -13,11 +13,11 @@ from jax.sharding import PartitionSpec
 
 from specjax import model as M
 from specjax import sharding
-from specjax.checkpoint import load_params
-from specjax.decoding.chain import Chain
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.io.checkpoint import load_params
 from specjax.nn.layer_kinds import LAYER_KINDS, LayerKind
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, tiny_run

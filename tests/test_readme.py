@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from specjax.checkpoint import Checkpointer
 from specjax.decoding.registry import STRATEGIES
+from specjax.io.checkpoint import Checkpointer
 from specjax.training.trainer import Trainer
 from tests.conftest import ROOT, script_env, tiny_run
 

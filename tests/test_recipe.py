@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 
 from specjax import model as M  # noqa: E402
-from specjax.checkpoint import load_params  # noqa: E402
+from specjax.io.checkpoint import load_params  # noqa: E402
 from tests.conftest import ROOT, script_env  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

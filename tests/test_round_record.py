@@ -5,12 +5,12 @@ import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.draft_model import DraftModel
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator, acceptance_by_depth, accepted_runs
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

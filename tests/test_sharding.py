@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from specjax.checkpoint import load_params
 from specjax.config import ModelConfig, SsmConfig
 from specjax.data import BatchSampler
+from specjax.io.checkpoint import load_params
 from specjax.model import allocate_cache
 from specjax.sharding import (
     MeshConfig,

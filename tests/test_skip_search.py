@@ -9,20 +9,20 @@ import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DraftContext
+from specjax.decoding.drafters.layerskip import SkipLayers, draft_with_layers
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SkipLayers, draft_with_layers
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.skip_search import (
+from specjax.decoding.shapes.chain import Chain
+from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
+from specjax.tools.skip_search import (
     AcceptanceProbe,
     SkipCosts,
     best_chain,
     chain_tau,
     search,
 )
-from specjax.decoding.tree_search import child_acceptance
-from specjax.model import allocate_cache, embed, exit_logits, run_layers_cached
+from specjax.tools.tree_search import child_acceptance
 from tests.conftest import TINY_MODEL, damped_params
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

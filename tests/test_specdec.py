@@ -13,17 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.acceptance_head import init_acceptance_head
 from specjax.config import DecodingConfig, ModelConfig
-from specjax.decoding import loop, specdec
-from specjax.decoding.chain import Chain
+from specjax.decoding import loop
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
+from specjax.decoding.drafters import specdec
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, probabilities
-from specjax.decoding.specdec import SpecDecHead
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.heads.acceptance_head_calls import init_acceptance_head
 from specjax.model import forward
 from specjax.training.ranking import auc
 from specjax.training.specdec import draft_labels

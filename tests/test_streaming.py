@@ -5,11 +5,11 @@ import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
-from specjax.decoding.layerskip import SelfSpeculative
 from specjax.decoding.loop import generate_tokens
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from tests.conftest import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

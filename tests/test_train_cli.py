@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from specjax.checkpoint import Checkpointer
-from specjax.workdir import exclusive_workdir
+from specjax.io.checkpoint import Checkpointer
+from specjax.io.workdir import exclusive_workdir
 from tests.conftest import ROOT, script_env
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

@@ -8,15 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.checkpoint import Checkpointer, CheckpointError, load_params
-from specjax.entrypoint import SpecjaxError
+from specjax.cli.entrypoint import SpecjaxError
+from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
+from specjax.io.workdir import WorkdirBusyError, exclusive_workdir
 from specjax.training import objective as objective_module
 from specjax.training.config import parse_run_config
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
 from specjax.training.trainer import Trainer, TrainingDivergedError
-from specjax.workdir import WorkdirBusyError, exclusive_workdir
 from tests.conftest import tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

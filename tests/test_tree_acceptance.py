@@ -13,10 +13,10 @@ import pytest
 
 from specjax.decoding import acceptance
 from specjax.decoding.acceptance import accept, speculative_accept
-from specjax.decoding.chain import Chain
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from tests.test_decoding_sampling import chi_square_p_below
 
 P = np.array([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])

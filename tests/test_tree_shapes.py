@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from specjax.config import DecodingConfig
-from specjax.decoding.chain import Chain
-from specjax.decoding.dynamic_tree import DynamicTree
 from specjax.decoding.registry import make_strategy, shape_for
-from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.tree import ancestor_matrix, children_table, tree_layout, walk
-from specjax.decoding.tree_search import Sequoia
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.decoding.shapes.tree import ancestor_matrix, children_table, tree_layout, walk
+from specjax.tools.tree_search import Sequoia
 
 
 def _ancestors_by_hand(parents):

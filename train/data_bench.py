@@ -8,7 +8,7 @@ Each figure is the best of --repeats; the cache is built in a fresh temporary fo
 memory. A batch read is what each train step adds: rows gathered from the memory-mapped cache.
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -19,8 +19,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import BatchSampler, Corpus, DataConfig, iter_documents
-from specjax.entrypoint import parse_flags, run_cli
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

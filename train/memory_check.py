@@ -11,7 +11,7 @@ XLA's buffer assignment for the step) beside the peak bytes the device had in us
 printed).
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -22,11 +22,11 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.entrypoint import parse_flags, run_cli
-from specjax.outputs import staged
+from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.io.outputs import staged
 from specjax.training.config import config_reference
 from specjax.training.memory import GIB
-from specjax.training.objectives import layerskip_with_data
+from specjax.training.registry import layerskip_with_data
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 

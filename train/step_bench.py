@@ -13,7 +13,7 @@ the step time is the achieved rate, and over the device's peak dense bf16 rate
 (`--peak_tflops`, or the datasheet figure of a known GPU/TPU) the utilisation (MFU).
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -25,12 +25,12 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.sharding import place_batch
 from specjax.training.config import config_reference
 from specjax.training.flops import train_flops_per_token
 from specjax.training.objective import step_schedule
-from specjax.training.objectives import layerskip_with_data
+from specjax.training.registry import layerskip_with_data
 from specjax.training.train_step import make_train_step
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

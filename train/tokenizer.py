@@ -10,7 +10,7 @@ them, so `data.tokenizer=runs/bpe` finds them as it does in a Hugging Face check
 into a new (or empty) --output_dir only.
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -21,9 +21,9 @@ from absl import app, flags
 from ml_collections import config_flags
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import DataConfig, is_validation_key, iter_documents
-from specjax.entrypoint import parse_flags, run_cli
-from specjax.outputs import staged_dir
+from specjax.io.outputs import staged_dir
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

@@ -12,7 +12,7 @@ Exit status: 0 when the run reached train.total_steps (or had already), 1 for a 
 stopped it after saving a checkpoint: run the same command again to resume.
 """
 
-import specjax.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
+import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
 
 # isort: split
 
@@ -23,7 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax import processes
-from specjax.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.training.config import config_reference
 from specjax.training.trainer import train_and_evaluate
 

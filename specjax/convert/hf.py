@@ -11,7 +11,6 @@ from typing import Any
 
 import jax
 
-from specjax.checkpoint import Checkpointer, load_params
 from specjax.config import DecodingConfig, ModelConfig
 from specjax.convert.hf_config import (
     ConversionError,
@@ -22,7 +21,8 @@ from specjax.convert.hf_config import (
     read_hf_config,
 )
 from specjax.convert.hf_weights import load_hf_params, save_hf_params
-from specjax.outputs import staged_dir
+from specjax.io.checkpoint import Checkpointer, load_params
+from specjax.io.outputs import staged_dir
 from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer
 
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer

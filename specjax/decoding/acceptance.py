@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from specjax.cache import along_path
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.decoding.tree import ancestor_matrix, children_table, walk
+from specjax.decoding.shapes.tree import ancestor_matrix, children_table, walk
 
 
 @flax.struct.dataclass

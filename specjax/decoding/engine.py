@@ -16,8 +16,8 @@ from jax.sharding import Mesh
 
 from specjax.config import ModelConfig
 from specjax.decoding import streaming
-from specjax.decoding.autoregressive import Autoregressive
 from specjax.decoding.drafter import Drafter, DraftWeights
+from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.model import Params, unstack_layers

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.tree import Layout
+from specjax.decoding.shapes.tree import Layout
 
 CHILD_RULES = ("iid", "without_replacement", "top_k")
 

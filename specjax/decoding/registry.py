@@ -12,18 +12,18 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from specjax.config import DecodingConfig
-from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.calm import Calm, CalmDraft
-from specjax.decoding.chain import Chain
-from specjax.decoding.draft_model import DraftModel
 from specjax.decoding.drafter import Drafter
-from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.early_exit import EarlyExit
-from specjax.decoding.kangaroo import Kangaroo
-from specjax.decoding.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.autoregressive import Autoregressive
+from specjax.decoding.drafters.calm import Calm, CalmDraft
+from specjax.decoding.drafters.draft_model import DraftModel
+from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.proposal import Shape
-from specjax.decoding.specdec import SpecDecHead
-from specjax.decoding.static_tree import StaticTree
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
 
 STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
     "ar": lambda options: Autoregressive(),

@@ -28,7 +28,7 @@ from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.branching import switch
 from specjax.decoding.proposal import Proposal, pass_index
-from specjax.decoding.tree import Layout, ancestor_matrix, chain_layout, tree_layout
+from specjax.decoding.shapes.tree import Layout, ancestor_matrix, chain_layout, tree_layout
 from specjax.model import Params, embed, exit_logits, run_layers_cached
 
 

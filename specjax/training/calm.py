@@ -2,7 +2,7 @@
 
 At every corpus position and every trained exit, the label is whether the shared head's argmax
 there equals the final layer's: a token leaving at that exit would be the one the full model
-emits. The classifier (`specjax.confidence_head`, one for all exits, on the exit's hidden state
+emits. The classifier (`specjax.heads.confidence_head_calls`, one for all exits, on the exit's hidden state
 and three numbers about its distribution) learns it by binary
 cross-entropy, class-balanced per exit (each class weighted by half over its frequency in the
 batch, so the rare class counts as much as the common one; CALM §3.3) and averaged over the
@@ -22,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.confidence_head import (
+from specjax.config import ModelConfig
+from specjax.decoding.drafters.early_exit import softmax_response
+from specjax.heads.confidence_head_calls import (
     abstract_confidence_head,
     confidence_logits,
     init_confidence_head,
 )
-from specjax.config import ModelConfig
-from specjax.decoding.early_exit import softmax_response
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.training.config import CalmConfig, RunConfig
 from specjax.training.frozen_base import FrozenBase, HeadOnBase

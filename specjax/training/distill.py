@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.checkpoint import CheckpointError
 from specjax.config import ModelConfig
+from specjax.io.checkpoint import CheckpointError
 from specjax.model import Params, forward
 from specjax.tokenizer import get_tokenizer
 from specjax.training.config import RunConfig

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from specjax.checkpoint import CheckpointError, load_params
 from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.io.checkpoint import CheckpointError, load_params
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.tokenizer import NO_TOKENIZER, data_fields
 from specjax.training.config import RunConfig

@@ -23,11 +23,11 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from specjax.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.config import ModelConfig
 from specjax.convert.hf import TOKENIZER_KEY
 from specjax.convert.hf_config import architecture, model_config_from_hf, read_hf_config
 from specjax.convert.hf_weights import load_hf_params
+from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.model import Params
 from specjax.tokenizer import TOKENIZER_FILE, UNSET_ID, data_fields
 

@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specjax.checkpoint import Checkpointer, abstract_tree, check_model_config
+from specjax.cli.entrypoint import SpecjaxError
 from specjax.data import BatchSampler, Corpus
-from specjax.entrypoint import SpecjaxError
+from specjax.io.checkpoint import Checkpointer, abstract_tree, check_model_config
+from specjax.io.workdir import exclusive_workdir
 from specjax.processes import any_process, is_leader
 from specjax.sharding import with_shardings
 from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
@@ -33,10 +34,9 @@ from specjax.training.init_source import resolve_init
 from specjax.training.interrupt import catch_interrupts
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.objective import Report
-from specjax.training.objectives import make_objective
 from specjax.training.optimizer import learning_rate_schedule
+from specjax.training.registry import make_objective
 from specjax.training.train_step import TrainState
-from specjax.workdir import exclusive_workdir
 
 
 class TrainingDivergedError(SpecjaxError):

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 
 from specjax.cache import LayerKV
 from specjax.config import ModelConfig
+from specjax.heads.adapter import KangarooAdapter
 from specjax.model import Params, causal_mask, init_params, layer_params, unembed
-from specjax.nn.adapter import KangarooAdapter
 from specjax.nn.rope import rope_tables
 
 

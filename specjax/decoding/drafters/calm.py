@@ -27,8 +27,6 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.autoregressive import Autoregressive
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import (
     DraftContext,
     DrafterBase,
@@ -36,9 +34,11 @@ from specjax.decoding.drafter import (
     Prefilled,
     Round,
 )
-from specjax.decoding.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.drafters.autoregressive import Autoregressive
+from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
 from specjax.decoding.proposal import Proposal, Reuse, Shape
-from specjax.decoding.tree import Layout, chain_layout
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import Verified
 from specjax.model import Params
 

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
 from specjax.decoding.loop import prefill_target
-from specjax.decoding.tree import chain_layout
+from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import Params
 
 

@@ -1,6 +1,6 @@
 """SpecDec++ (Huang et al. 2024): self-speculation at exit E whose chain length a trained
 acceptance head decides. After each draft the head predicts the probability that the target
-accepts it (`specjax.acceptance_head`, from exit E's hidden state and the draft distribution);
+accepts it (`specjax.heads.acceptance_head_calls`, from exit E's hidden state and the draft distribution);
 a row stops drafting once the predicted probability that some draft so far is rejected,
 1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound. A
 dynamic tree (`--tree dynamic`) grows instead where the head predicts that the whole path is
@@ -20,13 +20,13 @@ from typing import Any, ClassVar
 import jax
 from absl import logging
 
-from specjax.acceptance_head import acceptance_probability
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DraftWeights
-from specjax.decoding.dynamic_tree import DynamicTree
-from specjax.decoding.layerskip import HeadDrafter, draft_with_layers
+from specjax.decoding.drafters.layerskip import HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.heads.acceptance_head_calls import acceptance_probability
 
 
 @dataclasses.dataclass(frozen=True)

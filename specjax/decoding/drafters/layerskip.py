@@ -22,10 +22,10 @@ import jax
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.chain import AcceptModel, Chain
 from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless
 from specjax.decoding.proposal import Proposal, Reuse, Shape
-from specjax.decoding.tree import Layout
+from specjax.decoding.shapes.chain import AcceptModel, Chain
+from specjax.decoding.shapes.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
 
 # head(ctx, hidden after the last drafted layer [B, n, D], layout, head_state) ->

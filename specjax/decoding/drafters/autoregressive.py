@@ -10,9 +10,9 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import DraftContext, Stateless
 from specjax.decoding.proposal import Proposal
+from specjax.decoding.shapes.chain import Chain
 
 
 @dataclasses.dataclass(frozen=True)

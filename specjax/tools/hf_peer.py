@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Sequence
 
 from specjax.convert.hf import export_checkpoint
-from specjax.decoding.layerskip import SelfSpeculative
-from specjax.timing import time_interleaved
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.tools.timing import time_interleaved
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,10 @@ from specjax.decoding.acceptance import accept
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import CHILD_RULES, Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
-from specjax.decoding.static_tree import StaticTree
-from specjax.decoding.tree import chain_layout
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
-from specjax.timing import progress_bar, timed
+from specjax.tools.timing import progress_bar, timed
 
 MAX_CHILDREN = 8
 

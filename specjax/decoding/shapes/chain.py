@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from specjax.decoding.proposal import DraftStep, Proposal, pass_index
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.decoding.tree import chain_layout
+from specjax.decoding.shapes.tree import chain_layout
 
 VERIFY_STEPS = 3  # verification sizes of a chain whose rows may stop early (`verify_sizes`)
 

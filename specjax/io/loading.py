@@ -20,19 +20,19 @@ from typing import Any
 from absl import logging
 from jax.sharding import Mesh
 
-from specjax.calibrated import with_calibrated
-from specjax.checkpoint import (
+from specjax.config import ModelConfig
+from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.engine import Generator
+from specjax.io.calibrated_defaults import with_calibrated
+from specjax.io.checkpoint import (
     Checkpointer,
     CheckpointError,
     UnreadableCheckpointError,
     load_params,
 )
-from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.engine import Generator
 from specjax.model import Params, unstack_layers
 from specjax.training.frozen_base import load_base, params_checksum
-from specjax.training.objectives import HEADS
+from specjax.training.registry import HEADS
 
 
 @dataclasses.dataclass(frozen=True)

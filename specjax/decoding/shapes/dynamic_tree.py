@@ -26,10 +26,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding.chain import AcceptModel
 from specjax.decoding.proposal import DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities
-from specjax.decoding.tree import ancestor_matrix, inherit_validity, tree_layout
+from specjax.decoding.shapes.chain import AcceptModel
+from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity, tree_layout
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,8 @@ from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
-from specjax.timing import time_interleaved, time_left, timed
 from specjax.tokenizer import Tokenizer
+from specjax.tools.timing import time_interleaved, time_left, timed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.data import DataConfig, validation_texts, windows
-from specjax.decoding.tree import chain_layout
+from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import (
     Params,
     allocate_cache,
@@ -42,8 +42,8 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
-from specjax.timing import timed
 from specjax.tokenizer import Tokenizer
+from specjax.tools.timing import timed
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
 if TYPE_CHECKING:

@@ -13,18 +13,18 @@ import jax
 from absl import flags
 from jax.sharding import Mesh
 
+from specjax.cli.entrypoint import run_cli
 from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import require_used
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.tree_search import Measurements, TreePlan, measure
-from specjax.entrypoint import run_cli
-from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
+from specjax.io.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
 from specjax.tokenizer import Tokenizer
+from specjax.tools.bench import heldout_prompts
+from specjax.tools.tree_search import Measurements, TreePlan, measure
 
 DECODING_FLAGS = {
     "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",

@@ -12,7 +12,7 @@ from typing import TypeVar
 from absl import flags, logging
 from ml_collections.config_flags.config_flags import is_config_flag
 
-from specjax import early_interrupt
+from specjax.cli import early_interrupt
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from specjax.decoding.proposal import CHILD_RULES, DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
-from specjax.decoding.tree import ancestor_matrix, inherit_validity, tree_layout
+from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity, tree_layout
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,14 +31,14 @@ from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
-from specjax.decoding.tree_search import (
+from specjax.model import Params, allocate_cache, embed, exit_logits, run_layers_cached
+from specjax.tools.timing import progress_bar
+from specjax.tools.tree_search import (
     ar_round_seconds,
     interpolate,
     measured_sizes,
     pass_seconds,
 )
-from specjax.model import Params, allocate_cache, embed, exit_logits, run_layers_cached
-from specjax.timing import progress_bar
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 
 from specjax.cache import Cache
-from specjax.confidence_head import confidence
 from specjax.config import ModelConfig
 from specjax.decoding.branching import either
-from specjax.decoding.tree import Layout
+from specjax.decoding.shapes.tree import Layout
+from specjax.heads.confidence_head import top_two_margin
+from specjax.heads.confidence_head_calls import confidence
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
-from specjax.nn.confidence_head import top_two_margin
 
 # measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
 # [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.heads.acceptance_head import NUM_FEATURES, AcceptanceHead, draft_features
 from specjax.model import Params
-from specjax.nn.acceptance_head import NUM_FEATURES, AcceptanceHead, draft_features
 
 
 def init_acceptance_head(cfg: ModelConfig, width: int, key: jax.Array) -> Params:

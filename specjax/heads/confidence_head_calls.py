@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.heads.confidence_head import NUM_FEATURES, ConfidenceHead, exit_features
 from specjax.model import Params
-from specjax.nn.confidence_head import NUM_FEATURES, ConfidenceHead, exit_features
 
 
 def init_confidence_head(cfg: ModelConfig, key: jax.Array) -> Params:

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from specjax.data import DataConfig
-from specjax.decoding.bench import heldout_prompts
-from specjax.decoding.calm import Calm
+from specjax.decoding.drafters.calm import Calm
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
-from specjax.decoding.forced import forced_losses
-from specjax.timing import progress_bar
 from specjax.tokenizer import Tokenizer
+from specjax.tools.bench import heldout_prompts
+from specjax.tools.forced import forced_losses
+from specjax.tools.timing import progress_bar
 
 CONSISTENCIES = ("textual", "risk")
 

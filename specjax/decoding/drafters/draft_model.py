@@ -20,7 +20,6 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.chain import Chain
 from specjax.decoding.drafter import (
     DraftContext,
     DraftWeights,
@@ -29,7 +28,8 @@ from specjax.decoding.drafter import (
     Round,
 )
 from specjax.decoding.proposal import Proposal, Shape
-from specjax.decoding.tree import Layout
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.tree import Layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
 
 

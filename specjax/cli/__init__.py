@@ -1,0 +1,1 @@
+"""What the entry points share: flag parsing, one-line errors, Ctrl-C, the decoding flags."""

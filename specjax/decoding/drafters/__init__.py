@@ -1,0 +1,1 @@
+"""The drafters: one module per kind, each exporting `STRATEGIES` (the registry discovers them)."""

@@ -1,0 +1,1 @@
+"""Offline tools around the jitted core: benchmarks, timing, the searches (tree shapes, skip sets), CALM quality, Learn then Test, the exit report and the Hugging Face peer."""

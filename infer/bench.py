@@ -33,7 +33,7 @@ from specjax.cli.decoding import (
     sweep_options,
 )
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig
+from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.io.loading import load_model
@@ -41,7 +41,6 @@ from specjax.kernels import decision
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import (
     bytes_per_token,
-    heldout_prompts,
     matvec_bandwidth,
     read_bandwidth,
     run_benchmark,
@@ -122,6 +121,8 @@ def benchmark() -> dict:
             if plan is not None and strategy.shape == plan.tree:
                 plans[strategy.label()] = plan
     require_weights_used(FLAGS.draft_workdir, strategies.values())
+    if FLAGS.compare_hf:
+        require_hf_peer(strategies)
     results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
                             batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
                             baseline="ar" if "ar" in strategies else next(iter(strategies)),
@@ -183,28 +184,30 @@ def _verify_costs(generator, strategies, prompts) -> dict | None:
     return {"exit_layer": exit_layer, "tokens": sizes, "seconds": seconds}
 
 
-def compare_with_hf(results, strategies, prompts) -> list[dict]:
-    """HF greedy and HF early-exit decoding of the same prompts, each compared for speed and
-    exact output with the specjax strategy of the same kind (ar; the first strategy that has
-    an HF equivalent, a selfspec chain)."""
+def require_hf_peer(strategies) -> None:
+    """--compare_hf's needs, checked before anything is timed: greedy decoding, batch 1, `ar` and
+    a strategy that transformers can run (a selfspec chain, ngram)."""
     if FLAGS.temperature != 0 or FLAGS.batch_size != 1:
         raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
                          "(transformers' assisted generation is batch 1 only)")
-    by_name = {r.name: r for r in results}
-    drafters = [name for name, s in strategies.items() if s.hf_options() is not None]
-    if "ar" not in by_name or not drafters:
-        raise ValueError("--compare_hf compares with ar and a selfspec chain: keep both in "
-                         "--strategies")
+    if "ar" not in strategies or all(s.hf_options() is None for s in strategies.values()):
+        raise ValueError("--compare_hf compares with ar and a strategy transformers can run (a "
+                         "selfspec chain, ngram): keep ar and one of them in --strategies")
+
+
+def compare_with_hf(results, strategies, prompts) -> list[dict]:
+    """HF greedy decoding and HF's equivalent of every strategy that has one, each compared for
+    speed and exact output with the specjax strategy it stands for."""
     from specjax.tools.hf_peer import hf_peer_benchmark
 
+    by_name = {r.name: r for r in results}
     peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
-                              strategy=strategies[drafters[0]], repeats=FLAGS.repeats)
-    ours = (by_name["ar"], by_name[drafters[0]], by_name[drafters[0]])
+                              strategies=strategies, repeats=FLAGS.repeats)
     return [{"strategy": peer.name, "tokens_per_s": peer.tokens_per_second,
-             "specjax_strategy": mine.name,
-             "specjax_speedup": mine.tokens_per_second / peer.tokens_per_second,
-             "identical_to_specjax": peer.generated == mine.generated}
-            for peer, mine in zip(peers, ours, strict=True)]
+             "specjax_strategy": peer.specjax,
+             "specjax_speedup": by_name[peer.specjax].tokens_per_second / peer.tokens_per_second,
+             "identical_to_specjax": peer.generated == by_name[peer.specjax].generated}
+            for peer in peers]
 
 
 def format_report(report: dict) -> str:

@@ -35,13 +35,12 @@ from specjax.cli.decoding import (
     whole_numbers_flag,
 )
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig
+from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.io.loading import load_model
 from specjax.kernels import KERNELS, decision, library
 from specjax.tokenizer import get_tokenizer
-from specjax.tools.bench import heldout_prompts
 from specjax.tools.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)

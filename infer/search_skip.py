@@ -16,11 +16,10 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig
+from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.io.loading import load_model
 from specjax.tokenizer import get_tokenizer
-from specjax.tools.bench import heldout_prompts
 from specjax.tools.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")

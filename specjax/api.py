@@ -29,7 +29,7 @@ from specjax.cli.decoding import (
     resolve_auto_tree,
     workdir_heldout_prompts,
 )
-from specjax.config import DecodingConfig, ModelConfig
+from specjax.config import ModelConfig
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -38,7 +38,7 @@ from specjax.decoding.engine import (
     accepted_runs,
 )
 from specjax.decoding.engine import acceptance_by_depth as _by_depth
-from specjax.decoding.registry import STRATEGIES, make_strategy
+from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.io.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer

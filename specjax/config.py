@@ -215,62 +215,6 @@ class ModelConfig:
         return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodingConfig:
-    """Decoding defaults stored with a trained model for the inference entry points (whose flags
-    of the same names override them): draft with layers [0, exit_layer); a chain of up to
-    `num_draft` tokens per round, a row stopping early at a draft whose probability is below
-    `draft_threshold` (0: never), or once an acceptance head (strategy specdec) predicts that
-    some draft so far is rejected with probability above `draft_risk`; or, when `tree` is set, a
-    token tree (a specdec dynamic tree is scored by that head instead of `draft_risk`):
-    children per depth ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2:
-    `tree_nodes` nodes, `tree_top_k` children per expanded node, `tree_depth` levels) or "auto"
-    (shaped from measurements).
-    `tree_children`: how a static tree's sampled children are drawn. `skip_layers`: the layers
-    (0-based, comma-separated) the `skip` strategy's draft passes over.
-    CALM (strategies calm, calmdraft): a token leaves at the first of the candidate exits
-    `calm_exits` ("2,4,6"; empty: the model's trained exits below the last) whose confidence
-    (`calm_measure`: softmax, state or classifier) reaches lambda_t = `calm_threshold` *
-    (0.9 + 0.1 exp(-`calm_decay` t / N)); `calm_threshold` 1 never exits early."""
-
-    exit_layer: int = 1
-    num_draft: int = 4
-    draft_threshold: float = 0.0
-    draft_risk: float = 0.0
-    tree: str = ""
-    tree_nodes: int = 16
-    tree_top_k: int = 4
-    tree_depth: int = 4
-    tree_children: str = "without_replacement"
-    skip_layers: str = ""
-    calm_exits: str = ""
-    calm_measure: str = "softmax"
-    calm_threshold: float = 0.9
-    calm_decay: float = 4.0
-
-    def check(self, model: ModelConfig) -> None:
-        _require(isinstance(self.exit_layer, int) and 1 <= self.exit_layer < model.num_layers,
-                 "decoding.exit_layer", self.exit_layer,
-                 f"must lie in [1, num_layers - 1 = {model.num_layers - 1}]")
-        _require(isinstance(self.num_draft, int) and self.num_draft >= 1, "decoding.num_draft",
-                 self.num_draft, "must be an int >= 1")
-        for name in ("draft_threshold", "draft_risk"):
-            value = getattr(self, name)
-            _require(isinstance(value, (int, float)) and 0 <= value < 1, f"decoding.{name}",
-                     value, "must lie in [0, 1)")
-        _require(isinstance(self.calm_threshold, (int, float)) and 0 <= self.calm_threshold <= 1,
-                 "decoding.calm_threshold", self.calm_threshold, "must lie in [0, 1]")
-        _require(isinstance(self.calm_decay, (int, float)) and self.calm_decay >= 0,
-                 "decoding.calm_decay", self.calm_decay, "must be >= 0")
-        for name in ("tree", "skip_layers", "calm_exits", "calm_measure"):
-            _require(isinstance(getattr(self, name), str), f"decoding.{name}",
-                     getattr(self, name), "must be a string")
-        for name in ("tree_nodes", "tree_top_k", "tree_depth"):
-            value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"decoding.{name}", value,
-                     "must be an int >= 1")
-
-
 def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -> Any:
     """Builds a config dataclass from a mapping, naming the config section for unknown keys."""
     values = dict(values)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import json
 import os
 import sysconfig
@@ -305,3 +306,27 @@ class Corpus:
         rows = [self.validation[:batch_size]] if usable == 0 else [
             self.validation[i * batch_size:(i + 1) * batch_size] for i in range(usable)]
         return [np.asarray(batch, np.int32) for batch in rows]
+
+
+def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: int, *,
+                    skip_documents: int = 0, per_document: int = 1) -> list[list[int]]:
+    """`length`-token windows from the middle of held-out validation documents, starting at the
+    first line break after the middle (or the middle itself if the tokenizer merges newlines
+    into other tokens): unseen text in the middle of real files. Up to `per_document`
+    consecutive windows per document, after the first `skip_documents` documents (which a
+    benchmark keeps for itself when a calibration runs on the rest)."""
+    newline = tokenizer.encode("\n")[-1]
+    prompts = []
+    for text in itertools.islice(validation_texts(data), skip_documents, None):
+        ids = tokenizer.encode(text)
+        breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
+        start = len(ids) // 2 + (int(breaks[0]) + 1 if len(breaks) else 0)
+        for begin in range(start, start + per_document * length, length):
+            if begin + length > len(ids):
+                break
+            prompts.append(ids[begin:begin + length].tolist())
+            if len(prompts) == count:
+                return prompts
+    raise ValueError(f"the validation documents after the first {skip_documents} hold only "
+                     f"{len(prompts)} windows of {length} tokens ({per_document} per document), "
+                     f"not {count}")

@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,26 @@ def tiny_run(**sections) -> dict:
     for section, values in sections.items():
         run.setdefault(section, {}).update(values)
     return run
+
+
+@pytest.fixture(scope="session")
+def _trained_once(tmp_path_factory) -> str:
+    """The tiny LayerSkip run (6 steps; decoding defaults exit 2, K 3), trained once per test
+    process for every module that needs a trained workdir (`trained_workdir`)."""
+    from specjax.training.trainer import Trainer
+
+    path = str(tmp_path_factory.mktemp("trained"))
+    config = tiny_run(train=dict(total_steps=6, eval_every=6, save_every=6))
+    config["decoding"] = {"exit_layer": 2, "num_draft": 3}
+    Trainer(config, path).fit()
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(_trained_once, tmp_path_factory) -> str:
+    """A module's own copy of the trained tiny run: what one module writes beside the
+    checkpoints (tree plans, calibrated defaults, exports) never reaches another."""
+    return shutil.copytree(_trained_once, str(tmp_path_factory.mktemp("run") / "workdir"))
 
 
 @pytest.fixture(scope="session")

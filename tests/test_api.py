@@ -5,15 +5,11 @@ import pytest
 
 import specjax
 from specjax.api import load
-from specjax.training.trainer import Trainer
-from tests.conftest import tiny_run
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("run"))
-    Trainer(tiny_run(train=dict(total_steps=3, eval_every=3, save_every=3)), path).fit()
-    return path
+def workdir(trained_workdir) -> str:
+    return trained_workdir
 
 
 def test_the_api_streams_the_text_generate_returns(workdir):

@@ -70,6 +70,23 @@ def test_a_broken_config_json_is_named(hf_dir, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, tmp_path):
+    """Catches a ~900-character dump of every parameter's shape instead of one line that names
+    the tensor, both shapes and the config.json field that sized it (vocab_size here)."""
+    path = os.path.join(hf_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["vocab_size"] += 5
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    with pytest.raises(ConversionError) as error:
+        import_checkpoint(hf_dir, str(tmp_path / "w"))
+    message = str(error.value)
+    assert "embed" in message and "vocab_size=264" in message and "\n" not in message
+    assert len(message) < 300, message
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_tree_naming_a_directory_is_one_line(tmp_path):
     """Catches `--tree` on a folder raising IsADirectoryError."""
     with pytest.raises(ValueError, match="is a directory, not a JSON file of parents"):
@@ -217,6 +234,17 @@ def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, threshold
                         f"--thresholds={thresholds}")
     assert result.returncode == 1
     assert result.stderr.strip().endswith("each must lie in [0, 1]")
+
+
+def test_compare_hf_without_a_peer_strategy_is_refused_before_timing(model_workdir, tmp_path):
+    """Catches `bench.py --compare_hf --strategies ar` refusing only after every strategy was
+    timed (a second probe: about 9 s of work on the tiny model, minutes on a real one)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f("}\n')
+    result = run_script("infer/bench.py", "--workdir", model_workdir, "--strategies", "ar",
+                        "--compare_hf", "--prompts_file", str(prompts))
+    assert result.returncode == 1 and "[bench]" not in result.stderr
+    assert result.stderr.strip().endswith("keep ar and one of them in --strategies")
 
 
 def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):

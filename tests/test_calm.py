@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.config import DecodingConfig, ModelConfig
+from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafters.calm import Calm, CalmDraft
 from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
-from specjax.decoding.registry import make_strategy
+from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree

@@ -7,8 +7,7 @@ import os
 import pytest
 
 from specjax.io.calibrated_defaults import FILE
-from specjax.training.trainer import Trainer
-from tests.conftest import run_script, tiny_run
+from tests.conftest import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -18,10 +17,8 @@ CALIBRATION = [*SMALL, "--num_prompts", "6", "--per_document", "2", "--skip_docu
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("calm"))
-    Trainer(tiny_run(train=dict(total_steps=4, eval_every=4, save_every=4)), path).fit()
-    return path
+def workdir(trained_workdir):
+    return trained_workdir
 
 
 def _run(script, *args):

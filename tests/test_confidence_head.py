@@ -12,7 +12,7 @@ from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.calm import Calm
 from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
-from specjax.heads.confidence_head_calls import init_confidence_head
+from specjax.heads.confidence_head import init_confidence_head
 from specjax.io.checkpoint import Checkpointer, CheckpointError
 from specjax.training.calm import balanced_bce, exit_labels
 from specjax.training.config import CalmConfig

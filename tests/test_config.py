@@ -66,7 +66,8 @@ def test_unknown_section_is_rejected():
 
 @pytest.mark.parametrize("decoding, message", [
     ({"exit_layer": 4}, r"decoding.exit_layer=4 must lie in \[1, num_layers - 1 = 3\]"),
-    ({"num_draft": 0}, "decoding.num_draft=0 must be an int >= 1"),
+    ({"num_draft": 0}, "decoding.num_draft=0 must be >= 1"),
+    ({"num_draft": 2.5}, "decoding.num_draft=2.5 must be an int"),
     ({"draft": 2}, r"decoding: unknown field\(s\) \['draft'\]"),
 ])
 def test_invalid_decoding_defaults(decoding, message):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.config import DecodingConfig, ModelConfig, SsmConfig
+from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding import acceptance, loop, registry
 from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.drafter import DraftWeights
@@ -22,14 +22,16 @@ from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.prompt_lookup import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
+from specjax.decoding.registry import DecodingConfig
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.acceptance_head_calls import init_acceptance_head
-from specjax.heads.adapter_calls import init_adapter
+from specjax.heads.acceptance_head import init_acceptance_head
+from specjax.heads.adapter import init_adapter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -122,6 +124,8 @@ STRATEGIES = {
     "specdec-chain": SpecDecHead(1, Chain(3, stop_risk=0.6)),
     "specdec-tree": SpecDecHead(1, DynamicTree(4, 2, 2)),
     "calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
+    # Point-mass drafts copied from the text: PROMPT's tokens recur among VOCAB = 8.
+    "ngram-chain": PromptLookup(2, 1, Chain(2)),
 }
 
 
@@ -151,6 +155,8 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     counts, total = empirical_counts(params, strategy, sampling)
     rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
+    if name == "ngram-chain":  # copies were drafted, and both accepted and rejected
+        assert 0 < total.accepted < total.drafted
     shape = strategy.shape
     if getattr(shape, "stop_below", 0) or getattr(shape, "stop_risk", 0):  # stops really cut
         assert total.rounds <= total.extra["stopped_after"] < shape.num_draft * total.rounds

@@ -53,8 +53,8 @@ def test_ctrl_c_during_the_imports_ends_at_once_with_one_line():
     """Catches Ctrl-C in an entry point's first second (jax still importing) aborting with a
     C++ `terminate` trace from inside an extension module's initialisation."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import specjax.cli.early_interrupt, sys; print('ready', flush=True); "
-         "sys.stdin.readline(); import jax, time; time.sleep(30)"],
+        [sys.executable, "-c", "import specjax.cli.early_interrupt, sys; "
+         "print('ready', flush=True); sys.stdin.readline(); import jax, time; time.sleep(30)"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=script_env())
     assert proc.stdout.readline() == "ready\n"

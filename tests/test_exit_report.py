@@ -1,5 +1,6 @@
-"""The exit report (specjax/tools/exit_report.py, infer/exits.py, LanguageModel.exit_report): per-exit
-metrics against direct forwards, its predictions against hand values, the CLI end to end."""
+"""The exit report (specjax/tools/exit_report.py, infer/exits.py, LanguageModel.exit_report):
+per-exit metrics against direct forwards, its predictions against hand values, the CLI end to
+end."""
 
 import json
 import os

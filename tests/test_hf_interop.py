@@ -184,7 +184,7 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
         str(report))
     peers = json.loads(report.read_text())["hf_peers"]
     assert [p["strategy"] for p in peers] == [
-        "hf greedy", "hf assistant_early_exit=1", "hf assistant_early_exit=1 K=4 eta=0"]
+        "hf greedy", "hf assistant_early_exit=1 (HF's policy)", "hf selfspec E=1 K=4"]
     for peer in peers:
         assert peer["identical_to_specjax"] and peer["tokens_per_s"] > 0
     cli("convert.py", "--to_hf", "--workdir", workdir, "--hf_dir", exported)

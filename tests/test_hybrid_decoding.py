@@ -22,7 +22,7 @@ from specjax.decoding.loop import generate_tokens
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.adapter_calls import init_adapter
+from specjax.heads.adapter import init_adapter
 from specjax.tools.skip_search import AcceptanceProbe
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds, first_layers
 

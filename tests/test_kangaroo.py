@@ -11,18 +11,19 @@ import pytest
 from specjax import model as M
 from specjax.cache import LayerKV
 from specjax.cli.decoding import resolve_auto_tree
-from specjax.config import DecodingConfig, ModelConfig
+from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
+from specjax.decoding.registry import DecodingConfig
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
-from specjax.heads.adapter_calls import init_adapter, run_adapter_cached
+from specjax.heads.adapter import init_adapter, run_adapter_cached
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

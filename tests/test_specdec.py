@@ -13,18 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.config import DecodingConfig, ModelConfig
+from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters import specdec
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
-from specjax.decoding.registry import make_strategy
+from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
-from specjax.heads.acceptance_head_calls import init_acceptance_head
+from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.model import forward
 from specjax.training.ranking import auc
 from specjax.training.specdec import draft_labels

@@ -115,5 +115,5 @@ def test_help_lists_every_config_field():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), "--help"],
                             env=_env(), capture_output=True, text=True, timeout=120)
     for section in ("model: vocab_size (required)", "data: source='stdlib', files=()",
-                    "train: batch_size=16", "layerskip: p_max=0.0", "decoding: exit_layer=1"):
+                    "train: batch_size=16", "layerskip: p_max=0.0", "decoding: num_draft=4"):
         assert section in result.stdout, result.stdout[-3000:]

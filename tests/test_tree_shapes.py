@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.config import DecodingConfig
-from specjax.decoding.registry import make_strategy, shape_for
+from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.shape_options import shape_for
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import ancestor_matrix, children_table, tree_layout, walk
 from specjax.tools.tree_search import Sequoia

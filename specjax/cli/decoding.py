@@ -14,55 +14,27 @@ from absl import flags
 from jax.sharding import Mesh
 
 from specjax.cli.entrypoint import run_cli
-from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
-from specjax.data import DataConfig
+from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
-from specjax.decoding.registry import require_used
+from specjax.decoding.registry import DecodingConfig, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.io.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
 from specjax.tokenizer import Tokenizer
-from specjax.tools.bench import heldout_prompts
 from specjax.tools.tree_search import Measurements, TreePlan, measure
 
-DECODING_FLAGS = {
-    "exit_layer": "Draft exit layer E: drafting runs layers [0, E) and the shared head.",
-    "num_draft": "Drafts per round K of a chain.",
-    "draft_threshold": "A chain row stops drafting after a draft whose draft probability is "
-                       "below this (0: always K drafts).",
-    "draft_risk": "Strategy specdec: a chain row stops drafting once its acceptance head "
-                  "predicts that some draft so far is rejected with probability above this "
-                  "(SpecDec++'s h; K is the longest chain). Other strategies, and specdec's "
-                  "dynamic trees (which the head scores), ignore it.",
-    "tree": "A token tree instead of a chain: children per depth (2,2,1,1), a parents list "
-            "([-1,0,0]) or JSON file of one, 'dynamic' (EAGLE-2) or 'auto' (a Sequoia tree "
-            "shaped from measurements); 'chain' for a chain.",
-    "tree_nodes": "Node budget T of a dynamic tree.",
-    "tree_top_k": "Children per expanded node, and expanded nodes per depth, of a dynamic tree.",
-    "tree_depth": "Depth of a dynamic tree.",
-    "tree_children": "How a static tree's sampled children are drawn: without_replacement, iid "
-                     "or top_k (deterministic).",
-    "skip_layers": "Strategy skip: the layers its draft passes over (0-based, comma-separated, "
-                   "e.g. 2,3,5).",
-    "calm_exits": "Strategies calm and calmdraft: the candidate exits (comma-separated, e.g. "
-                  "2,4,6); empty: the model's trained exits below the last.",
-    "calm_measure": "CALM's confidence measure: softmax (top-1 minus top-2 probability), state "
-                    "(cosine of consecutive hidden states) or classifier (trained by "
-                    "configs/calm.py).",
-    "calm_threshold": "CALM's threshold lambda in [0, 1]: a token leaves at the first candidate "
-                      "exit with confidence >= lambda_t (1: never early).",
-    "calm_decay": "CALM's threshold decay tau: lambda_t = lambda (0.9 + 0.1 exp(-tau t / N)).",
-}
-
-
-LISTED_FLAGS = ("tree", "skip_layers", "calm_exits")  # hold commas: swept by repeating the flag
+DECODING_FLAGS = {field.name: field.metadata["help"]
+                  for field in dataclasses.fields(DecodingConfig)}
+LISTED_FLAGS = tuple(field.name for field in dataclasses.fields(DecodingConfig)
+                     if field.metadata["listed"])  # hold commas: swept by repeating the flag
 
 
 def define_decoding_flags(sweep: bool = False) -> None:
-    """One flag per `DecodingConfig` field, defaulting to the checkpoint's value. With `sweep`,
-    each takes a comma-separated list (`--tree` and `--skip_layers` are repeated instead: their
-    values hold commas)."""
+    """One flag per `DecodingConfig` field (every registered drafter's options), defaulting to
+    the checkpoint's value. With `sweep`, each takes a comma-separated list (the `listed` ones,
+    whose values hold commas, are repeated instead)."""
     defaults = DecodingConfig()
     for name, text in DECODING_FLAGS.items():
         text += " Default: the checkpoint's."
@@ -269,7 +241,7 @@ def resolve_auto_tree(options: DecodingConfig, generator: Generator,
 
 def workdir_heldout_prompts(meta: dict, tokenizer: Tokenizer, count: int,
                             length: int) -> list[list[int]] | None:
-    """`count` held-out windows of `length` tokens (`bench.heldout_prompts`) from the training
+    """`count` held-out windows of `length` tokens (`data.heldout_prompts`) from the training
     data a workdir's checkpoint names; None when it names none (an import)."""
     data = meta.get("config", {}).get("data")
     return heldout_prompts(DataConfig.from_dict(data), tokenizer, count, length) if data else None

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from specjax.config import DecodingConfig, ModelConfig
+from specjax.config import ModelConfig
 from specjax.convert.hf_config import (
     ConversionError,
     architecture,
@@ -21,6 +21,7 @@ from specjax.convert.hf_config import (
     read_hf_config,
 )
 from specjax.convert.hf_weights import load_hf_params, save_hf_params
+from specjax.decoding.registry import DecodingConfig
 from specjax.io.checkpoint import Checkpointer, load_params
 from specjax.io.outputs import staged_dir
 from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer

@@ -295,12 +295,28 @@ def save_hf_params(params: Params, cfg: ModelConfig, out_dir: str, arch: str,
 
 
 def _check_shapes(params: Params, cfg: ModelConfig) -> None:
+    """One line naming the first converted tensor whose shape or dtype is not the config's, and
+    the config fields that size its differing dimensions."""
     expected = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
-    got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
-    want = jax.tree.map(lambda x: (x.shape, x.dtype), expected)
-    if got != want:
-        raise ConversionError(f"converted parameters do not match the model config: "
-                              f"{got} vs {want}")
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    for path, want in jax.tree_util.tree_flatten_with_path(expected)[0]:
+        have = got.get(path)
+        if have is not None and (have.shape, have.dtype) == (want.shape, want.dtype):
+            continue
+        name = jax.tree_util.keystr(path, simple=True, separator=".")
+        if have is None:
+            raise ConversionError(f"the converted parameters lack {name}")
+        sizes = {b for a, b in zip(have.shape, want.shape, strict=False) if a != b}
+        fields = [f"{field}={getattr(cfg, field)}" for field in _SIZE_FIELDS
+                  if getattr(cfg, field) in sizes]
+        raise ConversionError(
+            f"the weights' {name} is {tuple(have.shape)} {have.dtype}, but config.json makes it "
+            f"{tuple(want.shape)} {want.dtype}" + (f" ({', '.join(fields)})" if fields else "")
+            + ": the config and the weights disagree")
+
+
+_SIZE_FIELDS = ("vocab_size", "d_model", "mlp_dim", "num_heads", "num_kv_heads", "head_dim",
+                "num_layers")
 
 
 def _get(tree: dict, path: tuple[str, ...]):

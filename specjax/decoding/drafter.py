@@ -14,15 +14,18 @@ LayerSkip). The loop calls its hooks:
             what the round proposed, accepted and verified).
 
 The loop owns acceptance, the target cache's commit, EOS, budgets and statistics. New ideas
-(Kangaroo, a draft model, CALM) are new drafters, registered once in `decoding.registry`.
-Every drafter derives from `DrafterBase`, which gives the optional hooks (weights of its own,
-traced settings, the Hugging Face peer's options, what verification reuses) their defaults.
+(Kangaroo, a draft model, CALM) are new drafters: a module in `decoding.drafters` that exports
+`STRATEGIES`, {name: `Strategy`}, which the registry discovers, with the options it reads
+declared beside it (`decoding.options`). Every drafter derives from `DrafterBase`, which gives
+the optional hooks (weights of its own, traced settings, the Hugging Face peer's options, what
+verification reuses) their defaults. A drafter that proposes every depth at once (heads per
+depth, copied text) drafts through `proposal.depth_step`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 import flax.struct
@@ -165,3 +168,13 @@ class Stateless(FullVerification):
 
     def commit(self, ctx: DraftContext, state: Any, done: Round) -> Any:
         return state
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """How the registry builds a drafter: `build(options)` from the decoding options, of which
+    it reads only the fields of its option groups `options` (frozen dataclasses of
+    `decoding.options.option` fields; a group may be shared, as the shape's is)."""
+
+    build: Callable[[Any], Drafter]
+    options: tuple[type, ...] = ()

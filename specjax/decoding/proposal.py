@@ -93,3 +93,18 @@ def pass_index(verify_sizes: tuple[int, ...], num_valid: jax.Array) -> jax.Array
     valid nodes of any row (`num_valid` [B]). A chain fills its rows to it, and `verify.verify`
     runs the pass of that size."""
     return jnp.searchsorted(jnp.asarray(verify_sizes), jnp.max(num_valid))
+
+
+def depth_step(depth_logits: jax.Array, lengths: jax.Array) -> DraftStep:
+    """The `DraftStep` of a drafter that proposes every depth at once (heads per depth as in
+    Medusa or multi-token prediction, text copied by prompt lookup): a node at depth d + 1
+    is drawn from `depth_logits` [B, D, V] row d, whatever its parent, so any shape drafts from
+    it. `lengths` [B]: committed tokens (the pending token sits at depth 0). It runs nothing,
+    keeps nothing and carries its carry through."""
+    rows = jnp.arange(depth_logits.shape[0])[:, None]
+
+    def step(carry: Any, tokens: jax.Array, layout: Layout) -> tuple[jax.Array, jax.Array, Any]:
+        depth = jnp.clip(layout.positions - lengths[:, None], 0, depth_logits.shape[1] - 1)
+        return depth_logits[rows, depth], jnp.zeros((*tokens.shape, 1), jnp.float32), carry
+
+    return step

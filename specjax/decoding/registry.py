@@ -1,55 +1,56 @@
-"""The one registry of decoding strategies and proposal shapes.
+"""The one registry of decoding strategies, and the decoding options they declare.
 
-A strategy is a `Drafter` built from the decoding options (`DecodingConfig`: the checkpoint's
-defaults, overridden by flags). Adding one means adding it to `STRATEGIES`; the generate and
-bench entry points, labels and the peer benchmark all read from here and from the drafter.
+Every module of `specjax.decoding.drafters` that exports `STRATEGIES` ({name: `Strategy`}) is
+registered here: adding a drafter is adding its file (and its tests). `DecodingConfig` joins
+the option groups of every registered strategy (`decoding.options`): the checkpoint's
+`decoding` section, the entry points' flags and the benchmark's sweep axes all read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+import importlib
+import pkgutil
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from specjax.config import DecodingConfig
-from specjax.decoding.drafter import Drafter
-from specjax.decoding.drafters.autoregressive import Autoregressive
-from specjax.decoding.drafters.calm import Calm, CalmDraft
-from specjax.decoding.drafters.draft_model import DraftModel
-from specjax.decoding.drafters.early_exit import EarlyExit
-from specjax.decoding.drafters.kangaroo import Kangaroo
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
-from specjax.decoding.drafters.specdec import SpecDecHead
-from specjax.decoding.proposal import Shape
-from specjax.decoding.shapes.chain import Chain
-from specjax.decoding.shapes.dynamic_tree import DynamicTree
-from specjax.decoding.shapes.static_tree import StaticTree
-
-STRATEGIES: dict[str, Callable[[DecodingConfig], Drafter]] = {
-    "ar": lambda options: Autoregressive(),
-    "selfspec": lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
-    "skip": lambda options: SkipLayers(skip_set(options), shape_for(options)),
-    "kangaroo": lambda options: Kangaroo(options.exit_layer, shape_for(options)),
-    "draft": lambda options: DraftModel(shape_for(options)),
-    "specdec": lambda options: SpecDecHead(options.exit_layer, shape_for(options,
-                                                                         options.draft_risk)),
-    "calm": lambda options: Calm(early_exit(options), options.calm_threshold,
-                                 options.calm_decay),
-    "calmdraft": lambda options: CalmDraft(early_exit(options), options.calm_threshold,
-                                           options.calm_decay, shape_for(options)),
-}
-
-CHAIN_SPECS = ("", "chain")
+from specjax.decoding import drafters
+from specjax.decoding.drafter import Drafter, Strategy
+from specjax.decoding.options import join_options
 
 
-def make_strategy(name: str, options: DecodingConfig) -> Drafter:
-    """The named strategy with these options (one-line ValueError for unknown names)."""
+def discover(package: Any = drafters) -> dict[str, Strategy]:
+    """The strategies the modules of `package` export, by name (a name exported twice is an
+    error)."""
+    found: dict[str, Strategy] = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        exported = getattr(importlib.import_module(f"{package.__name__}.{module.name}"),
+                           "STRATEGIES", {})
+        for name, strategy in exported.items():
+            if name in found:
+                raise ValueError(f"strategy {name!r} is exported by two drafter modules")
+            found[name] = strategy
+    return found
+
+
+STRATEGIES: Mapping[str, Strategy] = discover()
+_GROUPS = [group for strategy in STRATEGIES.values() for group in strategy.options]
+# The most shared groups first (the shape's, the exit's): the order of flags in --help and of
+# the rows of a benchmark's sweep.
+DecodingConfig = join_options(sorted(dict.fromkeys(_GROUPS), key=lambda g: -_GROUPS.count(g)))
+
+
+def make_strategy(name: str, options: Any) -> Drafter:
+    """The named strategy with these options (a `DecodingConfig`; one-line ValueError for
+    unknown names). The strategy's builder sees only the options it declares."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-    return STRATEGIES[name](options)
+    strategy = STRATEGIES[name]
+    declared = {field.name for group in strategy.options for field in dataclasses.fields(group)}
+    return strategy.build(_Declared(name, options, declared))
 
 
-def require_used(strategies: Sequence[str], option_sets: Sequence[DecodingConfig],
+def require_used(strategies: Sequence[str], option_sets: Sequence[Any],
                  chosen: Collection[str]) -> None:
     """A one-line error when an option the user set (`chosen`, e.g. from flags) is read by none
     of these strategies built with any of these option sets: `--tree` with `calm`, `--skip_layers`
@@ -62,7 +63,7 @@ def require_used(strategies: Sequence[str], option_sets: Sequence[DecodingConfig
             if options.tree.strip().startswith("auto"):
                 options = dataclasses.replace(options, tree="1")
             recorder = _ReadRecorder(options)
-            make_strategy(name, recorder)  # type: ignore[arg-type]
+            make_strategy(name, recorder)
             read |= recorder.read
     unused = [name for name in chosen if name not in read]
     if unused:
@@ -75,7 +76,7 @@ def require_used(strategies: Sequence[str], option_sets: Sequence[DecodingConfig
 class _ReadRecorder:
     """Decoding options that note which of them are read."""
 
-    def __init__(self, options: DecodingConfig):
+    def __init__(self, options: Any):
         self._options, self.read = options, set()
 
     def __getattr__(self, name: str) -> Any:
@@ -83,41 +84,14 @@ class _ReadRecorder:
         return getattr(self._options, name)
 
 
-def shape_for(options: DecodingConfig, stop_risk: float = 0.0) -> Shape:
-    """The proposal shape the options describe: a chain unless `tree` is set. `stop_risk`: a
-    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on; trees have
-    none (that drafter scores a dynamic tree with its head instead)."""
-    tree = options.tree.strip()
-    if tree in CHAIN_SPECS:
-        return Chain(options.num_draft, options.draft_threshold, stop_risk)
-    if options.draft_threshold:
-        raise ValueError("draft_threshold (a chain's stop rule) does not apply to trees; set it "
-                         "to 0")
-    if tree == "auto" or tree.startswith("auto:"):
-        raise ValueError(f"tree {tree!r} must be resolved from measurements first "
-                         "(infer/generate.py and infer/bench.py do)")
-    if tree == "dynamic":
-        return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)
-    return StaticTree.parse(tree, options.tree_children)
+class _Declared:
+    """The options a strategy declared; reading another one is the drafter's bug, named."""
 
+    def __init__(self, strategy: str, options: Any, declared: set[str]):
+        self._strategy, self._options, self._declared = strategy, options, declared
 
-def early_exit(options: DecodingConfig) -> EarlyExit:
-    """CALM's early exit as the options describe it."""
-    return EarlyExit(layer_list(options.calm_exits, "calm_exits"), options.calm_measure)
-
-
-def skip_set(options: DecodingConfig) -> tuple[int, ...]:
-    """The layers `skip_layers` names ("2,3,5"), as sorted indices."""
-    layers = layer_list(options.skip_layers, "skip_layers")
-    if not layers:
-        raise ValueError("strategy 'skip' needs --skip_layers (comma-separated layer indices)")
-    return layers
-
-
-def layer_list(value: str, flag: str) -> tuple[int, ...]:
-    """Comma-separated layer numbers ("2,3,5") as a tuple; a one-line error naming `flag`."""
-    try:
-        return tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"{flag}={value!r}: expected comma-separated layer numbers, e.g. "
-                         "2,3,5") from None
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._declared:
+            raise AttributeError(f"strategy {self._strategy!r} reads decoding option {name!r}, "
+                                 "which none of its option groups declares")
+        return getattr(self._options, name)

@@ -1,1 +1,2 @@
-"""Heads trained on a frozen base: Kangaroo's adapter, SpecDec++'s acceptance head, CALM's confidence classifier (each: the module and its calls)."""
+"""Heads trained on a frozen base, each module with its calls: Kangaroo's adapter, SpecDec++'s
+acceptance head, CALM's confidence classifier."""

@@ -8,13 +8,20 @@ the backbone frozen). Its own RMSNorm puts the hidden states of every depth on o
 features of p, and an initialisation that makes the untrained head a function of the top-two
 margin, let it start from what the softmax response knows: on the default model a head on the
 hidden state alone ranked agreeing exits worse than the margin (AUC .80 against .88 to .93).
+
+The module, then its calls as pure functions over its params: the probability that an exit's
+prediction is already the final layer's, read by CALM's `classifier` measure
+(`decoding.drafters.early_exit`) and trained by `configs/calm.py`.
 """
+
+from __future__ import annotations
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.model import Params
 from specjax.nn.norm import RMSNorm
 
 NUM_FEATURES = 3
@@ -57,3 +64,27 @@ def _from_the_margin(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) 
     """The output layer's start: the logit MARGIN_SCALE * (margin - 1/2), a monotone function
     of CALM's softmax response, so training starts from that measure's ranking."""
     return jnp.zeros(shape, dtype).at[shape[0] - NUM_FEATURES, 0].set(MARGIN_SCALE)
+
+
+def init_confidence_head(cfg: ModelConfig, key: jax.Array) -> Params:
+    """A head for the model `cfg`, randomly initialised."""
+    hidden = jnp.zeros((1, cfg.d_model), cfg.compute_dtype)
+    return ConfidenceHead(cfg).init(key, hidden, jnp.zeros((1, NUM_FEATURES)))["params"]
+
+
+def abstract_confidence_head(cfg: ModelConfig) -> Params:
+    """Shapes and dtypes of a head (restore targets)."""
+    return jax.eval_shape(lambda: init_confidence_head(cfg, jax.random.PRNGKey(0)))
+
+
+def confidence_logits(head: Params, cfg: ModelConfig, hidden: jax.Array,
+                      logits: jax.Array) -> jax.Array:
+    """Logits [...] (float32) for hidden states [..., D] of any exit and the shared head's
+    logits there [..., V]."""
+    return ConfidenceHead(cfg).apply({"params": head}, hidden, exit_features(logits))
+
+
+def confidence(head: Params, cfg: ModelConfig, hidden: jax.Array,
+               logits: jax.Array) -> jax.Array:
+    """P(the exit's argmax equals the final layer's) [...]: the sigmoid of the logits."""
+    return jax.nn.sigmoid(confidence_logits(head, cfg, hidden, logits))

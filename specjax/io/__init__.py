@@ -1,1 +1,2 @@
-"""Files of a run: checkpoints, workdirs, loading for decoding, calibrated defaults, atomic outputs."""
+"""Files of a run: checkpoints, workdirs, loading for decoding, calibrated defaults, atomic
+outputs."""

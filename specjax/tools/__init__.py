@@ -1,1 +1,2 @@
-"""Offline tools around the jitted core: benchmarks, timing, the searches (tree shapes, skip sets), CALM quality, Learn then Test, the exit report and the Hugging Face peer."""
+"""Offline tools around the jitted core: benchmarks, timing, the searches (tree shapes, skip
+sets), CALM's quality, Learn then Test, the exit report and the Hugging Face peer."""

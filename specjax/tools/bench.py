@@ -15,7 +15,6 @@ the live KV cache); `read_bandwidth` measures the machine's bandwidth in the sam
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.data import DataConfig, validation_texts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generation, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
@@ -33,7 +31,6 @@ from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
-from specjax.tokenizer import Tokenizer
 from specjax.tools.timing import time_interleaved, time_left, timed
 
 
@@ -67,30 +64,6 @@ class StrategyResult:
         the run is too short for the two timings to separate (decode time not positive)."""
         decode_seconds = self.seconds - self.prefill_seconds
         return (self.tokens - self.rows) / decode_seconds if decode_seconds > 0 else None
-
-
-def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: int, *,
-                    skip_documents: int = 0, per_document: int = 1) -> list[list[int]]:
-    """`length`-token windows from the middle of held-out validation documents, starting at the
-    first line break after the middle (or the middle itself if the tokenizer merges newlines
-    into other tokens): unseen text in the middle of real files. Up to `per_document`
-    consecutive windows per document, after the first `skip_documents` documents (which a
-    benchmark keeps for itself when a calibration runs on the rest)."""
-    newline = tokenizer.encode("\n")[-1]
-    prompts = []
-    for text in itertools.islice(validation_texts(data), skip_documents, None):
-        ids = tokenizer.encode(text)
-        breaks = np.flatnonzero(ids[len(ids) // 2:] == newline)
-        start = len(ids) // 2 + (int(breaks[0]) + 1 if len(breaks) else 0)
-        for begin in range(start, start + per_document * length, length):
-            if begin + length > len(ids):
-                break
-            prompts.append(ids[begin:begin + length].tolist())
-            if len(prompts) == count:
-                return prompts
-    raise ValueError(f"the validation documents after the first {skip_documents} hold only "
-                     f"{len(prompts)} windows of {length} tokens ({per_document} per document), "
-                     f"not {count}")
 
 
 def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> tuple[float, float]:

@@ -18,11 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specjax.data import DataConfig
+from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafters.calm import Calm
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.tokenizer import Tokenizer
-from specjax.tools.bench import heldout_prompts
 from specjax.tools.forced import forced_losses
 from specjax.tools.timing import progress_bar
 
@@ -50,7 +49,7 @@ def heldout_continuations(meta: dict, tokenizer: Tokenizer, count: int, prompt_l
                           new_tokens: int, **windows: int
                           ) -> tuple[list[list[int]], list[list[int]]]:
     """Prompts of `prompt_len` tokens from the held-out documents of a checkpoint's corpus and
-    their next `new_tokens` tokens (`bench.heldout_prompts` windows; `windows`: its
+    their next `new_tokens` tokens (`data.heldout_prompts` windows; `windows`: its
     skip_documents and per_document)."""
     data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
     found = heldout_prompts(data, tokenizer, count, prompt_len + new_tokens, **windows)

@@ -1,6 +1,7 @@
-"""Peer benchmark: Hugging Face transformers' greedy `generate()` and its LayerSkip integration
-(`assistant_early_exit`) on the same weights, exported from a specjax workdir, timed like
-specjax's strategies (warm-up, interleaved repeats, median per prompt).
+"""Peer benchmark: Hugging Face transformers' greedy `generate()` and its equivalents of specjax's
+strategies (`Drafter.hf_options`: LayerSkip's `assistant_early_exit`, prompt lookup) on the
+same weights, exported from a specjax workdir, timed like specjax's strategies (warm-up,
+interleaved repeats, median per prompt).
 
 Needs the optional `hf` extra (torch, transformers); only `infer/bench.py --compare_hf` imports
 it. EOS is disabled rather than suppressed, so every run generates exactly max_new_tokens with
@@ -12,16 +13,20 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specjax.convert.hf import export_checkpoint
+from specjax.decoding.drafter import Drafter
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.tools.timing import time_interleaved
 
 
 @dataclasses.dataclass(frozen=True)
 class PeerResult:
+    """One HF variant's time and output, and the label of the specjax strategy it stands for."""
+
     name: str
+    specjax: str
     seconds: float
     generated: list[list[int]]
 
@@ -31,11 +36,11 @@ class PeerResult:
 
 
 def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                      strategy: SelfSpeculative, repeats: int = 3) -> list[PeerResult]:
-    """Times, batch 1, fp32, CPU: HF greedy decoding; HF early-exit self-speculation at the
-    strategy's exit layer with HF's defaults (a draft length adapted each round, at most 20,
-    stopping at a draft confidence below 0.4); and the same with the strategy's own policy
-    (`SelfSpeculative.hf_options`: at most K drafts, the same confidence stop)."""
+                      strategies: Mapping[str, Drafter], repeats: int = 3) -> list[PeerResult]:
+    """Times, batch 1, fp32, CPU: HF greedy decoding (for `ar`) and, for every strategy with an
+    HF equivalent, HF with the same policy (`hf_options`); for a selfspec chain also HF's own
+    early-exit policy at its exit (a draft length adapted each round, at most 20, stopping at
+    a draft confidence below 0.4)."""
     import torch
     import transformers
 
@@ -45,13 +50,15 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
     model.eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    exit_layer, same_policy = strategy.exit_layer, strategy.hf_options()
-    variants = {
-        "hf greedy": {},
-        f"hf assistant_early_exit={exit_layer}": {"assistant_early_exit": exit_layer},
-        f"hf assistant_early_exit={exit_layer} K={same_policy['num_assistant_tokens']} "
-        f"eta={same_policy['assistant_confidence_threshold']:g}": same_policy,
-    }
+    variants = {"hf greedy": ("ar", {})}
+    for label, strategy in strategies.items():
+        options = strategy.hf_options()
+        if options is None:
+            continue
+        if isinstance(strategy, SelfSpeculative):
+            variants[f"hf assistant_early_exit={strategy.exit_layer} (HF's policy)"] = (
+                label, {"assistant_early_exit": strategy.exit_layer})
+        variants[f"hf {label}"] = (label, options)
 
     def run(options, prompt):
         with torch.no_grad():
@@ -59,10 +66,10 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
                                  do_sample=False, **options)
         return out[0, len(prompt):].tolist()
 
-    for options in variants.values():
+    for _, options in variants.values():
         run(options, prompts[0])
     calls = {name: lambda index, options=options: run(options, prompts[index])
-             for name, options in variants.items()}
+             for name, (_, options) in variants.items()}
     times, generated = time_interleaved(calls, len(prompts), repeats)
-    return [PeerResult(name, sum(statistics.median(t) for t in times[name]), generated[name])
-            for name in variants]
+    return [PeerResult(name, label, sum(statistics.median(t) for t in times[name]),
+                       generated[name]) for name, (label, _) in variants.items()]

@@ -2,8 +2,8 @@
 
 At every corpus position and every trained exit, the label is whether the shared head's argmax
 there equals the final layer's: a token leaving at that exit would be the one the full model
-emits. The classifier (`specjax.heads.confidence_head_calls`, one for all exits, on the exit's hidden state
-and three numbers about its distribution) learns it by binary
+emits. The classifier (`specjax.heads.confidence_head`, one for all exits, on the exit's hidden
+state and three numbers about its distribution) learns it by binary
 cross-entropy, class-balanced per exit (each class weighted by half over its frequency in the
 batch, so the rare class counts as much as the common one; CALM §3.3) and averaged over the
 exits; the base runs forward only. Evaluation compares it, per exit, with CALM's softmax
@@ -24,7 +24,7 @@ import optax
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.early_exit import softmax_response
-from specjax.heads.confidence_head_calls import (
+from specjax.heads.confidence_head import (
     abstract_confidence_head,
     confidence_logits,
     init_confidence_head,

@@ -7,8 +7,9 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
-from specjax.config import DecodingConfig, ModelConfig, dataclass_from_mapping
+from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
+from specjax.decoding.registry import DecodingConfig
 from specjax.sharding import MeshConfig
 
 DROPOUT_SCHEDULES = ("constant", "exp")
@@ -116,7 +117,7 @@ class LayerSkipConfig:
 
 @dataclasses.dataclass(frozen=True)
 class KangarooConfig:
-    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.adapter_calls`) on exit `exit_layer` of the
+    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.adapter`) on exit `exit_layer` of the
     frozen model in `base_workdir`, distilled to the base's final distribution (soft
     cross-entropy). Decoding with it: `--strategy kangaroo` on the adapter's workdir."""
 
@@ -129,10 +130,10 @@ class KangarooConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SpecDecConfig:
-    """SpecDec++'s acceptance head (`specjax.heads.acceptance_head_calls`) on exit `exit_layer` of the frozen
-    model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to predict
-    whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0: greedy
-    drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
+    """SpecDec++'s acceptance head (`specjax.heads.acceptance_head`) on exit `exit_layer` of the
+    frozen model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to
+    predict whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0:
+    greedy drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
     on the head's workdir. `children` = k >= 1 trains it for dynamic trees instead
     (`--strategy specdec --tree dynamic`): on the draft's top k tokens at every position, each
     labelled with the probability that the target's own choice is that token."""
@@ -160,7 +161,7 @@ class SpecDecConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CalmConfig:
-    """CALM's confidence classifier (`specjax.heads.confidence_head_calls`) on the frozen model in
+    """CALM's confidence classifier (`specjax.heads.confidence_head`) on the frozen model in
     `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
     whether an exit's argmax equals the final layer's (class-balanced binary cross-entropy,
     averaged over the exits). Decoding with it: `--strategy calm --calm_measure classifier` on

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from specjax.config import ModelConfig
-from specjax.heads.adapter_calls import abstract_adapter, adapter_logits, init_adapter
+from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
 from specjax.training.config import KangarooConfig, RunConfig
 from specjax.training.evaluate import sum_over_batches

@@ -4,7 +4,8 @@ Every corpus position is a draft: the shared head at exit E proposes a token (dr
 distribution q at the configured temperature / top-p, or its argmax when greedy), the base's
 final layer is the target p. The label is the probability that speculative sampling accepts
 that token, min(1, p(y) / q(y)) (greedy: 1 if the target's argmax is the token, else 0); the
-head (`specjax.heads.acceptance_head_calls`) learns it by binary cross-entropy, the base runs forward only.
+head (`specjax.heads.acceptance_head`) learns it by binary cross-entropy, the base runs forward
+only.
 For dynamic trees (`children` = k) every position proposes q's top k tokens instead, the
 children a tree node gets; the top-k rule accepts child x exactly when the target's own draw
 at the node is x, so x's label is p(x) (greedy: 1 if x is the target's argmax).
@@ -25,7 +26,7 @@ import optax
 
 from specjax.config import ModelConfig
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.heads.acceptance_head_calls import (
+from specjax.heads.acceptance_head import (
     abstract_acceptance_head,
     acceptance_logits,
     init_acceptance_head,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, Stateless
+from specjax.decoding.drafter import DraftContext, Stateless, Strategy
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain
 
@@ -34,3 +34,6 @@ class Autoregressive(Stateless):
              else jnp.zeros((batch, 0, ctx.cfg.vocab_size), jnp.float32))
         return Proposal(tokens=empty, parents=empty, valid=empty.astype(bool), q=q, reuse=None,
                         stats={}, shape=self.shape), cache, state
+
+
+STRATEGIES = {"ar": Strategy(lambda options: Autoregressive())}

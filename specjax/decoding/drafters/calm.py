@@ -33,11 +33,14 @@ from specjax.decoding.drafter import (
     FullVerification,
     Prefilled,
     Round,
+    Strategy,
 )
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.options import at_least, layer_list, option, within
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import Verified
 from specjax.model import Params
@@ -155,3 +158,37 @@ class CalmDraft(FullVerification, _EarlyExiting):
         first = self.early_exit.candidates(ctx.cfg)[0]
         return proposal.replace(reuse=Reuse(kept, missing, first), stats=stats), cache, state
 
+
+@dataclasses.dataclass(frozen=True)
+class CalmOptions:
+    """CALM (strategies calm, calmdraft): a token leaves at the first of the candidate exits
+    `calm_exits` ("2,4,6"; empty: the model's trained exits below the last) whose confidence
+    (`calm_measure`: softmax, state or classifier) reaches lambda_t = `calm_threshold` *
+    (0.9 + 0.1 exp(-`calm_decay` t / N)); `calm_threshold` 1 never exits early."""
+
+    calm_exits: str = option("", "Strategies calm and calmdraft: the candidate exits "
+                                 "(comma-separated, e.g. 2,4,6); empty: the model's trained "
+                                 "exits below the last.", listed=True)
+    calm_measure: str = option("softmax", "CALM's confidence measure: softmax (top-1 minus "
+                                          "top-2 probability), state (cosine of consecutive "
+                                          "hidden states) or classifier (trained by "
+                                          "configs/calm.py).")
+    calm_threshold: float = option(0.9, "CALM's threshold lambda in [0, 1]: a token leaves at "
+                                        "the first candidate exit with confidence >= lambda_t "
+                                        "(1: never early).", within(0, 1, high_included=True))
+    calm_decay: float = option(4.0, "CALM's threshold decay tau: lambda_t = lambda (0.9 + 0.1 "
+                                    "exp(-tau t / N)).", at_least(0))
+
+
+def early_exit(options: CalmOptions) -> EarlyExit:
+    """CALM's early exit as the options describe it."""
+    return EarlyExit(layer_list(options.calm_exits, "calm_exits"), options.calm_measure)
+
+
+STRATEGIES = {
+    "calm": Strategy(lambda options: Calm(early_exit(options), options.calm_threshold,
+                                          options.calm_decay), (CalmOptions,)),
+    "calmdraft": Strategy(lambda options: CalmDraft(early_exit(options), options.calm_threshold,
+                                                    options.calm_decay, shape_for(options)),
+                          (CalmOptions, ShapeOptions)),
+}

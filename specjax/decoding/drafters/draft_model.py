@@ -26,9 +26,11 @@ from specjax.decoding.drafter import (
     FullVerification,
     Prefilled,
     Round,
+    Strategy,
 )
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
 
@@ -93,3 +95,6 @@ class DraftModel(FullVerification):
                                      embed(ctx.draft_params, self.cfg, last[:, None]), state,
                                      before_last)
         return state.commit(done.lengths_after)
+
+
+STRATEGIES = {"draft": Strategy(lambda options: DraftModel(shape_for(options)), (ShapeOptions,))}

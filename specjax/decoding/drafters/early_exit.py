@@ -33,8 +33,7 @@ from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.branching import either
 from specjax.decoding.shapes.tree import Layout
-from specjax.heads.confidence_head import top_two_margin
-from specjax.heads.confidence_head_calls import confidence
+from specjax.heads.confidence_head import confidence, top_two_margin
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
 
 # measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below

@@ -2,7 +2,7 @@
 unembedding; stop drafting at an unconfident draft (a chain's `stop_below`, η: the double early
 exit).
 
-The adapter (`specjax.heads.adapter_calls`) is one attention block, so it keeps its own K/V across rounds
+The adapter (`specjax.heads.adapter`) is one attention block, so it keeps its own K/V across rounds
 (the drafter state: one `LayerKV`, laid out like a target layer's): the prefill hook fills it
 from the prompt's exit-E hidden states, drafting writes it at each node's slot, and commit fills
 in the positions the draft never ran (a chain's last draft, a tree's leaves) from the hidden
@@ -20,12 +20,13 @@ import jax
 import jax.numpy as jnp
 
 from specjax.cache import Cache, LayerKV
-from specjax.decoding.drafter import DraftContext, Prefilled, Round
-from specjax.decoding.drafters.layerskip import HeadDrafter, draft_with_layers
+from specjax.decoding.drafter import DraftContext, Prefilled, Round, Strategy
+from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
-from specjax.heads.adapter_calls import run_adapter_cached
+from specjax.heads.adapter import run_adapter_cached
 from specjax.model import unembed
 from specjax.sharding import constrain_cache
 
@@ -70,3 +71,6 @@ class Kangaroo(HeadDrafter):
             kv = kv.commit(done.lengths_before, done.lengths_after, done.acceptance.path)
         return kv
 
+
+STRATEGIES = {"kangaroo": Strategy(lambda options: Kangaroo(options.exit_layer, shape_for(options)),
+                                   (ExitOptions, ShapeOptions))}

@@ -22,9 +22,11 @@ import jax
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless
+from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless, Strategy
+from specjax.decoding.options import layer_list, option
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import AcceptModel, Chain
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
 
@@ -171,3 +173,40 @@ class HeadDrafter(SelfSpeculative):
     def hf_options(self) -> None:
         return None  # transformers has neither head
 
+
+def _inside_the_model(value: int, cfg: ModelConfig) -> str | None:
+    return (None if 1 <= value < cfg.num_layers
+            else f"must lie in [1, num_layers - 1 = {cfg.num_layers - 1}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitOptions:
+    """The exit E whose layers [0, E) draft (LayerSkip; Kangaroo's and SpecDec++'s heads sit
+    there)."""
+
+    exit_layer: int = option(1, "Draft exit layer E: drafting runs layers [0, E) and the shared "
+                                "head.", _inside_the_model)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipOptions:
+    """The layers the `skip` strategy's draft passes over."""
+
+    skip_layers: str = option("", "Strategy skip: the layers its draft passes over (0-based, "
+                                  "comma-separated, e.g. 2,3,5).", listed=True)
+
+
+def skip_set(options: SkipOptions) -> tuple[int, ...]:
+    """The layers `skip_layers` names ("2,3,5"), as sorted indices."""
+    layers = layer_list(options.skip_layers, "skip_layers")
+    if not layers:
+        raise ValueError("strategy 'skip' needs --skip_layers (comma-separated layer indices)")
+    return layers
+
+
+STRATEGIES = {
+    "selfspec": Strategy(lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
+                         (ExitOptions, ShapeOptions)),
+    "skip": Strategy(lambda options: SkipLayers(skip_set(options), shape_for(options)),
+                     (SkipOptions, ShapeOptions)),
+}

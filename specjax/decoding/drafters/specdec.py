@@ -1,6 +1,6 @@
 """SpecDec++ (Huang et al. 2024): self-speculation at exit E whose chain length a trained
 acceptance head decides. After each draft the head predicts the probability that the target
-accepts it (`specjax.heads.acceptance_head_calls`, from exit E's hidden state and the draft distribution);
+accepts it (`specjax.heads.acceptance_head`, from exit E's hidden state and the draft distribution);
 a row stops drafting once the predicted probability that some draft so far is rejected,
 1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound. A
 dynamic tree (`--tree dynamic`) grows instead where the head predicts that the whole path is
@@ -22,11 +22,13 @@ from absl import logging
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, DraftWeights
-from specjax.decoding.drafters.layerskip import HeadDrafter, draft_with_layers
+from specjax.decoding.drafter import DraftContext, DraftWeights, Strategy
+from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
+from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
-from specjax.heads.acceptance_head_calls import acceptance_probability
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
+from specjax.heads.acceptance_head import acceptance_probability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +87,19 @@ def _drafts(children: int) -> str:
 @functools.cache
 def _warn_once(message: str) -> None:
     logging.warning(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecOptions:
+    """SpecDec++'s stop rule for a chain drafted with its acceptance head."""
+
+    draft_risk: float = option(
+        0.0, "Strategy specdec: a chain row stops drafting once its acceptance head predicts "
+             "that some draft so far is rejected with probability above this (SpecDec++'s h; "
+             "K is the longest chain). Other strategies, and specdec's dynamic trees (which the "
+             "head scores), ignore it.", within(0, 1, high_included=False))
+
+
+STRATEGIES = {"specdec": Strategy(
+    lambda options: SpecDecHead(options.exit_layer, shape_for(options, options.draft_risk)),
+    (ExitOptions, ShapeOptions, SpecDecOptions))}

@@ -1,1 +1,2 @@
-"""Proposal shapes: chains, static and dynamic token trees, and tree geometry (positions, slots, masks)."""
+"""Proposal shapes: chains, static and dynamic token trees, and the trees' geometry (positions,
+slots, masks)."""

@@ -1,0 +1,57 @@
+"""The proposal shape the decoding options describe, and those options: what every drafter that
+drafts a chain or a tree (all but `ar` and `calm`) reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specjax.decoding.options import at_least, option, within
+from specjax.decoding.proposal import Shape
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+
+CHAIN_SPECS = ("", "chain")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeOptions:
+    """A chain of up to `num_draft` tokens per round, a row stopping early at a draft whose
+    probability is below `draft_threshold` (0: never); or, when `tree` is set, a token tree:
+    children per depth ("2,2,1,1"), a JSON file of parents, "dynamic" (EAGLE-2: `tree_nodes`
+    nodes, `tree_top_k` children per expanded node, `tree_depth` levels) or "auto" (shaped from
+    measurements); `tree_children`: how a static tree's sampled children are drawn."""
+
+    num_draft: int = option(4, "Drafts per round K of a chain.", at_least(1))
+    draft_threshold: float = option(
+        0.0, "A chain row stops drafting after a draft whose draft probability is below this "
+             "(0: always K drafts).", within(0, 1, high_included=False))
+    tree: str = option(
+        "", "A token tree instead of a chain: children per depth (2,2,1,1), a parents list "
+            "([-1,0,0]) or JSON file of one, 'dynamic' (EAGLE-2) or 'auto' (a Sequoia tree "
+            "shaped from measurements); 'chain' for a chain.", listed=True)
+    tree_nodes: int = option(16, "Node budget T of a dynamic tree.", at_least(1))
+    tree_top_k: int = option(4, "Children per expanded node, and expanded nodes per depth, of a "
+                                "dynamic tree.", at_least(1))
+    tree_depth: int = option(4, "Depth of a dynamic tree.", at_least(1))
+    tree_children: str = option(
+        "without_replacement", "How a static tree's sampled children are drawn: "
+                               "without_replacement, iid or top_k (deterministic).")
+
+
+def shape_for(options: ShapeOptions, stop_risk: float = 0.0) -> Shape:
+    """The proposal shape the options describe: a chain unless `tree` is set. `stop_risk`: a
+    chain's SpecDec++ stop (h), for the drafter with an acceptance head to pass on; trees have
+    none (that drafter scores a dynamic tree with its head instead)."""
+    tree = options.tree.strip()
+    if tree in CHAIN_SPECS:
+        return Chain(options.num_draft, options.draft_threshold, stop_risk)
+    if options.draft_threshold:
+        raise ValueError("draft_threshold (a chain's stop rule) does not apply to trees; set it "
+                         "to 0")
+    if tree == "auto" or tree.startswith("auto:"):
+        raise ValueError(f"tree {tree!r} must be resolved from measurements first "
+                         "(infer/generate.py and infer/bench.py do)")
+    if tree == "dynamic":
+        return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)
+    return StaticTree.parse(tree, options.tree_children)

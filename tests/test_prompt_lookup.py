@@ -1,0 +1,155 @@
+"""Prompt lookup (strategy `ngram`): the n-gram match against hand-made texts and a plain-Python
+reference, the drafter's text kept in step, greedy output against a per-step argmax of
+`model.forward`, export, and the drafter added as one file (registered, flagged and swept
+without an edit elsewhere). Its sampled law is in test_decoding_sampling."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.cli.decoding import DECODING_FLAGS
+from specjax.config import ModelConfig
+from specjax.decoding.acceptance import Acceptance
+from specjax.decoding.drafter import Prefilled, Round
+from specjax.decoding.drafters.prompt_lookup import PromptLookup, continuation
+from specjax.decoding.engine import Generator
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from tests.conftest import TINY_MODEL, damped_params
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+# Repeating prompts, so the output (a random model's greedy loop) and the prompt share n-grams.
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9], list(range(40, 50)) * 2]
+NEW = 24
+
+
+def _continue(text, ngram_max, count, ngram_min=1):
+    tokens, found = continuation(jnp.asarray([text + [0] * 4]), jnp.asarray([len(text)]),
+                                 ngram_min, ngram_max, count)
+    return [int(t) for t, f in zip(tokens[0], found[0], strict=True) if f]
+
+
+def reference_continuation(text, ngram_min, ngram_max, count):
+    """The documented rule in plain Python: for the longest n in [min, max] whose last n tokens
+    occurred before, the occurrence followed by the most tokens (up to count), then the latest;
+    the tokens after it."""
+    for n in range(ngram_max, ngram_min - 1, -1):
+        occurrences = [start for start in range(len(text) - n)
+                       if text[start:start + n] == text[len(text) - n:]]
+        if occurrences:
+            start = max(occurrences, key=lambda s: (min(count, len(text) - s - n), s))
+            return text[start + n:start + n + count]
+    return []
+
+
+def test_the_latest_match_of_the_longest_suffix_is_continued():
+    """Catches a search that takes an earlier match over the latest, the latest where it is
+    followed by fewer tokens (a run of one token would draft one token a round), prefers a
+    shorter n-gram over a longer one, matches the suffix against itself, or copies past the
+    text."""
+    assert _continue([1, 2, 3, 1, 2, 4, 1, 2], 2, 3) == [4, 1, 2]       # latest "1 2"
+    assert _continue([7, 2, 9, 3, 2, 8, 3, 2], 2, 2) == [8, 3]           # "3 2" beats "2"
+    assert _continue([7, 2, 9, 3, 2, 8, 3, 2], 1, 2) == [8, 3]           # latest "2"
+    assert _continue([1, 2, 3, 4], 3, 2) == []                           # nothing repeats
+    assert _continue([5, 5], 3, 4) == [5]                                # up to the text's end
+    assert _continue([3, 3, 3, 3], 1, 2) == [3, 3]                       # the longest follow-up
+    assert _continue([4], 3, 2) == []                                    # a lone token
+    assert _continue([7, 2, 9, 3, 2, 8, 3, 2], 2, 2, ngram_min=2) == [8, 3]
+    assert _continue([1, 2, 3, 4, 2], 3, 2, ngram_min=2) == []           # "2" alone is too short
+
+
+def test_the_match_equals_a_plain_python_reference_on_random_streams():
+    """Catches an off-by-one at either end of the text, a match that wraps around the buffer
+    (`roll`), or a tie broken the other way, on 300 random streams of a 3-token vocabulary
+    (matches everywhere) in one batch."""
+    rng = random.Random(0)
+    width, count = 40, 4
+    texts = [[rng.randrange(3) for _ in range(rng.randrange(1, width))] for _ in range(300)]
+    for ngram_min, ngram_max in [(1, 3), (2, 4)]:
+        tokens, found = continuation(
+            jnp.asarray([text + [9] * (width - len(text)) for text in texts]),
+            jnp.asarray([len(text) for text in texts]), ngram_min, ngram_max, count)
+        for text, row, mask in zip(texts, np.asarray(tokens), np.asarray(found), strict=True):
+            assert row[mask].tolist() == reference_continuation(text, ngram_min, ngram_max, count)
+
+
+def test_commit_writes_the_round_after_its_pending_token():
+    """Catches a commit that writes the accepted drafts and the next pending token anywhere but
+    right after the pending token the round started from (the text, and so every later match,
+    would be out of step with the output), or that writes for a row that is done."""
+    drafter = PromptLookup(2, 1, Chain(3))
+    text = drafter.prefill(None, Prefilled(jnp.asarray([[1, 2, 3], [4, 5, 0]]), jnp.asarray([3, 2]),
+                                           {}, cache_len=8, max_new_tokens=4))
+    text = text.at[0, 3].set(7).at[1, 2].set(6)  # propose wrote each row's pending token
+    done = Round(pending=jnp.asarray([7, 6]), proposal=None,
+                 acceptance=Acceptance(jnp.asarray([2, 0]), jnp.asarray([[8, 9, 4, 0]] * 2), None),
+                 reused_hidden=None, lengths_before=jnp.asarray([3, 2]),
+                 lengths_after=jnp.asarray([6, 2]))  # row 1 is done: nothing to write
+    text = drafter.commit(None, text, done)
+    assert text[0, :7].tolist() == [1, 2, 3, 7, 8, 9, 4] and text[1, :4].tolist() == [4, 5, 6, 0]
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(damped_params(CFG, jax.random.PRNGKey(0), 0.5), CFG)
+
+
+def test_greedy_lookup_is_a_per_step_argmax_of_the_model(generator):
+    """Catches drafts accepted that the model would not emit, or a text the drafter keeps out
+    of step with the output (a commit writing at the wrong place drafts stale tokens: still
+    lossless, but then nothing is accepted, which the count checks)."""
+    strategy = make_strategy("ngram", DecodingConfig(num_draft=3, ngram_max=2))
+    assert strategy == PromptLookup(2, 1, Chain(3))
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy)
+    params = {**generator.params, "layers": jax.tree.map(lambda *w: jnp.stack(w),
+                                                        *generator.params["layers"])}
+    width = max(map(len, PROMPTS)) + NEW
+    next_token = jax.jit(lambda sequence, length: jnp.argmax(
+        M.forward(params, CFG, sequence[None])[0, length - 1]))
+    for prompt, generated in zip(PROMPTS, out.tokens, strict=True):
+        sequence = list(prompt)
+        for _ in range(NEW):
+            sequence.append(int(next_token(jnp.asarray(sequence + [0] * (width - len(sequence))),
+                                           len(sequence))))
+        assert generated == sequence[len(prompt):]
+    assert out.total.extra["matched"] > 0 and out.total.accepted >= 8  # 12 when in step
+    for stats in out.stats:
+        assert stats.accepted + stats.rounds == NEW - 1
+
+
+def test_ngram_is_one_file_registered_flagged_and_checked():
+    """Catches a drafter whose options need edits outside its file: its options are flags and
+    config fields with one-line checks, a tree is refused with the flag to drop, and the
+    Hugging Face peer gets its parameters only where it has them (no minimum n)."""
+    assert {"ngram_min", "ngram_max"} <= set(DECODING_FLAGS)
+    assert (DecodingConfig().ngram_min, DecodingConfig().ngram_max) == (1, 3)
+    with pytest.raises(ValueError, match=r"decoding.ngram_max=0 must be >= 1"):
+        DecodingConfig(ngram_max=0).check(CFG)
+    with pytest.raises(ValueError, match=r"ngram_min=3 must be <= ngram_max=2"):
+        make_strategy("ngram", DecodingConfig(ngram_min=3, ngram_max=2)).validate(CFG)
+    with pytest.raises(ValueError, match="drop --tree"):
+        make_strategy("ngram", DecodingConfig(tree="2,1")).validate(CFG)
+    assert make_strategy("ngram", DecodingConfig()).hf_options() == {
+        "prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 3}
+    assert make_strategy("ngram", DecodingConfig(ngram_min=2)).hf_options() is None
+
+
+def test_the_ngram_loop_exports_for_tpu_and_cuda(generator):
+    """Catches host-side state in the drafter (a Python list of tokens, a numpy search): the
+    sampled loop must trace into one program that exports for both accelerators."""
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
+    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            SamplingParams.create())
+    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
+        p, {}, prompts, lengths, key, sp, eos, cfg=CFG, drafter=PromptLookup(3, 1, Chain(4)),
+        max_new_tokens=32, cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")

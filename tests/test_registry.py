@@ -1,0 +1,77 @@
+"""The registry: drafters are discovered from their own files, their options joined into the
+one DecodingConfig (flags, config fields, sweep axes), and each builder sees only what it
+declares."""
+
+import dataclasses
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+from specjax.cli.decoding import DECODING_FLAGS
+from specjax.decoding import registry
+from specjax.decoding.drafter import Strategy
+from specjax.decoding.options import join_options, option
+from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
+
+DRAFTER_FILE = '''
+import dataclasses
+from specjax.decoding.drafters.autoregressive import Autoregressive
+from specjax.decoding.drafter import Strategy
+from specjax.decoding.options import option
+
+@dataclasses.dataclass(frozen=True)
+class EchoOptions:
+    echo_width: int = option(2, "Strategy echo: how wide.")
+
+STRATEGIES = {"echo": Strategy(lambda options: (Autoregressive(), options.echo_width),
+                               (EchoOptions,))}
+'''
+
+
+def test_a_drafter_is_one_file(tmp_path, monkeypatch):
+    """Catches a registry that needs a list edited beside a new drafter's file: a package with
+    one module is discovered, and its options join a config with its own field."""
+    package = tmp_path / "my_drafters"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "echo.py").write_text(textwrap.dedent(DRAFTER_FILE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = registry.discover(importlib.import_module("my_drafters"))
+    assert list(found) == ["echo"]
+    config = join_options(group for strategy in found.values() for group in strategy.options)
+    assert config().echo_width == 2
+    drafter, width = found["echo"].build(config(echo_width=5))
+    assert width == 5 and drafter.name == "ar"
+    sys.modules.pop("my_drafters.echo", None)
+    sys.modules.pop("my_drafters", None)
+
+
+def test_two_groups_cannot_declare_one_option():
+    """Catches two drafters declaring the same flag with different meanings: the second would
+    silently shadow the first."""
+    first = dataclasses.make_dataclass("First", [("k", int, option(1, "a"))], frozen=True)
+    second = dataclasses.make_dataclass("Second", [("k", int, option(2, "b"))], frozen=True)
+    with pytest.raises(ValueError, match="'k' is declared by both First and Second"):
+        join_options([first, second])
+    assert [f.name for f in dataclasses.fields(join_options([first, first]))] == ["k"]
+
+
+def test_a_builder_reads_only_the_options_it_declares(monkeypatch):
+    """Catches a drafter that reads an option no group of its declares: `require_used` would
+    then call a flag it reads unused, and its config field would have no owner."""
+    monkeypatch.setitem(registry.STRATEGIES, "sneaky",
+                        Strategy(lambda options: options.num_draft, ()))
+    with pytest.raises(AttributeError, match="'sneaky' reads decoding option 'num_draft'"):
+        make_strategy("sneaky", DecodingConfig())
+
+
+def test_every_option_has_help_and_is_read_by_some_strategy():
+    """Catches an option that is a flag nobody reads (a group declared but never used) or a
+    flag without help."""
+    assert list(DECODING_FLAGS) == [f.name for f in dataclasses.fields(DecodingConfig)]
+    assert all(text.strip() for text in DECODING_FLAGS.values())
+    declared = {field.name for strategy in STRATEGIES.values() for group in strategy.options
+                for field in dataclasses.fields(group)}
+    assert declared == set(DECODING_FLAGS)

@@ -1,6 +1,6 @@
 """A layer kind is one `LayerKind` entry: a toy kind registered here, in a test file, trains,
-decodes losslessly, is laid out on a mesh and survives a checkpoint without a change to the
-package."""
+decodes losslessly, is laid out on a mesh, survives a checkpoint and round-trips through
+Hugging Face safetensors without a change to the package."""
 
 import functools
 from typing import NamedTuple
@@ -13,11 +13,13 @@ from jax.sharding import PartitionSpec
 
 from specjax import model as M
 from specjax import sharding
+from specjax.convert.hf_weights import load_hf_params, save_hf_params
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.io.checkpoint import load_params
+from specjax.nn.hf_layout import HfLeaf, same, same_to_hf, transpose, transpose_to_hf
 from specjax.nn.layer_kinds import LAYER_KINDS, LayerKind
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, tiny_run
@@ -58,7 +60,11 @@ TOY = LayerKind(
     allocate=lambda cfg, batch, max_len, window: ToyCache(jnp.zeros((batch, 1))),
     step_bytes=lambda cfg, context: 0.0, mixing_flops=lambda cfg, seq_len: 0.0,
     param_axes={("toy", "up"): ("embed", "mlp"), ("toy", "down"): ("mlp", "embed")},
-    cache_axes={"rows": ("batch", None)})
+    cache_axes={"rows": ("batch", None)},
+    hf_leaves=lambda cfg: (
+        HfLeaf(("norm", "scale"), ("{layer}toy_norm.weight",), same, same_to_hf),
+        HfLeaf(("toy", "up"), ("{layer}toy.up_proj.weight",), transpose, transpose_to_hf),
+        HfLeaf(("toy", "down"), ("{layer}toy.down_proj.weight",), transpose, transpose_to_hf)))
 
 
 @pytest.fixture
@@ -117,3 +123,13 @@ def test_two_kinds_may_not_disagree_on_a_parameter_layout(toy, monkeypatch):
     monkeypatch.setitem(LAYER_KINDS, "clash", clash)
     with pytest.raises(ValueError, match="declares param_axes"):
         sharding.param_axes(["toy_layers", "toy", "up"], 3)
+
+
+def test_a_toy_kind_round_trips_through_hugging_face_safetensors(toy, tmp_path):
+    """Catches Hugging Face tables that name only the package's kinds (`convert` refusing a
+    kind that declares its tensors), or leaves written under one name and read under another."""
+    params = M.init_params(toy, jax.random.PRNGKey(3))
+    save_hf_params(params, toy, str(tmp_path), "LlamaForCausalLM")
+    back = load_hf_params(str(tmp_path), toy, "LlamaForCausalLM")
+    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -1,11 +1,12 @@
 """Hugging Face safetensors <-> specjax parameters: Llama-family decoders, Mamba2ForCausalLM and
 BambaForCausalLM.
 
-Each parameter leaf is described once per layer kind (`_ATTENTION_LEAVES`, `_MAMBA2_LEAVES`, the
-shared `_MLP_LEAVES`, `_GLOBAL_LEAVES`): the HF tensors it is made of (named through an
-architecture's `_Layout`), how to build it from them, and the exact inverse. Each kind's layers
-form their own stack, filled from the HF layers of that kind in order. Both directions are reshapes,
-transposes and concatenations, so a round trip is bit-identical.
+Each layer kind declares its parameter leaves (`LayerKind.hf_leaves`, `nn.hf_layout`): the HF
+tensors each is made of, named through an architecture's `_Layout` here, how to build it from
+them, and the exact inverse; the model's own leaves (embeddings, final norm, unembedding) are
+`_GLOBAL_LEAVES`. Each kind's layers form their own stack, filled from the HF layers of that
+kind in order. Both directions are reshapes, transposes and concatenations, so a round trip is
+bit-identical.
 
 Import streams: every stacked leaf is allocated once in its final dtype and filled one HF tensor
 at a time, then moved to the device; the largest extra host allocation is one stacked leaf. Only
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -28,67 +29,10 @@ from safetensors.numpy import save_file
 from specjax.config import ModelConfig
 from specjax.convert.hf_config import ConversionError
 from specjax.model import Params, init_params
+from specjax.nn.hf_layout import HfLeaf, same, same_to_hf, transpose, transpose_to_hf
 from specjax.nn.layer_kinds import LAYER_KINDS
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-    """path in params; HF tensor names (with {i} for the layer); to/from HF transforms."""
-
-    path: tuple[str, ...]
-    names: tuple[str, ...]
-    from_hf: Callable[..., np.ndarray]
-    to_hf: Callable[[np.ndarray, ModelConfig], tuple[np.ndarray, ...]]
-    needs_bias: bool = False
-
-
-def _qkv_from_hf(cfg: ModelConfig, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """[H*Dh, D], [K*Dh, D], [K*Dh, D] -> [D, K, G+2, Dh] (query head h belongs to kv head
-    h // G, as in transformers' repeat_kv)."""
-    kv, g, dh, d = cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model
-    return np.concatenate([q.T.reshape(d, kv, g, dh), k.T.reshape(d, kv, 1, dh),
-                           v.T.reshape(d, kv, 1, dh)], axis=2)
-
-
-def _qkv_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
-    d, g = cfg.d_model, cfg.group_size
-    return (np.ascontiguousarray(w[:, :, :g].reshape(d, -1).T),
-            np.ascontiguousarray(w[:, :, g].reshape(d, -1).T),
-            np.ascontiguousarray(w[:, :, g + 1].reshape(d, -1).T))
-
-
-def _bias_from_hf(cfg: ModelConfig, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    kv, g, dh = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
-    return np.concatenate([q.reshape(kv, g, dh), k.reshape(kv, 1, dh), v.reshape(kv, 1, dh)],
-                          axis=1)
-
-
-def _bias_to_hf(b: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
-    g = cfg.group_size
-    return (b[:, :g].reshape(-1), b[:, g].reshape(-1), b[:, g + 1].reshape(-1))
-
-
-def _transpose(cfg: ModelConfig, w: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(w.T)
-
-
-def _same(cfg: ModelConfig, w: np.ndarray) -> np.ndarray:
-    return w
-
-
-def _conv_from_hf(cfg: ModelConfig, w: np.ndarray) -> np.ndarray:
-    """Conv1d's depthwise weight [C, 1, K] -> [K, C]."""
-    return np.ascontiguousarray(w[:, 0].T)
-
-
-def _same_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
-    return (w,)
-
-
-def _transpose_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
-    return (np.ascontiguousarray(w.T),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,63 +63,31 @@ _LAYOUTS = {
                                  mixer_norm="norm.", mixer="mixer.", mlp_norm="", mlp=""),
 }
 
-_ATTN = "{layer}self_attn."
-_MLP_LEAVES = (
-    _Leaf(("mlp_norm", "scale"), ("{layer}{mlp_norm}weight",), _same, _same_to_hf),
-    _Leaf(("mlp", "gate_up"), ("{layer}{mlp}gate_proj.weight", "{layer}{mlp}up_proj.weight"),
-          lambda cfg, gate, up: np.stack([gate.T, up.T], axis=1),
-          lambda w, cfg: (np.ascontiguousarray(w[:, 0].T), np.ascontiguousarray(w[:, 1].T))),
-    _Leaf(("mlp", "down"), ("{layer}{mlp}down_proj.weight",), _transpose, _transpose_to_hf),
-)
-_ATTENTION_LEAVES = (
-    _Leaf(("attn_norm", "scale"), ("{layer}input_layernorm.weight",), _same, _same_to_hf),
-    _Leaf(("attn", "qkv"), tuple(_ATTN + p + "_proj.weight" for p in "qkv"), _qkv_from_hf,
-          _qkv_to_hf),
-    _Leaf(("attn", "qkv_bias"), tuple(_ATTN + p + "_proj.bias" for p in "qkv"), _bias_from_hf,
-          _bias_to_hf, needs_bias=True),
-    _Leaf(("attn", "out"), (_ATTN + "o_proj.weight",),
-          lambda cfg, o: np.ascontiguousarray(o.T).reshape(
-              cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model),
-          lambda w, cfg: (np.ascontiguousarray(w.reshape(-1, cfg.d_model).T),)),
-)
-_MIXER = "{layer}{mixer}"
-_MAMBA2_LEAVES = (
-    _Leaf(("norm", "scale"), ("{layer}{mixer_norm}weight",), _same, _same_to_hf),
-    _Leaf(("mixer", "in_proj"), (_MIXER + "in_proj.weight",), _transpose, _transpose_to_hf),
-    _Leaf(("mixer", "conv"), (_MIXER + "conv1d.weight",), _conv_from_hf,
-          lambda w, cfg: (np.ascontiguousarray(w.T[:, None]),)),
-    *(_Leaf(("mixer", name), (_MIXER + hf_name,), _same, _same_to_hf)
-      for name, hf_name in (("conv_bias", "conv1d.bias"), ("dt_bias", "dt_bias"),
-                            ("A_log", "A_log"), ("D", "D"), ("norm", "norm.weight"))),
-    _Leaf(("mixer", "out_proj"), (_MIXER + "out_proj.weight",), _transpose, _transpose_to_hf),
-)
 _GLOBAL_LEAVES = (
-    _Leaf(("embed",), ("{embed}",), _same, _same_to_hf),
-    _Leaf(("final_norm", "scale"), ("{final_norm}",), _same, _same_to_hf),
+    HfLeaf(("embed",), ("{embed}",), same, same_to_hf),
+    HfLeaf(("final_norm", "scale"), ("{final_norm}",), same, same_to_hf),
 )
-_UNEMBED = _Leaf(("unembed",), ("lm_head.weight",), _transpose, _transpose_to_hf)
+_UNEMBED = HfLeaf(("unembed",), ("lm_head.weight",), transpose, transpose_to_hf)
 
 
 def _layout(arch: str) -> _Layout:
     return _LAYOUTS.get(arch, _LAYOUTS["llama"])
 
 
-def _names(leaf: _Leaf, arch: str) -> tuple[str, ...]:
+def _names(leaf: HfLeaf, arch: str) -> tuple[str, ...]:
     """The leaf's HF tensor names in `arch`, with `{i}` left for the layer index."""
     return tuple(n.format(**dataclasses.asdict(_layout(arch))) for n in leaf.names)
 
 
-def _kind_leaves(cfg: ModelConfig, kind: str) -> tuple[_Leaf, ...]:
-    """The leaves of one layer of `kind` (its MLP's included)."""
-    if kind == "attention":
-        return tuple(leaf for leaf in _ATTENTION_LEAVES + _MLP_LEAVES
-                     if cfg.attention_bias or not leaf.needs_bias)
-    if kind == "mamba2":
-        return _MAMBA2_LEAVES + (_MLP_LEAVES if cfg.ssm.mlp else ())
-    raise ConversionError(f"layers of kind {kind!r} have no Hugging Face layout")
+def _kind_leaves(cfg: ModelConfig, kind: str) -> tuple[HfLeaf, ...]:
+    """The leaves of one layer of `kind`, as the kind declares them."""
+    leaves = LAYER_KINDS[kind].hf_leaves
+    if leaves is None:
+        raise ConversionError(f"layers of kind {kind!r} have no Hugging Face layout")
+    return leaves(cfg)
 
 
-def _stacks(cfg: ModelConfig) -> Iterator[tuple[str, list[int], tuple[_Leaf, ...]]]:
+def _stacks(cfg: ModelConfig) -> Iterator[tuple[str, list[int], tuple[HfLeaf, ...]]]:
     """Per layer kind: its parameter stack's key, its layers' indices in the model, its leaves."""
     kinds = cfg.layer_kinds
     for kind in dict.fromkeys(kinds):
@@ -183,7 +95,7 @@ def _stacks(cfg: ModelConfig) -> Iterator[tuple[str, list[int], tuple[_Leaf, ...
                _kind_leaves(cfg, kind))
 
 
-def _global_leaves(cfg: ModelConfig) -> tuple[_Leaf, ...]:
+def _global_leaves(cfg: ModelConfig) -> tuple[HfLeaf, ...]:
     return _GLOBAL_LEAVES + (() if cfg.tie_embeddings else (_UNEMBED,))
 
 
@@ -233,7 +145,7 @@ def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
     dtype = jnp.dtype(cfg.weight_dtype)
     params: dict = {}
 
-    def build(leaf: _Leaf, layer: int | None) -> np.ndarray:
+    def build(leaf: HfLeaf, layer: int | None) -> np.ndarray:
         tensors = [reader.get(n.format(i=layer)) for n in _names(leaf, arch)]
         return leaf.from_hf(cfg, *tensors).astype(dtype, copy=False)
 

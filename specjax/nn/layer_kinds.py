@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from specjax.cache import LayerKV, LayerSSM
 from specjax.config import ModelConfig
 from specjax.nn.block import DecoderBlock, propagate_state
+from specjax.nn.hf_layout import HfLeaf, attention_leaves, mamba2_leaves
 from specjax.nn.mamba2 import Cached, Mamba2Block, Prefill, Sequence
 from specjax.nn.rope import Rope, rope_tables
 
@@ -54,7 +55,9 @@ class LayerKind:
     its own parameters by their innermost keys, and `cache_axes`, those of its cache's leaves by
     field name (`specjax.sharding` lays both out by them; the shared embeddings, norms and MLPs
     are declared there); `no_decay`, parameters that weight decay leaves alone; `depthwise`,
-    weights applied elementwise (not matrix products, whatever their rank)."""
+    weights applied elementwise (not matrix products, whatever their rank); `hf_leaves(cfg)`,
+    how one layer's parameters are stored in Hugging Face checkpoints (`nn.hf_layout`; None:
+    no HF layout, so `convert` refuses the model)."""
 
     params_key: str
     init: Callable[[ModelConfig, jax.Array], Params]
@@ -69,6 +72,7 @@ class LayerKind:
     cache_axes: Mapping[str, tuple[str | None, ...]] = dataclasses.field(default_factory=dict)
     no_decay: tuple[str, ...] = ()
     depthwise: tuple[str, ...] = ()
+    hf_leaves: Callable[[ModelConfig], tuple[HfLeaf, ...]] | None = None
 
 
 def _one_token(cfg: ModelConfig) -> tuple[jax.Array, Rope, jax.Array]:
@@ -159,7 +163,8 @@ LAYER_KINDS: dict[str, LayerKind] = {
             ("attn", "out"): ("heads", None, None, "embed"),      # [K, G, Dh, D]
         },
         # "rows*kv_heads": the merged axis of rows and K/V heads (row-major, see cache.py)
-        cache_axes={"k": ("rows*kv_heads", None, None), "v": ("rows*kv_heads", None, None)}),
+        cache_axes={"k": ("rows*kv_heads", None, None), "v": ("rows*kv_heads", None, None)},
+        hf_leaves=attention_leaves),
     "mamba2": LayerKind(
         params_key="mamba2_layers", init=_mamba2_init, forward=_mamba2_forward,
         cached=_mamba2_cached, propagate=_mamba2_propagate,
@@ -176,5 +181,5 @@ LAYER_KINDS: dict[str, LayerKind] = {
                     "xbc": ("batch", None, None), "x": ("batch", None, "ssm_heads", None),
                     "b": ("batch", None, None, None), "dt": ("batch", None, "ssm_heads"),
                     "log_decay": ("batch", None, "ssm_heads")},
-        no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",)),
+        no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",), hf_leaves=mamba2_leaves),
 }

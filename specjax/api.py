@@ -120,7 +120,8 @@ class LanguageModel:
         """The strategy `name` with the checkpoint's decoding defaults, `options` overriding
         them (exit_layer=, num_draft=, tree=...). `tree="auto"` or "auto:N" is resolved into
         the Sequoia tree measured for `sampling` (`plan_tree`), on held-out text or `prompts`."""
-        chosen = decoding_options(self.decoding_defaults, self.config, options, [name])
+        chosen = decoding_options(self.decoding_defaults, self.config, options, [name],
+                                  prefix="")
         chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
         return make_strategy(name, chosen)
 
@@ -141,7 +142,7 @@ class LanguageModel:
         the options' exit in this sampling mode: measured acceptance and costs, its expected
         tau and speed-up; cached in the workdir's tree_plans.json like the command line's."""
         chosen = decoding_options(self.decoding_defaults, self.config,
-                                  {**options, "tree": tree}, ["selfspec"])
+                                  {**options, "tree": tree}, ["selfspec"], prefix="")
         _, plan = self._resolve_tree(chosen, "selfspec",
                                      sampling_or_greedy(temperature, top_k, top_p), ())
         if plan is None:

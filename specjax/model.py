@@ -157,7 +157,7 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
         copies each layer's weights inside a compiled loop.
       hidden: [B, T, D] input to layer `start`.
       write_pos: [B] cache slot of the first new token of each row (the rest follow it), or
-        [B, T] the slot of every new token (a token tree, see `decoding.tree`).
+        [B, T] the slot of every new token (a token tree, see `decoding.shapes.tree`).
       layers: static (start, stop); default all layers.
       positions: [B, T] RoPE positions; default write_pos + t (a chain; required for [B, T]).
       mask: [B, T, max_len] visibility of cache slots; default a chain: slot <= write_pos + t

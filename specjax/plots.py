@@ -188,8 +188,8 @@ def calm_curve(rows: Sequence[Mapping[str, float]], num_layers: int, title: str,
 
 def risk_curve(grid: Sequence[float], risks: Sequence[float], p_values: Sequence[float],
                delta: float, epsilon: float, chosen: float | None = None) -> Figure:
-    """Learn then Test over a grid of thresholds (`calibration.Calibration`): the empirical
-    risk against δ and each point's p-value against ε, the certified value marked."""
+    """Learn then Test over a grid of thresholds (`tools.learn_then_test.Calibration`): the
+    empirical risk against δ and each point's p-value against ε, the certified value marked."""
     figure = _figure()
     risk, p_value = figure.subplots(1, 2)
     risk.plot(grid, risks, "o-")

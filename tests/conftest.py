@@ -8,13 +8,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import ClassVar
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from specjax.config import ModelConfig
+from specjax.decoding.drafter import Stateless
+from specjax.decoding.proposal import Shape, depth_step
 from specjax.kernels import KERNELS, library
-from specjax.model import init_params, unstack_layers
+from specjax.model import embed, exit_logits, init_params, unstack_layers
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
 # same HLO and fusions, no fast-math either way) takes about a sixth off the suite, and XLA:CPU's
@@ -135,6 +139,32 @@ def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
 
         params[kind.params_key] = jax.tree_util.tree_map_with_path(damp, params[kind.params_key])
     return params
+
+
+@dataclasses.dataclass(frozen=True)
+class PerDepthDrafter(Stateless):
+    """A test drafter that proposes every depth at once, as Medusa's heads and multi-token
+    prediction do (`proposal.depth_step`): depth d's distribution is the shared head read from
+    the pending token's embedding scaled by d + 1, whatever the node's parent. It agrees with
+    the target now and then, so rounds see both acceptances and rejections."""
+
+    shape: Shape
+    name: ClassVar[str] = "per-depth"
+
+    def validate(self, cfg: ModelConfig) -> None:
+        self.shape.validate()
+
+    def label(self) -> str:
+        return f"per-depth {self.shape.label()}"
+
+    def propose(self, ctx, state, cache, pending, key):
+        hidden = embed(ctx.params, ctx.cfg, pending[:, None])
+        logits = jnp.concatenate([exit_logits(ctx.params, ctx.cfg, hidden * (d + 1))
+                                  for d in range(self.shape.depth)], axis=1)
+        proposal, _, _, _ = self.shape.draft(depth_step(logits, cache.lengths), (),
+                                             cache.lengths, pending, key, ctx.sampling,
+                                             cache.max_len)
+        return proposal, cache, state
 
 
 def first_layers(params, cfg: ModelConfig, count: int):

@@ -70,20 +70,29 @@ def test_a_broken_config_json_is_named(hf_dir, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, tmp_path):
-    """Catches a ~900-character dump of every parameter's shape instead of one line that names
-    the tensor, both shapes and the config.json field that sized it (vocab_size here)."""
+@pytest.mark.parametrize("key,change,field", [
+    ("vocab_size", 5, "vocab_size=264"), ("hidden_size", 5, "hidden_size=37"),
+    ("num_key_value_heads", 2, "num_key_value_heads=4"),
+    ("intermediate_size", 5, "intermediate_size=69"),
+    ("num_hidden_layers", 1, "num_hidden_layers is 5"),
+    ("num_hidden_layers", -1, "num_hidden_layers is 3")])
+def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, tmp_path, key,
+                                                                       change, field):
+    """Catches a ~900-character dump of every parameter's shape, numpy's "cannot reshape
+    array" from inside a conversion, or a bare "missing tensor", instead of one line naming the
+    tensors, their shapes and the config.json field that sized them; and fewer layers in the
+    config than in the weights imported silently, the last layers dropped (a third probe)."""
     path = os.path.join(hf_dir, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
-    config["vocab_size"] += 5
+    config[key] += change
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f)
     with pytest.raises(ConversionError) as error:
         import_checkpoint(hf_dir, str(tmp_path / "w"))
     message = str(error.value)
-    assert "embed" in message and "vocab_size=264" in message and "\n" not in message
-    assert len(message) < 300, message
+    assert field in message and "disagree" in message and "\n" not in message, message
+    assert len(message) < 400, message
     assert not (tmp_path / "w").exists()
 
 
@@ -159,9 +168,10 @@ def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path):
 def test_an_option_the_strategy_does_not_read_is_an_error(model_workdir, strategy, options,
                                                           unused):
     """Catches an option silently ignored by the chosen strategy (the user believes they
-    measured or decoded something they did not); options it reads still work."""
+    measured or decoded something they did not), and the error naming it as a command-line
+    flag (a third probe: "--exit_layer" to a Python caller); options it reads still work."""
     model = specjax.load(model_workdir)
-    with pytest.raises(ValueError, match=f"^--{unused} is not used by strategy {strategy} "):
+    with pytest.raises(ValueError, match=f"^{unused} is not used by strategy {strategy} "):
         model.generate("x", strategy=strategy, max_new_tokens=2, **options)
     used = {k: v for k, v in options.items() if k != unused}
     assert model.generate("x", strategy=strategy, max_new_tokens=2, **used).prompt == "x"
@@ -244,7 +254,7 @@ def test_compare_hf_without_a_peer_strategy_is_refused_before_timing(model_workd
     result = run_script("infer/bench.py", "--workdir", model_workdir, "--strategies", "ar",
                         "--compare_hf", "--prompts_file", str(prompts))
     assert result.returncode == 1 and "[bench]" not in result.stderr
-    assert result.stderr.strip().endswith("keep ar and one of them in --strategies")
+    assert result.stderr.strip().endswith("(a selfspec chain, ngram) in --strategies")
 
 
 def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):

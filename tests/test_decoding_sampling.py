@@ -32,6 +32,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.heads.adapter import init_adapter
+from tests.conftest import PerDepthDrafter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -126,6 +127,8 @@ STRATEGIES = {
     "calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
     # Point-mass drafts copied from the text: PROMPT's tokens recur among VOCAB = 8.
     "ngram-chain": PromptLookup(2, 1, Chain(2)),
+    # Every depth proposed at once (Medusa's kind of proposal), drawn into a tree.
+    "per-depth-tree": PerDepthDrafter(StaticTree.from_branching((2, 1))),
 }
 
 

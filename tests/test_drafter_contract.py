@@ -7,17 +7,18 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DrafterBase, FullVerification
 from specjax.decoding.engine import Generator
-from specjax.decoding.proposal import Shape
+from specjax.decoding.proposal import Shape, depth_step
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
-from specjax.decoding.shapes.static_tree import StaticTree
-from tests.conftest import TINY_MODEL, damped_params
+from specjax.decoding.shapes.static_tree import StaticTree, node_depths
+from tests.conftest import TINY_MODEL, PerDepthDrafter, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
@@ -102,3 +103,32 @@ def test_every_registered_strategy_has_the_optional_hooks(name):
     assert isinstance(strategy, DrafterBase) and strategy.name == name
     assert isinstance(strategy.needs_weights, bool) and isinstance(strategy.verify_from, int)
     assert strategy.hf_options() is None or name in {"selfspec", "ngram"}
+
+
+@pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 2, 1)),
+                                   DynamicTree(6, 2, 3)], ids=["chain", "static", "dynamic"])
+def test_a_drafter_proposing_every_depth_at_once_drafts_any_shape_losslessly(generator, shape):
+    """Catches a shape that cannot draft from a step proposing every depth at once (Medusa's
+    and MTP's kind of proposal), or a loop that then commits anything but the target's
+    tokens."""
+    reference = generator.generate(PROMPTS, max_new_tokens=20)
+    out = generator.generate(PROMPTS, max_new_tokens=20, strategy=PerDepthDrafter(shape))
+    assert out.tokens == reference.tokens and out.total.accepted > 0
+
+
+def test_depth_step_gives_every_node_its_own_depths_distribution():
+    """Catches `depth_step` reading a node's distribution from the wrong depth (its parent's,
+    or depth 0 for all): depth d's distribution here peaks at tokens 10d + 1 and 10d + 2, so a
+    greedy (2, 2, 1) tree's nodes must hold exactly those, level by level."""
+    vocab, lengths = 40, jnp.asarray([5, 9])
+    peaks = jnp.asarray([[10 * d + 1, 10 * d + 2] for d in range(3)])
+    logits = jnp.zeros((3, vocab)).at[jnp.arange(3)[:, None], peaks].set(jnp.asarray([5., 4.]))
+    shape = StaticTree.from_branching((2, 2, 1))
+    proposal, _, _, _ = shape.draft(depth_step(jnp.broadcast_to(logits, (2, 3, vocab)), lengths),
+                                    (), lengths, jnp.asarray([7, 7]), jax.random.PRNGKey(0),
+                                    None, 32)
+    depths = np.asarray(node_depths(shape.parents))
+    for row in np.asarray(proposal.tokens):
+        for depth in (1, 2, 3):
+            assert set(row[depths == depth]) == set(np.asarray(peaks[depth - 1]).tolist()[
+                :2 if depth < 3 else 1])

@@ -180,11 +180,13 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     prompts, report = tmp_path / "prompts.jsonl", tmp_path / "bench.json"
     prompts.write_text('{"prompt": "def x"}\n{"prompt": "import os"}\n')
     cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts), "--max_new_tokens",
-        "24", "--repeats", "1", "--bandwidth_mb", "16", "--compare_hf", "--output_json",
+        "24", "--repeats", "1", "--bandwidth_mb", "16", "--strategies", "ar,selfspec,ngram",
+        "--compare_hf", "--output_json",
         str(report))
     peers = json.loads(report.read_text())["hf_peers"]
     assert [p["strategy"] for p in peers] == [
-        "hf greedy", "hf assistant_early_exit=1 (HF's policy)", "hf selfspec E=1 K=4"]
+        "hf greedy", "hf assistant_early_exit=1 (HF's policy)", "hf selfspec E=1 K=4",
+        "hf ngram n=1..3 K=4"]
     for peer in peers:
         assert peer["identical_to_specjax"] and peer["tokens_per_s"] > 0
     cli("convert.py", "--to_hf", "--workdir", workdir, "--hf_dir", exported)

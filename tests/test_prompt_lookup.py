@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.cli.decoding import DECODING_FLAGS
+from specjax.cli.decoding import DECODING_FLAGS, decoding_options
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.drafter import Prefilled, Round
@@ -66,14 +66,16 @@ def test_the_latest_match_of_the_longest_suffix_is_continued():
 
 def test_the_match_equals_a_plain_python_reference_on_random_streams():
     """Catches an off-by-one at either end of the text, a match that wraps around the buffer
-    (`roll`), or a tie broken the other way, on 300 random streams of a 3-token vocabulary
-    (matches everywhere) in one batch."""
+    (`roll`: texts that fill it, padded with a token of the vocabulary otherwise), or a tie
+    broken the other way, on 300 random streams of a 3-token vocabulary (matches everywhere)
+    in one batch."""
     rng = random.Random(0)
     width, count = 40, 4
-    texts = [[rng.randrange(3) for _ in range(rng.randrange(1, width))] for _ in range(300)]
+    texts = [[rng.randrange(3) for _ in range(rng.choice([width, rng.randrange(1, width)]))]
+             for _ in range(300)]
     for ngram_min, ngram_max in [(1, 3), (2, 4)]:
         tokens, found = continuation(
-            jnp.asarray([text + [9] * (width - len(text)) for text in texts]),
+            jnp.asarray([text + [0] * (width - len(text)) for text in texts]),
             jnp.asarray([len(text) for text in texts]), ngram_min, ngram_max, count)
         for text, row, mask in zip(texts, np.asarray(tokens), np.asarray(found), strict=True):
             assert row[mask].tolist() == reference_continuation(text, ngram_min, ngram_max, count)
@@ -123,18 +125,44 @@ def test_greedy_lookup_is_a_per_step_argmax_of_the_model(generator):
         assert stats.accepted + stats.rounds == NEW - 1
 
 
+def test_an_eos_copied_inside_a_draft_ends_the_row_as_plain_decoding_does(generator):
+    """Catches tokens committed past an EOS that arrived as an accepted copied draft (or a row
+    that stops a token early): for every token the outputs hold, as EOS, the rows equal `ar`'s,
+    and at least one EOS is an accepted draft (its recorded depth > 0)."""
+    strategy = PromptLookup(3, 1, Chain(4))
+    # Prompts followed by their own first 12 greedy tokens: later output repeats prompt text.
+    prompts = [prompt + row[:12] for prompt, row in zip(
+        PROMPTS, generator.generate(PROMPTS, max_new_tokens=12).tokens, strict=True)]
+    plain = generator.generate(prompts, max_new_tokens=NEW)
+    from_a_draft = 0
+    for eos in sorted({token for row in plain.tokens for token in row[1:]}):
+        reference = generator.generate(prompts, max_new_tokens=NEW, eos_id=eos)
+        out = generator.generate(prompts, max_new_tokens=NEW, strategy=strategy, eos_id=eos)
+        assert out.tokens == reference.tokens
+        for tokens, trace in zip(out.tokens, out.trace, strict=True):
+            if tokens and tokens[-1] == eos and trace["depth"][len(tokens) - 1] > 0:
+                from_a_draft += 1
+    assert from_a_draft > 0
+
+
 def test_ngram_is_one_file_registered_flagged_and_checked():
-    """Catches a drafter whose options need edits outside its file: its options are flags and
-    config fields with one-line checks, a tree is refused with the flag to drop, and the
-    Hugging Face peer gets its parameters only where it has them (no minimum n)."""
+    """Catches a drafter whose options need edits outside its file (its options are flags and
+    config fields with one-line checks), a checkpoint's stored tree or confidence stop (a
+    selfspec default) that blocks or bends ngram, the same given as a flag silently ignored,
+    and a Hugging Face peer given parameters it does not have (no minimum n)."""
     assert {"ngram_min", "ngram_max"} <= set(DECODING_FLAGS)
     assert (DecodingConfig().ngram_min, DecodingConfig().ngram_max) == (1, 3)
-    with pytest.raises(ValueError, match=r"decoding.ngram_max=0 must be >= 1"):
+    with pytest.raises(ValueError, match=r"decoding.ngram_max=0 must lie in \[1, 16\]"):
         DecodingConfig(ngram_max=0).check(CFG)
+    with pytest.raises(ValueError, match=r"decoding.ngram_max=17 must lie in \[1, 16\]"):
+        DecodingConfig(ngram_max=17).check(CFG)
     with pytest.raises(ValueError, match=r"ngram_min=3 must be <= ngram_max=2"):
         make_strategy("ngram", DecodingConfig(ngram_min=3, ngram_max=2)).validate(CFG)
-    with pytest.raises(ValueError, match="drop --tree"):
-        make_strategy("ngram", DecodingConfig(tree="2,1")).validate(CFG)
+    stored = DecodingConfig(tree="2,1", draft_threshold=0.3)
+    assert make_strategy("ngram", stored).shape == Chain(4)
+    for flag, value in (("tree", "2,1"), ("draft_threshold", 0.3), ("exit_layer", 2)):
+        with pytest.raises(ValueError, match=f"--{flag} is not used by strategy ngram"):
+            decoding_options(DecodingConfig(), CFG, {flag: value}, ["ngram"])
     assert make_strategy("ngram", DecodingConfig()).hf_options() == {
         "prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 3}
     assert make_strategy("ngram", DecodingConfig(ngram_min=2)).hf_options() is None

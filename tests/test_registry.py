@@ -32,7 +32,9 @@ STRATEGIES = {"echo": Strategy(lambda options: (Autoregressive(), options.echo_w
 
 def test_a_drafter_is_one_file(tmp_path, monkeypatch):
     """Catches a registry that needs a list edited beside a new drafter's file: a package with
-    one module is discovered, and its options join a config with its own field."""
+    one module is discovered, its options join a config with its own field, and the package's
+    own registry is exactly what discovery finds (no hand-written list beside it)."""
+    assert registry.STRATEGIES == registry.discover()
     package = tmp_path / "my_drafters"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -59,8 +61,9 @@ def test_two_groups_cannot_declare_one_option():
 
 
 def test_a_builder_reads_only_the_options_it_declares(monkeypatch):
-    """Catches a drafter that reads an option no group of its declares: `require_used` would
-    then call a flag it reads unused, and its config field would have no owner."""
+    """Catches a drafter that reads an option no group of its declares: the option would be
+    read from a group another drafter owns (and shaped for that drafter), with nothing in the
+    reading drafter's file saying so."""
     monkeypatch.setitem(registry.STRATEGIES, "sneaky",
                         Strategy(lambda options: options.num_draft, ()))
     with pytest.raises(AttributeError, match="'sneaky' reads decoding option 'num_draft'"):
@@ -68,10 +71,15 @@ def test_a_builder_reads_only_the_options_it_declares(monkeypatch):
 
 
 def test_every_option_has_help_and_is_read_by_some_strategy():
-    """Catches an option that is a flag nobody reads (a group declared but never used) or a
-    flag without help."""
+    """Catches a flag without help, and an option that no strategy reads whatever the settings
+    (declared in a group but never read by its builder): building every strategy with a chain,
+    a static tree and a dynamic tree must read every field."""
     assert list(DECODING_FLAGS) == [f.name for f in dataclasses.fields(DecodingConfig)]
     assert all(text.strip() for text in DECODING_FLAGS.values())
-    declared = {field.name for strategy in STRATEGIES.values() for group in strategy.options
-                for field in dataclasses.fields(group)}
-    assert declared == set(DECODING_FLAGS)
+    read = set()
+    for tree in ("", "2,1", "dynamic"):
+        for name in STRATEGIES:
+            recorder = registry._ReadRecorder(DecodingConfig(tree=tree, skip_layers="1"))
+            make_strategy(name, recorder)
+            read |= recorder.read
+    assert read == set(DECODING_FLAGS)

@@ -58,10 +58,11 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
 
 
 def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapping[str, Any],
-                     strategies: Sequence[str] = ()) -> DecodingConfig:
+                     strategies: Sequence[str] = (), prefix: str = "--") -> DecodingConfig:
     """`defaults` with every override that is not None, converted to the field's type and
     checked against the model and, given `strategies`, against them: an override none of them
-    reads is an error (`registry.require_used`)."""
+    reads is an error (`registry.require_used`). Errors name an override as `prefix` + its
+    name ("--" for a flag, "" for an API keyword)."""
     values = {}
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(defaults)})
     if unknown:
@@ -69,19 +70,22 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapp
                          f"{sorted(f.name for f in dataclasses.fields(defaults))}")
     for name, value in overrides.items():
         if name == "tree" and isinstance(value, str) and not value.strip():
-            raise ValueError("--tree is empty: give 'chain' for a chain, or leave the flag out "
+            raise ValueError(f"{prefix}tree is empty: give 'chain' for a chain, or leave it out "
                              "for the checkpoint's default")
         if value is not None:
             kind = type(getattr(defaults, name))
             try:
                 values[name] = kind(value)
             except ValueError:
-                raise ValueError(f"--{name}={value!r}: expected a {kind.__name__}") from None
+                raise ValueError(f"{prefix}{name}={value!r}: expected {_A[kind]}") from None
     options = dataclasses.replace(defaults, **values)
     options.check(cfg)
     if strategies:
-        require_used(strategies, [options], values)
+        require_used(strategies, [options], values, prefix)
     return options
+
+
+_A = {int: "an int", float: "a number", str: "a string"}
 
 
 def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,

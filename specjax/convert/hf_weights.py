@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterator
 
 import jax
@@ -140,28 +141,65 @@ def _readable(path: str):
 
 
 def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
-    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`."""
+    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`;
+    a tensor whose shape the config does not give is a one-line `ConversionError`."""
     reader = SafetensorsReader(hf_dir)
+    _check_layer_count(reader, cfg, arch)
     dtype = jnp.dtype(cfg.weight_dtype)
+    expected = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     params: dict = {}
 
-    def build(leaf: HfLeaf, layer: int | None) -> np.ndarray:
-        tensors = [reader.get(n.format(i=layer)) for n in _names(leaf, arch)]
-        return leaf.from_hf(cfg, *tensors).astype(dtype, copy=False)
+    def build(leaf: HfLeaf, layer: int | None, path: tuple[str, ...]) -> np.ndarray:
+        names = [n.format(i=layer) for n in _names(leaf, arch)]
+        tensors = [reader.get(name) for name in names]
+        want = _get(expected, path).shape[0 if layer is None else 1:]
+        try:
+            built = leaf.from_hf(cfg, *tensors)
+        except ValueError:  # a reshape the tensors' sizes do not allow
+            built = None
+        if built is None or built.shape != want:
+            raise _disagreement(names, tensors, want, cfg)
+        return built.astype(dtype, copy=False)
 
     for leaf in _global_leaves(cfg):
-        _set(params, leaf.path, jnp.asarray(build(leaf, None)))
+        _set(params, leaf.path, jnp.asarray(build(leaf, None, leaf.path)))
     for key, layers, leaves in _stacks(cfg):
         for leaf in leaves:
-            first = build(leaf, layers[0])
+            first = build(leaf, layers[0], (key, *leaf.path))
             stacked = np.empty((len(layers), *first.shape), dtype)
             stacked[0] = first
             for row, layer in enumerate(layers[1:], start=1):
-                stacked[row] = build(leaf, layer)
+                stacked[row] = build(leaf, layer, (key, *leaf.path))
             _set(params, (key, *leaf.path), jnp.asarray(stacked))
             del stacked
     _check_shapes(params, cfg)
     return params
+
+
+def _check_layer_count(reader: SafetensorsReader, cfg: ModelConfig, arch: str) -> None:
+    """One line when the weights hold another number of decoder layers than the config (fewer
+    would fail on a missing tensor; more would be dropped without a word)."""
+    prefix = re.escape(_layout(arch).layer).replace(re.escape("{i}"), r"(\d+)")
+    indices = {int(match.group(1)) for name in reader.files
+               if (match := re.match(prefix, name))}
+    if indices and max(indices) + 1 != cfg.num_layers:
+        raise ConversionError(f"the weights hold {max(indices) + 1} decoder layers, but "
+                              f"config.json's num_hidden_layers is {cfg.num_layers}: the config "
+                              "and the weights disagree")
+
+
+def _disagreement(names: list[str], tensors: list[np.ndarray], want: tuple[int, ...],
+                  cfg: ModelConfig) -> ConversionError:
+    """One line: the tensors, their shapes, and the config fields that size what they should
+    make (those of its dimensions that no tensor has, else all of them)."""
+    have = {size for tensor in tensors for size in tensor.shape}
+    sized = [field for field in _SIZE_FIELDS if getattr(cfg, field) in set(want)]
+    fields = [field for field in sized if getattr(cfg, field) not in have] or sized
+    shown = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in
+                      zip(names, tensors, strict=True))
+    named = ", ".join(f"{_SIZE_FIELDS[field]}={getattr(cfg, field)}" for field in fields)
+    return ConversionError(f"the weights' {shown} do not make the {want} that config.json "
+                           f"gives ({named}): the config and the weights disagree")
 
 
 def hf_tensors(params: Params, cfg: ModelConfig, arch: str) -> Iterator[tuple[str, np.ndarray]]:
@@ -207,28 +245,28 @@ def save_hf_params(params: Params, cfg: ModelConfig, out_dir: str, arch: str,
 
 
 def _check_shapes(params: Params, cfg: ModelConfig) -> None:
-    """One line naming the first converted tensor whose shape or dtype is not the config's, and
-    the config fields that size its differing dimensions."""
-    expected = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    """One line naming the first converted leaf that the config's model lacks, or holds with
+    another dtype, or that the conversion did not make."""
+    expected = dict(jax.tree_util.tree_flatten_with_path(
+        jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))[0])
     got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-    for path, want in jax.tree_util.tree_flatten_with_path(expected)[0]:
-        have = got.get(path)
-        if have is not None and (have.shape, have.dtype) == (want.shape, want.dtype):
-            continue
+    for path in [*expected, *got]:
         name = jax.tree_util.keystr(path, simple=True, separator=".")
-        if have is None:
+        if path not in got:
             raise ConversionError(f"the converted parameters lack {name}")
-        sizes = {b for a, b in zip(have.shape, want.shape, strict=False) if a != b}
-        fields = [f"{field}={getattr(cfg, field)}" for field in _SIZE_FIELDS
-                  if getattr(cfg, field) in sizes]
-        raise ConversionError(
-            f"the weights' {name} is {tuple(have.shape)} {have.dtype}, but config.json makes it "
-            f"{tuple(want.shape)} {want.dtype}" + (f" ({', '.join(fields)})" if fields else "")
-            + ": the config and the weights disagree")
+        if path not in expected:
+            raise ConversionError(f"the converted parameters hold {name}, which the model "
+                                  "config does not have")
+        have, want = got[path], expected[path]
+        if (have.shape, have.dtype) != (want.shape, want.dtype):
+            raise ConversionError(f"the converted {name} is {tuple(have.shape)} {have.dtype}, "
+                                  f"not the config's {tuple(want.shape)} {want.dtype}")
 
 
-_SIZE_FIELDS = ("vocab_size", "d_model", "mlp_dim", "num_heads", "num_kv_heads", "head_dim",
-                "num_layers")
+# The config fields that size tensors, by their names in a Llama-style config.json.
+_SIZE_FIELDS = {"vocab_size": "vocab_size", "d_model": "hidden_size",
+                "mlp_dim": "intermediate_size", "num_heads": "num_attention_heads",
+                "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
 
 
 def _get(tree: dict, path: tuple[str, ...]):

@@ -24,6 +24,9 @@ def option(default: Any, help: str, check: Check | None = None, *, listed: bool 
     """A decoding option: its default (whose type the value must have), its flag's help, a
     check against the model, and whether its values hold commas (`listed`: a sweep repeats the
     flag instead of splitting one value at commas)."""
+    if type(default) not in _NAMES:
+        raise TypeError(f"a decoding option's default must be an int, a float or a string (a "
+                        f"flag of that type), not {default!r}")
     return dataclasses.field(default=default, metadata={"help": help, "check": check,
                                                          "listed": listed})
 

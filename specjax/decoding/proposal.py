@@ -41,7 +41,7 @@ class Reuse:
 
 @flax.struct.dataclass
 class Proposal:
-    """A token tree after the pending token (see `decoding.tree` for positions and slots).
+    """A token tree after the pending token (see `decoding.shapes.tree` for positions and slots).
 
     tokens [B, T]; parents [B, T] (-1: the pending token); valid [B, T] (invalid nodes and
     their descendants are never accepted); q [B, T, V], the draft distribution each node was

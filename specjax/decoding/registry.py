@@ -38,6 +38,7 @@ _GROUPS = [group for strategy in STRATEGIES.values() for group in strategy.optio
 # The most shared groups first (the shape's, the exit's): the order of flags in --help and of
 # the rows of a benchmark's sweep.
 DecodingConfig = join_options(sorted(dict.fromkeys(_GROUPS), key=lambda g: -_GROUPS.count(g)))
+DecodingConfig.__module__ = __name__  # where pickle finds it
 
 
 def make_strategy(name: str, options: Any) -> Drafter:
@@ -51,12 +52,13 @@ def make_strategy(name: str, options: Any) -> Drafter:
 
 
 def require_used(strategies: Sequence[str], option_sets: Sequence[Any],
-                 chosen: Collection[str]) -> None:
+                 chosen: Collection[str], prefix: str = "--") -> None:
     """A one-line error when an option the user set (`chosen`, e.g. from flags) is read by none
     of these strategies built with any of these option sets: `--tree` with `calm`, `--skip_layers`
     with `selfspec`, `--num_draft` with a dynamic tree are mistakes, not defaults. What a
     strategy reads is recorded while building it, so a new strategy needs no table; an auto
-    tree reads what the static tree it becomes reads."""
+    tree reads what the static tree it becomes reads. `prefix` names an option as the caller
+    gave it ("--" for a flag, "" for a keyword)."""
     read: set[str] = set()
     for name in strategies:
         for options in option_sets:
@@ -68,7 +70,7 @@ def require_used(strategies: Sequence[str], option_sets: Sequence[Any],
     unused = [name for name in chosen if name not in read]
     if unused:
         names = ", ".join(strategies)
-        raise ValueError(f"--{unused[0]} is not used by strategy {names} with these options "
+        raise ValueError(f"{prefix}{unused[0]} is not used by strategy {names} with these options "
                          f"(it reads {', '.join(sorted(read)) or 'no decoding option'}): drop it "
                          "or choose a strategy that uses it")
 

@@ -38,9 +38,10 @@ class PeerResult:
 def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                       strategies: Mapping[str, Drafter], repeats: int = 3) -> list[PeerResult]:
     """Times, batch 1, fp32, CPU: HF greedy decoding (for `ar`) and, for every strategy with an
-    HF equivalent, HF with the same policy (`hf_options`); for a selfspec chain also HF's own
-    early-exit policy at its exit (a draft length adapted each round, at most 20, stopping at
-    a draft confidence below 0.4)."""
+    HF equivalent, HF with its options (`hf_options`: the same policy for a selfspec chain; for
+    `ngram` the same sizes, while HF copies after the earliest match); for a selfspec chain
+    also HF's own early-exit policy at its exit (a draft length adapted each round, at most
+    20, stopping at a draft confidence below 0.4)."""
     import torch
     import transformers
 
@@ -55,9 +56,9 @@ def hf_peer_benchmark(workdir: str, prompts: Sequence[Sequence[int]], *, max_new
         options = strategy.hf_options()
         if options is None:
             continue
-        if isinstance(strategy, SelfSpeculative):
-            variants[f"hf assistant_early_exit={strategy.exit_layer} (HF's policy)"] = (
-                label, {"assistant_early_exit": strategy.exit_layer})
+        if isinstance(strategy, SelfSpeculative):  # once per exit, beside its first chain
+            variants.setdefault(f"hf assistant_early_exit={strategy.exit_layer} (HF's policy)",
+                                (label, {"assistant_early_exit": strategy.exit_layer}))
         variants[f"hf {label}"] = (label, options)
 
     def run(options, prompt):

@@ -4,7 +4,7 @@ The trainer owns the data stream, the loop, logging, checkpoints, resume and int
 objective owns the parameters being trained, the compiled train and eval steps and what its
 checkpoints must record. LayerSkip trains the whole model (layer dropout, early-exit loss); a
 head on a frozen base (Kangaroo's adapter, `training.kangaroo`) trains only its own weights.
-The objectives are registered in `training.objectives`.
+The objectives are registered in `training.registry`.
 """
 
 from __future__ import annotations

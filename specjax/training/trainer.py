@@ -1,7 +1,7 @@
 """The training loop: data, jitted steps, evaluation, logging, checkpoints, resume, interrupts.
 
 What is trained (the parameters, the steps, the evaluation) is the run's objective
-(`training.objectives`: LayerSkip, or a head on a frozen base). A run is a function of
+(`training.registry`: LayerSkip, or a head on a frozen base). A run is a function of
 (config, workdir). If the workdir holds a checkpoint of the same model the
 run resumes from it, with the same data order and PRNG stream, so an interrupted-and-resumed run
 reproduces an uninterrupted one step for step.

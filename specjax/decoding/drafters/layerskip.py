@@ -84,9 +84,9 @@ class SelfSpeculative(Stateless):
     name: ClassVar[str] = "selfspec"
 
     def validate(self, cfg: ModelConfig) -> None:
-        if not 1 <= self.exit_layer < cfg.num_layers:
-            raise ValueError(f"exit_layer={self.exit_layer} must lie in [1, num_layers - 1 = "
-                             f"{cfg.num_layers - 1}]")
+        problem = _inside_the_model(self.exit_layer, cfg)
+        if problem:
+            raise ValueError(f"exit_layer={self.exit_layer} {problem}")
         self.shape.validate()
 
     def label(self) -> str:

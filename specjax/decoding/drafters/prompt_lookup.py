@@ -1,11 +1,11 @@
 """Prompt lookup decoding (strategy `ngram`; Saxena 2023, transformers'
-`prompt_lookup_num_tokens`, vLLM's `ngram`): drafts are copied from the text so far. The last n
-tokens (the longest n in [`ngram_min`, `ngram_max`] that occurred before) are matched against
-every earlier position of the prompt and the output; the K tokens
-that followed a match (the one followed by the most, then the latest) are the proposal, all
-depths at once (`proposal.depth_step`).
-No weights, no draft compute: it pays off where the output repeats its context (code edits,
-summaries, retrieval), and proposes nothing (a round of plain decoding) where nothing matches.
+`prompt_lookup_num_tokens`, vLLM's `ngram`): drafts are copied from the text so far. The last
+n tokens (the longest n in [`ngram_min`, `ngram_max`] that occurred before) are matched against
+every earlier position of the prompt and the output; the K tokens that followed a match (the
+one followed by the most, then the latest; transformers takes the earliest) are the proposal,
+all depths at once (`proposal.depth_step`). No weights, no draft compute: it pays off where the
+output repeats its context (code edits, summaries, retrieval), and proposes nothing (a round of
+plain decoding) where nothing matches.
 
 Lossless like every drafter here: a draft is a point mass, accepted with probability p(x).
 """
@@ -21,10 +21,12 @@ import jax.numpy as jnp
 from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round, Strategy
-from specjax.decoding.options import at_least, option
+from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, depth_step
 from specjax.decoding.shapes.chain import Chain
-from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
+from specjax.decoding.shapes.shape_options import ShapeOptions
+
+MAX_NGRAM = 16  # each n compiles n shifted comparisons of the text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,8 @@ class NgramOptions:
     """The n-gram sizes prompt lookup matches (vLLM's prompt_lookup_min / _max)."""
 
     ngram_max: int = option(3, "Strategy ngram: the longest n-gram matched against the prompt "
-                               "and output so far (the longest that occurred wins).", at_least(1))
+                               "and output so far (the longest that occurred wins; at most "
+                               f"{MAX_NGRAM}).", within(1, MAX_NGRAM, high_included=True))
     ngram_min: int = option(1, "Strategy ngram: the shortest n-gram matched (no draft when "
                                "no n-gram this long occurred before).", at_least(1))
 
@@ -51,9 +54,12 @@ class PromptLookup(FullVerification):
         if not self.shape.is_chain:
             raise ValueError("strategy 'ngram' drafts a chain (one continuation per match): "
                              "drop --tree")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError(f"ngram_min={self.ngram_min} must be <= ngram_max={self.ngram_max}"
-                             " (and both >= 1)")
+        if not 1 <= self.ngram_min <= self.ngram_max <= MAX_NGRAM:
+            raise ValueError(f"ngram_min={self.ngram_min} must be <= ngram_max="
+                             f"{self.ngram_max}, both in [1, {MAX_NGRAM}]")
+        if self.shape.stop_below:
+            raise ValueError("strategy 'ngram' drafts without a confidence stop (a copied draft "
+                             "has probability 1)")
         self.shape.validate()
 
     def label(self) -> str:
@@ -84,8 +90,8 @@ class PromptLookup(FullVerification):
         proposal, _, _, _ = self.shape.draft(step, (), cache.lengths, pending, key, ctx.sampling,
                                              cache.max_len)
         matched = jnp.any(found, axis=1).astype(jnp.int32)
-        return (proposal.replace(valid=proposal.valid & found, stats={"matched": matched}),
-                cache, text)
+        return (proposal.replace(valid=proposal.valid & found,
+                                 stats={**proposal.stats, "matched": matched}), cache, text)
 
     def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
         """The text with this round's accepted drafts and next pending token written after the
@@ -124,5 +130,8 @@ def continuation(text: jax.Array, ends: jax.Array, ngram_min: int, ngram_max: in
     return jnp.take_along_axis(text, jnp.clip(at, 0, width - 1), axis=1), found
 
 
+# A chain of K copies: a tree or a confidence stop stored as the checkpoint's default (for
+# selfspec) is not read, so it neither applies nor blocks; given as a flag, it is refused as
+# unused.
 STRATEGIES = {"ngram": Strategy(lambda options: PromptLookup(
-    options.ngram_max, options.ngram_min, shape_for(options)), (NgramOptions, ShapeOptions))}
+    options.ngram_max, options.ngram_min, Chain(options.num_draft)), (NgramOptions, ShapeOptions))}

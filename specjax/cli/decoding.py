@@ -18,6 +18,7 @@ from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
+from specjax.decoding.options import kind_phrase
 from specjax.decoding.registry import DecodingConfig, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.io.outputs import check_destinations, read_json_cache, staged, write_json_cache
@@ -77,15 +78,14 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapp
             try:
                 values[name] = kind(value)
             except ValueError:
-                raise ValueError(f"{prefix}{name}={value!r}: expected {_A[kind]}") from None
+                raise ValueError(f"{prefix}{name}={value!r}: expected "
+                                 f"{kind_phrase(kind)}") from None
     options = dataclasses.replace(defaults, **values)
     options.check(cfg)
     if strategies:
         require_used(strategies, [options], values, prefix)
     return options
 
-
-_A = {int: "an int", float: "a number", str: "a string"}
 
 
 def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,

@@ -172,7 +172,7 @@ def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
                 stacked[row] = build(leaf, layer, (key, *leaf.path))
             _set(params, (key, *leaf.path), jnp.asarray(stacked))
             del stacked
-    _check_shapes(params, cfg)
+    _check_shapes(params, expected)
     return params
 
 
@@ -244,11 +244,11 @@ def save_hf_params(params: Params, cfg: ModelConfig, out_dir: str, arch: str,
     return names + [INDEX_FILE]
 
 
-def _check_shapes(params: Params, cfg: ModelConfig) -> None:
-    """One line naming the first converted leaf that the config's model lacks, or holds with
-    another dtype, or that the conversion did not make."""
-    expected = dict(jax.tree_util.tree_flatten_with_path(
-        jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))[0])
+def _check_shapes(params: Params, abstract: Params) -> None:
+    """One line naming the first converted leaf that the config's model (`abstract`, its
+    shapes and dtypes) lacks, or holds with another dtype, or that the conversion did not
+    make."""
+    expected = dict(jax.tree_util.tree_flatten_with_path(abstract)[0])
     got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
     for path in [*expected, *got]:
         name = jax.tree_util.keystr(path, simple=True, separator=".")

@@ -24,7 +24,7 @@ def option(default: Any, help: str, check: Check | None = None, *, listed: bool 
     """A decoding option: its default (whose type the value must have), its flag's help, a
     check against the model, and whether its values hold commas (`listed`: a sweep repeats the
     flag instead of splitting one value at commas)."""
-    if type(default) not in _NAMES:
+    if type(default) not in _KINDS:
         raise TypeError(f"a decoding option's default must be an int, a float or a string (a "
                         f"flag of that type), not {default!r}")
     return dataclasses.field(default=default, metadata={"help": help, "check": check,
@@ -80,11 +80,16 @@ def _check(options: Any, cfg: ModelConfig) -> None:
         value, kind = getattr(options, field.name), type(field.default)
         number = kind is float and isinstance(value, int)
         if isinstance(value, bool) or not (isinstance(value, kind) or number):
-            problem = f"must be {'an' if kind is int else 'a'} {_NAMES[kind]}"
+            problem = f"must be {kind_phrase(kind)}"
         else:
             problem = field.metadata["check"] and field.metadata["check"](value, cfg)
         if problem:
             raise ValueError(f"decoding.{field.name}={value!r} {problem}")
 
 
-_NAMES = {int: "int", float: "number", str: "string"}
+_KINDS = {int: "an int", float: "a number", str: "a string"}
+
+
+def kind_phrase(kind: type) -> str:
+    """How messages name an option's type: "an int", "a number" or "a string"."""
+    return _KINDS[kind]

@@ -46,6 +46,8 @@ GPU: the train step's model-FLOPs utilisation, then a short run whose early exit
 
 import ml_collections
 
+from specjax.training.config import decoding_section
+
 VARIANTS = ("", "smoke", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b")
 
 
@@ -86,7 +88,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
         curriculum="none", rotation_interval=1, e_scale_warmup=0))
     # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
-    config.decoding = ml_collections.ConfigDict(dict(exit_layer=1, num_draft=6))
+    config.decoding = decoding_section(exit_layer=1, num_draft=6)
     if variant == "draft":  # no early exits: it drafts with all of its layers
         config.model.update(d_model=128, num_layers=4, num_heads=2, num_kv_heads=1, mlp_dim=352,
                             exit_layers=(4,))

@@ -52,7 +52,8 @@ from specjax.tools.timing import progress_bar
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
 flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model "
                           "(for --calm_measure classifier).")
-flags.DEFINE_enum("strategy", "calm", ["calm", "selfspec"], "Whose threshold to calibrate.")
+CALIBRATED = ("calm", "selfspec")  # the strategies with a threshold to calibrate
+flags.DEFINE_enum("strategy", "calm", list(CALIBRATED), "Whose threshold to calibrate.")
 flags.DEFINE_float("delta", 0.1, "Risk bound: the chosen value's expected loss is <= delta...")
 flags.DEFINE_float("epsilon", 0.05, "... with probability >= 1 - epsilon.")
 flags.DEFINE_enum("consistency", "textual", CONSISTENCIES, "calm: the loss bounded (see above).")
@@ -68,7 +69,7 @@ flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated (and reference toke
 flags.DEFINE_integer("speed_prompts", 4, "Prompts timed at the chosen value (batch 1).")
 flags.DEFINE_bool("write", True, "Write the chosen value to the workdir's decoding defaults.")
 flags.DEFINE_string("output_json", None, "Also write the grid's risks and p-values here.")
-define_decoding_flags()
+define_decoding_flags(strategies=CALIBRATED)
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS

@@ -71,17 +71,22 @@ def test_a_broken_config_json_is_named(hf_dir, tmp_path):
 
 
 @pytest.mark.parametrize("key,change,field", [
-    ("vocab_size", 5, "vocab_size=264"), ("hidden_size", 5, "hidden_size=37"),
-    ("num_key_value_heads", 2, "num_key_value_heads=4"),
-    ("intermediate_size", 5, "intermediate_size=69"),
+    ("vocab_size", 5, "vocab_size=264 (the weights fit 259)"),
+    ("hidden_size", 5, "hidden_size=37 (the weights fit 32)"),
+    ("num_key_value_heads", 2, "num_key_value_heads=4 (the weights fit 2)"),
+    ("num_attention_heads", 4, "num_attention_heads=8 (the weights fit 4)"),
+    ("head_dim", 8, "head_dim=16 (the weights fit 8)"),
+    ("intermediate_size", 5, "intermediate_size=69 (the weights fit 64)"),
     ("num_hidden_layers", 1, "num_hidden_layers is 5"),
     ("num_hidden_layers", -1, "num_hidden_layers is 3")])
 def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, tmp_path, key,
                                                                        change, field):
     """Catches a ~900-character dump of every parameter's shape, numpy's "cannot reshape
     array" from inside a conversion, or a bare "missing tensor", instead of one line naming the
-    tensors, their shapes and the config.json field that sized them; and fewer layers in the
-    config than in the weights imported silently, the last layers dropped (a third probe)."""
+    tensors, their shapes and the config.json field that sized them; a changed
+    num_attention_heads blamed on num_key_value_heads and head_dim (the sizes its expected shape
+    shows); and fewer layers in the config than in the weights imported silently, the last
+    layers dropped (the third probe)."""
     path = os.path.join(hf_dir, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)

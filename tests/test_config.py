@@ -1,6 +1,10 @@
+import dataclasses
+import importlib
+
 import pytest
 
 from specjax.config import ModelConfig
+from specjax.decoding.registry import DecodingConfig
 from specjax.training.config import parse_run_config
 from tests.conftest import TINY_MODEL, tiny_run
 
@@ -90,3 +94,12 @@ def test_the_suite_names_what_would_make_tests_skip(monkeypatch):
     missing = missing_test_requirements()
     assert len(missing) == 2 and missing[0].startswith("torch")
     assert "CPU matmul kernel" in missing[1]
+
+
+@pytest.mark.parametrize("name", ["tiny_code", "kangaroo", "specdec"])
+def test_a_config_files_decoding_section_takes_every_drafters_option(name):
+    """Catches `train.py --config.decoding.ngram_max=2` refused by the flag parser because the
+    config file's decoding section listed only the fields it changes (an override must name a
+    field the file has; the third probe)."""
+    section = importlib.import_module(f"configs.{name}").get_config().decoding
+    assert set(section) == {field.name for field in dataclasses.fields(DecodingConfig)}

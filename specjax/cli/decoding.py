@@ -19,7 +19,7 @@ from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.options import kind_phrase
-from specjax.decoding.registry import DecodingConfig, require_used
+from specjax.decoding.registry import DecodingConfig, declared_options, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.io.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
@@ -32,12 +32,15 @@ LISTED_FLAGS = tuple(field.name for field in dataclasses.fields(DecodingConfig)
                      if field.metadata["listed"])  # hold commas: swept by repeating the flag
 
 
-def define_decoding_flags(sweep: bool = False) -> None:
-    """One flag per `DecodingConfig` field (every registered drafter's options), defaulting to
-    the checkpoint's value. With `sweep`, each takes a comma-separated list (the `listed` ones,
-    whose values hold commas, are repeated instead)."""
+def define_decoding_flags(sweep: bool = False, strategies: Sequence[str] | None = None) -> None:
+    """One flag per `DecodingConfig` field (every registered drafter's options, or only those
+    `strategies` declare), defaulting to the checkpoint's value. With `sweep`, each takes a
+    comma-separated list (the `listed` ones, whose values hold commas, are repeated instead)."""
     defaults = DecodingConfig()
+    wanted = declared_options(strategies) if strategies is not None else DECODING_FLAGS
     for name, text in DECODING_FLAGS.items():
+        if name not in wanted:
+            continue
         text += " Default: the checkpoint's."
         kind = type(getattr(defaults, name))
         if sweep and name in LISTED_FLAGS:
@@ -93,7 +96,8 @@ def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,
     """`defaults` with the decoding flags the user set (`define_decoding_flags`), checked
     against the model and against `strategies`: a flag none of them reads is an error."""
     return decoding_options(defaults, cfg, {name: getattr(flags.FLAGS, name)
-                                            for name in DECODING_FLAGS}, strategies)
+                                            for name in DECODING_FLAGS if name in flags.FLAGS},
+                            strategies)
 
 
 def require_weights_used(draft_workdirs: Sequence[str] | None,

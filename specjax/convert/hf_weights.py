@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specjax.config import ModelConfig
-from specjax.convert.hf_config import ConversionError
+from specjax.convert.hf_config import ConversionError, model_config_from_hf
 from specjax.model import Params, init_params
 from specjax.nn.hf_layout import HfLeaf, same, same_to_hf, transpose, transpose_to_hf
 from specjax.nn.layer_kinds import LAYER_KINDS
@@ -140,9 +140,11 @@ def _readable(path: str):
                               f"empty?): {str(error).splitlines()[0]}") from None
 
 
-def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
+def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str, *,
+                   hf: dict | None = None) -> Params:
     """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`;
-    a tensor whose shape the config does not give is a one-line `ConversionError`."""
+    a tensor whose shape the config does not give is a one-line `ConversionError`, which names
+    the config.json field (of `hf`, the config `cfg` was made from) that disagrees."""
     reader = SafetensorsReader(hf_dir)
     _check_layer_count(reader, cfg, arch)
     dtype = jnp.dtype(cfg.weight_dtype)
@@ -158,7 +160,8 @@ def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str) -> Params:
         except ValueError:  # a reshape the tensors' sizes do not allow
             built = None
         if built is None or built.shape != want:
-            raise _disagreement(names, tensors, want, cfg)
+            raise _disagreement(names, tensors, want, cfg,
+                                _misfits(hf, leaf, layer is None, path, tensors))
         return built.astype(dtype, copy=False)
 
     for leaf in _global_leaves(cfg):
@@ -189,17 +192,54 @@ def _check_layer_count(reader: SafetensorsReader, cfg: ModelConfig, arch: str) -
 
 
 def _disagreement(names: list[str], tensors: list[np.ndarray], want: tuple[int, ...],
-                  cfg: ModelConfig) -> ConversionError:
-    """One line: the tensors, their shapes, and the config fields that size what they should
+                  cfg: ModelConfig, misfits: list[str]) -> ConversionError:
+    """One line: the tensors, their shapes, and the config.json fields to check: `misfits`
+    when a one-field change explains the tensors, else the fields that size what they should
     make (those of its dimensions that no tensor has, else all of them)."""
+    shown = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in
+                      zip(names, tensors, strict=True))
+    if misfits:
+        return ConversionError(f"the weights' {shown} do not make the {want} that config.json "
+                               f"gives: {' or '.join(misfits)}; the config and the weights "
+                               "disagree")
     have = {size for tensor in tensors for size in tensor.shape}
     sized = [field for field in _SIZE_FIELDS if getattr(cfg, field) in set(want)]
     fields = [field for field in sized if getattr(cfg, field) not in have] or sized
-    shown = ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in
-                      zip(names, tensors, strict=True))
     named = ", ".join(f"{_SIZE_FIELDS[field]}={getattr(cfg, field)}" for field in fields)
     return ConversionError(f"the weights' {shown} do not make the {want} that config.json "
                            f"gives ({named}): the config and the weights disagree")
+
+
+def _misfits(hf: dict | None, leaf: HfLeaf, is_global: bool, path: tuple[str, ...],
+             tensors: list[np.ndarray]) -> list[str]:
+    """The config.json size fields which, changed alone to a value the tensors' sizes suggest,
+    make `leaf` from `tensors`: "num_attention_heads=10 (the weights fit 5)". Only on the error
+    path, so a few abstract inits (milliseconds each) are fine."""
+    if hf is None:
+        return []
+    dims = {size for tensor in tensors for size in tensor.shape}
+    scales = {1} | {hf[key] for key in _SIZE_FIELDS.values() if isinstance(hf.get(key), int)}
+    candidates = sorted({d // s for d in dims for s in scales if s > 0 and d % s == 0})
+    found = []
+    for key in _SIZE_FIELDS.values():
+        if not isinstance(hf.get(key), int):
+            continue
+        for value in candidates:
+            if value != hf[key] and _fits(leaf, is_global, path, tensors, {**hf, key: value}):
+                found.append(f"{key}={hf[key]} (the weights fit {value})")
+                break
+    return found
+
+
+def _fits(leaf: HfLeaf, is_global: bool, path: tuple[str, ...], tensors: list[np.ndarray],
+          hf: dict) -> bool:
+    try:
+        cfg = model_config_from_hf(hf)
+        want = _get(jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))),
+                    path).shape[0 if is_global else 1:]
+        return leaf.from_hf(cfg, *tensors).shape == want
+    except (ValueError, KeyError, ConversionError):  # no such config, or an impossible reshape
+        return False
 
 
 def hf_tensors(params: Params, cfg: ModelConfig, arch: str) -> Iterator[tuple[str, np.ndarray]]:

@@ -46,9 +46,13 @@ def make_strategy(name: str, options: Any) -> Drafter:
     unknown names). The strategy's builder sees only the options it declares."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-    strategy = STRATEGIES[name]
-    declared = {field.name for group in strategy.options for field in dataclasses.fields(group)}
-    return strategy.build(_Declared(name, options, declared))
+    return STRATEGIES[name].build(_Declared(name, options, declared_options([name])))
+
+
+def declared_options(names: Sequence[str]) -> set[str]:
+    """The decoding options these strategies declare (their option groups' fields)."""
+    return {field.name for name in names for group in STRATEGIES[name].options
+            for field in dataclasses.fields(group)}
 
 
 def require_used(strategies: Sequence[str], option_sets: Sequence[Any],

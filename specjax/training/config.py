@@ -7,6 +7,8 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any
 
+import ml_collections
+
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.decoding.registry import DecodingConfig
@@ -230,6 +232,13 @@ class RunConfig:
 SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
             "distill", "mesh", "init")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
+
+
+def decoding_section(**defaults: Any) -> ml_collections.ConfigDict:
+    """A config file's `decoding` section (the decoding defaults its checkpoints store): every
+    registered drafter's option, so that any can be set with --config.decoding.<field> (an
+    override must name a field the file has), `defaults` replacing the built-in ones."""
+    return ml_collections.ConfigDict(dataclasses.asdict(DecodingConfig(**defaults)))
 
 
 def config_reference() -> str:

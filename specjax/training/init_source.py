@@ -50,8 +50,9 @@ class InitSource:
         restored straight into their layout on `mesh` (no device holds them whole), a Hugging
         Face checkpoint's read tensor by tensor in that dtype."""
         if self.kind == "hf":
+            hf = read_hf_config(self.path)
             return load_hf_params(self.path, dataclasses.replace(
-                self.cfg, param_dtype=cfg.param_dtype), architecture(read_hf_config(self.path)))
+                self.cfg, param_dtype=cfg.param_dtype), architecture(hf), hf=hf)
         params, _, _ = load_params(self.path, mesh=mesh)
         return jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
 

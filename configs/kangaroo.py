@@ -7,8 +7,6 @@ distilled to the base's final distribution. The model, tokenizer and data come f
 
 import ml_collections
 
-from specjax.training.config import decoding_section
-
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -22,5 +20,5 @@ def get_config() -> ml_collections.ConfigDict:
         eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
         grad_accum=1, frozen=""))
     # Kangaroo's second early exit: a chain stops after a draft below this top-1 probability.
-    config.decoding = decoding_section(num_draft=6, draft_threshold=0.0)
+    config.decoding = ml_collections.ConfigDict(dict(num_draft=6, draft_threshold=0.0))
     return config

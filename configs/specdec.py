@@ -15,8 +15,6 @@ labelled with the target's probability; decode with the same --tree_top_k).
 
 import ml_collections
 
-from specjax.training.config import decoding_section
-
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -34,5 +32,5 @@ def get_config() -> ml_collections.ConfigDict:
         eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
         grad_accum=1, frozen=""))
     # K is the longest chain; a row stops once P(some draft rejected) > h.
-    config.decoding = decoding_section(num_draft=12, draft_risk=0.5)
+    config.decoding = ml_collections.ConfigDict(dict(num_draft=12, draft_risk=0.5))
     return config

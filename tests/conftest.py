@@ -167,6 +167,26 @@ class PerDepthDrafter(Stateless):
         return proposal, cache, state
 
 
+def per_step_argmax(generator, prompts, new: int) -> list[list[int]]:
+    """The independent greedy reference: each prompt continued `new` tokens, one argmax of a
+    full `model.forward` over the whole sequence per token (no cache, no loop, no drafter)."""
+    from specjax.model import forward
+
+    params = {**generator.params, "layers": jax.tree.map(lambda *w: jax.numpy.stack(w),
+                                                        *generator.params["layers"])}
+    width = max(map(len, prompts)) + new
+    next_token = jax.jit(lambda sequence, length: jax.numpy.argmax(
+        forward(params, generator.cfg, sequence[None])[0, length - 1]))
+    out = []
+    for prompt in prompts:
+        sequence = list(prompt)
+        for _ in range(new):
+            padded = jax.numpy.asarray(sequence + [0] * (width - len(sequence)))
+            sequence.append(int(next_token(padded, len(sequence))))
+        out.append(sequence[len(prompt):])
+    return out
+
+
 def first_layers(params, cfg: ModelConfig, count: int):
     """A draft model made of a model's first `count` layers (of whichever kinds) and its head:
     (its decoding params, its config). On damped params it agrees with the model part of the

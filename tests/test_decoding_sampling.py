@@ -22,6 +22,7 @@ from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.prompt_lookup import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
@@ -32,6 +33,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.heads.adapter import init_adapter
+from specjax.heads.medusa import init_medusa
 from tests.conftest import PerDepthDrafter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -68,7 +70,8 @@ def _noisy(tree, scale):
 
 def generator_with_drafters(params):
     """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise, whose draft
-    model is the target's first two layers plus noise and whose acceptance head is random."""
+    model is the target's first two layers plus noise, whose acceptance head is random and
+    whose two Medusa heads are the model's own head plus noise."""
     draft_cfg = dataclasses.replace(CFG, num_layers=2)
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
                                                                params["layers"])}, draft_cfg)
@@ -76,7 +79,9 @@ def generator_with_drafters(params):
         "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
         "draft": DraftWeights(_noisy(draft, 0.1), cfg=draft_cfg),
         "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
-                                exit_layer=1)})
+                                exit_layer=1),
+        "medusa": DraftWeights(_noisy(init_medusa(params, CFG, 2), 0.3),
+                               exit_layer=CFG.num_layers, settings={"num_heads": 2})})
 
 
 def empirical_counts(params, strategy, sampling, generator=None):
@@ -129,6 +134,7 @@ STRATEGIES = {
     "ngram-chain": PromptLookup(2, 1, Chain(2)),
     # Every depth proposed at once (Medusa's kind of proposal), drawn into a tree.
     "per-depth-tree": PerDepthDrafter(StaticTree.from_branching((2, 1))),
+    "medusa-tree": Medusa(StaticTree.from_branching((2, 1))),
 }
 
 

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import model as M
 from specjax.cli.decoding import DECODING_FLAGS, decoding_options
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
@@ -21,7 +20,7 @@ from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
-from tests.conftest import TINY_MODEL, damped_params
+from tests.conftest import TINY_MODEL, damped_params, per_step_argmax
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 # Repeating prompts, so the output (a random model's greedy loop) and the prompt share n-grams.
@@ -109,17 +108,7 @@ def test_greedy_lookup_is_a_per_step_argmax_of_the_model(generator):
     strategy = make_strategy("ngram", DecodingConfig(num_draft=3, ngram_max=2))
     assert strategy == PromptLookup(2, 1, Chain(3))
     out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy)
-    params = {**generator.params, "layers": jax.tree.map(lambda *w: jnp.stack(w),
-                                                        *generator.params["layers"])}
-    width = max(map(len, PROMPTS)) + NEW
-    next_token = jax.jit(lambda sequence, length: jnp.argmax(
-        M.forward(params, CFG, sequence[None])[0, length - 1]))
-    for prompt, generated in zip(PROMPTS, out.tokens, strict=True):
-        sequence = list(prompt)
-        for _ in range(NEW):
-            sequence.append(int(next_token(jnp.asarray(sequence + [0] * (width - len(sequence))),
-                                           len(sequence))))
-        assert generated == sequence[len(prompt):]
+    assert out.tokens == per_step_argmax(generator, PROMPTS, NEW)
     assert out.total.extra["matched"] > 0 and out.total.accepted >= 8  # 12 when in step
     for stats in out.stats:
         assert stats.accepted + stats.rounds == NEW - 1

@@ -43,7 +43,7 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
     if (os.path.isdir(os.path.join(workdir, "checkpoints"))
             and Checkpointer(workdir, create=False).latest_step() is not None):
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
-    params = load_hf_params(hf_dir, cfg, architecture(hf), hf=hf)  # every tensor read before writing
+    params = load_hf_params(hf_dir, cfg, architecture(hf), hf=hf)  # all read before writing
     checkpoints = Checkpointer(workdir)
     decoding = DecodingConfig(exit_layer=max(1, cfg.num_layers // 4))
     decoding.check(cfg)

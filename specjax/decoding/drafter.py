@@ -18,8 +18,10 @@ The loop owns acceptance, the target cache's commit, EOS, budgets and statistics
 `STRATEGIES`, {name: `Strategy`}, which the registry discovers, with the options it reads
 declared beside it (`decoding.options`). Every drafter derives from `DrafterBase`, which gives
 the optional hooks (weights of its own, traced settings, the Hugging Face peer's options, what
-verification reuses) their defaults. A drafter that proposes every depth at once (heads per
-depth, copied text) drafts through `proposal.depth_step`.
+verification reuses, the target's features it reads) their defaults. A drafter that proposes
+every depth at once (heads per depth, copied text) drafts through `proposal.depth_step`; a
+feature head (Medusa, MTP, EAGLE) reads the target's hidden states at the prompt
+(`prefill_exits`) and at each verified position (`feature_exits`, handed to `commit`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ class Round:
     proposal and its acceptance; the target's hidden states at the proposal's reuse exit for
     the pending token and every node [B, 1+T, D] (verification filled in the positions the
     draft never ran; None without reuse); the target's committed lengths [B] before and after
-    (unchanged for rows that are done)."""
+    (unchanged for rows that are done); `features`, the target's hidden states after each of
+    the drafter's `feature_exits` for the pending token and every node ({exit: [B, 1+T, D]}).
+    """
 
     pending: jax.Array
     proposal: Proposal
@@ -90,12 +94,14 @@ class Round:
     reused_hidden: jax.Array | None
     lengths_before: jax.Array
     lengths_after: jax.Array
+    features: dict[int, jax.Array] = flax.struct.field(default_factory=dict)
 
 
 class Drafter(Protocol):
     name: ClassVar[str]       # the registry's and the CLI's name for this kind of drafter
     shape: Shape              # the static shape of every proposal
     prefill_exits: tuple[int, ...]  # exits whose prompt hidden states `prefill` reads
+    feature_exits: tuple[int, ...]  # exits whose hidden states verification hands `commit`
     needs_weights: bool       # drafts with weights of its own (`bind`, `Generator`)
     weights_hint: str         # how to get them, for the error when they are missing
     verify_from: int          # layers below this verification reuses from the draft (0: none)
@@ -133,10 +139,11 @@ class Drafter(Protocol):
 
 class DrafterBase:
     """The optional hooks' defaults (see `Drafter`): no weights of its own, no traced
-    settings, no Hugging Face equivalent, verification of every layer, no prompt states,
-    lossless."""
+    settings, no Hugging Face equivalent, verification of every layer, no prompt states or
+    features, lossless."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
+    feature_exits: ClassVar[tuple[int, ...]] = ()
     lossless: ClassVar[bool] = True
     needs_weights: ClassVar[bool] = False
     weights_hint: ClassVar[str] = ""
@@ -157,7 +164,7 @@ class FullVerification(DrafterBase):
 
     def verify(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                proposal: Proposal) -> Verified:
-        return verify(ctx.params, ctx.cfg, cache, pending, proposal)
+        return verify(ctx.params, ctx.cfg, cache, pending, proposal, self.feature_exits)
 
 
 class Stateless(FullVerification):

@@ -39,32 +39,38 @@ class Verified:
     the draft's layers, every position's hidden state at the reuse exit [B, 1+T, D] (else
     None); `trace`, per-position values [B, 1+T] reported with the token each position's
     logits produce (CALM's exit and confidence; empty for the full model); `positions`, how
-    many positions the pass ran (a scalar: 1 + T, or fewer for a chain cut short)."""
+    many positions the pass ran (a scalar: 1 + T, or fewer for a chain cut short); `features`,
+    every position's hidden state after each layer count the drafter asked for
+    ({exit: [B, 1+T, D]}, `Drafter.feature_exits`: what feature heads draft from)."""
 
     logits: jax.Array
     cache: Cache
     reused_hidden: jax.Array | None
     trace: dict[str, jax.Array]
     positions: jax.Array
+    features: dict[int, jax.Array] = flax.struct.field(default_factory=dict)
 
 
 def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
-           proposal: Proposal) -> Verified:
+           proposal: Proposal, features: tuple[int, ...] = ()) -> Verified:
     """The full target over the pending token [B] and every valid node of `proposal` (or more:
-    the smallest of its shape's `verify_sizes` that holds every row's valid nodes)."""
+    the smallest of its shape's `verify_sizes` that holds every row's valid nodes), keeping
+    the hidden states after each layer count in `features` (at or above a reuse exit)."""
     sizes = proposal.shape.verify_sizes
     if len(sizes) == 1:
-        return _verify(params, cfg, cache, pending, proposal)
+        return _verify(params, cfg, cache, pending, proposal, features)
     num_nodes = proposal.tokens.shape[1]
 
     def first_nodes(size: int) -> Callable[[Verified], Verified]:
         def run(verified: Verified) -> Verified:
-            out = _verify(params, cfg, verified.cache, pending, _first(proposal, size))
+            out = _verify(params, cfg, verified.cache, pending, _first(proposal, size), features)
             return out.replace(logits=_pad_nodes(out.logits, num_nodes),
-                               reused_hidden=_pad_nodes(out.reused_hidden, num_nodes))
+                               reused_hidden=_pad_nodes(out.reused_hidden, num_nodes),
+                               features={exit: _pad_nodes(hidden, num_nodes)
+                                         for exit, hidden in out.features.items()})
         return run
 
-    full = jax.eval_shape(lambda: _verify(params, cfg, cache, pending, proposal))
+    full = jax.eval_shape(lambda: _verify(params, cfg, cache, pending, proposal, features))
     empty = jax.tree.map(lambda like: jnp.zeros(like.shape, like.dtype), full).replace(
         cache=cache)
     return switch(pass_index(sizes, jnp.sum(proposal.valid, axis=1)),
@@ -72,7 +78,7 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
 
 
 def _verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
-            proposal: Proposal) -> Verified:
+            proposal: Proposal, features: tuple[int, ...]) -> Verified:
     tokens = jnp.concatenate([pending[:, None], proposal.tokens], axis=1)
     layout = proposal_layout(cache.lengths, proposal, cache.max_len)
     reuse, start, reused = proposal.reuse, 0, None
@@ -85,9 +91,15 @@ def _verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
                           cache, layout.take(missing), (0, start))
         rows = jnp.arange(tokens.shape[0])[:, None]
         hidden = reused = reuse.hidden.at[rows, missing].set(ran)
-    hidden, cache = _run(params, cfg, hidden, cache, layout, (start, cfg.num_layers))
+    kept = {}
+    for stop in sorted({*features, cfg.num_layers}):
+        if stop < start:
+            raise ValueError(f"feature exit {stop} lies below the reuse exit {start}")
+        if stop > start:
+            hidden, cache = _run(params, cfg, hidden, cache, layout, (start, stop))
+        kept[stop], start = hidden, stop
     return Verified(exit_logits(params, cfg, hidden), cache, reused, {},
-                    jnp.int32(tokens.shape[1]))
+                    jnp.int32(tokens.shape[1]), {exit: kept[exit] for exit in features})
 
 
 def _first(proposal: Proposal, size: int) -> Proposal:

@@ -162,6 +162,24 @@ class SpecDecConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MedusaConfig:
+    """Medusa heads (`specjax.heads.medusa`) on the last hidden state of the frozen model in
+    `base_workdir`: `num_heads` heads, head k trained (cross-entropy on the corpus) to predict
+    the token k + 1 places after the next, its loss weighted by `decay`**k as in Medusa-1.
+    Decoding with them: `--strategy medusa` on the heads' workdir (a chain or a tree at most
+    `num_heads` deep)."""
+
+    num_heads: int = 4
+    decay: float = 0.8
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.num_heads, int) and self.num_heads >= 1, "medusa.num_heads",
+               self.num_heads, "must be an int >= 1")
+        _check(isinstance(self.decay, (int, float)) and 0 < self.decay <= 1, "medusa.decay",
+               self.decay, "must lie in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
 class CalmConfig:
     """CALM's confidence classifier (`specjax.heads.confidence_head`) on the frozen model in
     `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
@@ -212,8 +230,8 @@ def _check(ok: bool, field: str, value: Any, why: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A whole training run: the model, its data, optimisation and the LayerSkip recipe; or,
-    with `base_workdir` set, a head trained on that frozen model (the `kangaroo`, `specdec` or
-    `calm` section)."""
+    with `base_workdir` set, a head trained on that frozen model (the `kangaroo`, `specdec`,
+    `calm` or `medusa` section)."""
 
     model: ModelConfig
     data: DataConfig
@@ -226,11 +244,12 @@ class RunConfig:
     distill: DistillConfig
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     init: InitConfig = dataclasses.field(default_factory=InitConfig)
+    medusa: MedusaConfig = dataclasses.field(default_factory=MedusaConfig)
     base_workdir: str = ""
 
 
 SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
-            "distill", "mesh", "init")
+            "medusa", "distill", "mesh", "init")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -247,7 +266,7 @@ def config_reference() -> str:
     for section in dataclasses.fields(RunConfig):
         if section.name in SETTINGS:
             lines.append(f"  {section.name}={section.default!r}: the frozen model a head is "
-                         "trained on (with the kangaroo, specdec or calm section)")
+                         "trained on (with the kangaroo, specdec, calm or medusa section)")
             continue
         cls = section.type if isinstance(section.type, type) else globals()[section.type]
         described = []
@@ -286,6 +305,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         mesh=dataclass_from_mapping(MeshConfig, values.get("mesh") or {}, "mesh"),
         init=dataclass_from_mapping(InitConfig, values.get("init") or {}, "init"),
+        medusa=dataclass_from_mapping(MedusaConfig, values.get("medusa") or {}, "medusa"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
     vocab = run.data.make_tokenizer().vocab_size

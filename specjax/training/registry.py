@@ -2,7 +2,7 @@
 
 A config with none of the head sections trains a model (LayerSkip), or, with
 `distill.teacher_workdir` set, distils a frozen teacher into it (a draft model). A config with a
-head section (`kangaroo`, `specdec`, `calm`) trains that head on the frozen model in
+head section (`kangaroo`, `specdec`, `calm`, `medusa`) trains that head on the frozen model in
 `base_workdir`: the model, its tokenizer and the data and decoding defaults come from the base,
 the config's sections override the last two.
 """
@@ -19,12 +19,13 @@ from specjax.training.distill import Distill
 from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
 from specjax.training.init_source import InitSource
 from specjax.training.kangaroo import KangarooAdapter
+from specjax.training.medusa import MedusaObjective
 from specjax.training.objective import LayerSkip, Objective
 from specjax.training.specdec import AcceptanceHeadObjective
 
 # Heads trained on a frozen base, by name: config section, objective and decoding strategy.
 HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (
-    KangarooAdapter, AcceptanceHeadObjective, ConfidenceClassifier)}
+    KangarooAdapter, AcceptanceHeadObjective, ConfidenceClassifier, MedusaObjective)}
 
 
 def make_objective(config: Mapping[str, Any], source: InitSource | None = None) -> Objective:

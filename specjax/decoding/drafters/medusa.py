@@ -1,0 +1,98 @@
+"""Medusa (Cai et al. 2024): K trained heads on the target's last hidden state draft every depth
+at once (`proposal.depth_step`): head k proposes the token k + 1 places after the pending one,
+so a round runs no target layer to draft, one small matmul per head.
+
+The state is the target's last-layer hidden state [B, D] at the position before the pending
+token (the one whose logits chose it): the prompt's last position after prefill, then, at each
+commit, the position of the last accepted node (verification keeps every position's last-layer
+hidden state: `feature_exits`). Chains, static trees (Medusa's own) and dynamic trees draft from
+the same per-depth logits; sampled drafts are lossless like every proposal (acceptance reads the
+heads' q).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from specjax.cache import Cache, along_path
+from specjax.config import ModelConfig
+from specjax.decoding.drafter import (
+    DraftContext,
+    DraftWeights,
+    FullVerification,
+    Prefilled,
+    Round,
+    Strategy,
+)
+from specjax.decoding.proposal import Proposal, Shape, depth_step
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
+from specjax.heads.medusa import medusa_logits
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa(FullVerification):
+    """shape: the proposal's (at most as deep as there are heads); exit_layer: the layer count
+    the heads read, the target's depth (bound from the heads' checkpoint; 0 until then)."""
+
+    shape: Shape
+    exit_layer: int = 0
+
+    name: ClassVar[str] = "medusa"
+    needs_weights: ClassVar[bool] = True
+    weights_hint: ClassVar[str] = (
+        "train Medusa heads (python train/train.py --config configs/medusa.py "
+        "--config.base_workdir=<this model's workdir> --workdir runs/medusa) and decode from "
+        "their workdir, or add it with --draft_workdir")
+
+    @property
+    def prefill_exits(self) -> tuple[int, ...]:
+        return (self.exit_layer,)
+
+    @property
+    def feature_exits(self) -> tuple[int, ...]:
+        return (self.exit_layer,)
+
+    def bind(self, weights: DraftWeights) -> Medusa:
+        heads = weights.settings["num_heads"]
+        if self.shape.depth > heads:
+            raise ValueError(f"the proposal is {self.shape.depth} deep but the model has "
+                             f"{heads} Medusa heads: give --num_draft (or a tree) at most "
+                             f"{heads} deep")
+        return dataclasses.replace(self, exit_layer=weights.exit_layer)
+
+    def validate(self, cfg: ModelConfig) -> None:
+        self.shape.validate()
+
+    def label(self) -> str:
+        return f"{self.name} {self.shape.label()}"
+
+    def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> jax.Array:
+        """The last-layer hidden state at each prompt's last token [B, D]."""
+        if self.exit_layer != ctx.cfg.num_layers:
+            raise ValueError(f"Medusa heads read layer {self.exit_layer}, not the model's last "
+                             f"({ctx.cfg.num_layers}): bind the drafter to its heads")
+        hidden = prefilled.exit_hidden[self.exit_layer]
+        return jnp.take_along_axis(hidden, (prefilled.lengths - 1)[:, None, None], axis=1)[:, 0]
+
+    def propose(self, ctx: DraftContext, state: jax.Array, cache: Cache, pending: jax.Array,
+                key: jax.Array) -> tuple[Proposal, Cache, jax.Array]:
+        depth_logits = medusa_logits(ctx.params, ctx.draft_params, ctx.cfg, state)
+        proposal, _, _, _ = self.shape.draft(depth_step(depth_logits, cache.lengths), (),
+                                             cache.lengths, pending, key, ctx.sampling,
+                                             cache.max_len)
+        return proposal, cache, state
+
+    def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
+        """The hidden state at the last kept position (the pending token's when no draft was
+        accepted); rows that are done keep theirs."""
+        kept = along_path(done.features[self.exit_layer], done.acceptance.path)
+        last = jnp.take_along_axis(kept, done.acceptance.num_accepted[:, None, None], axis=1)
+        active = done.lengths_after > done.lengths_before
+        return jnp.where(active[:, None], last[:, 0].astype(state.dtype), state)
+
+
+STRATEGIES = {"medusa": Strategy(lambda options: Medusa(shape_for(options)), (ShapeOptions,))}

@@ -1,0 +1,162 @@
+"""Training Medusa heads on a frozen base model (Medusa-1).
+
+The base runs forward only; head k (0-based) reads its last-layer hidden state at position t
+and is trained with cross-entropy on the corpus token at t + 2 + k (the base's own head
+predicts t + 1), the heads' losses weighted by decay**k. Evaluation reports each head's loss
+and top-1 accuracy beside the base head's, the ceiling a head drafting further ahead falls
+from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
+from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.training.config import MedusaConfig, RunConfig
+from specjax.training.evaluate import sum_over_batches
+from specjax.training.frozen_base import FrozenBase, HeadOnBase
+from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaReport:
+    """Validation loss and top-1 accuracy per head (index k: the token k + 2 ahead), and the
+    base head's (the next token)."""
+
+    loss: tuple[float, ...]
+    accuracy: tuple[float, ...]
+    base_loss: float
+    base_accuracy: float
+    tokens: int
+
+    def table(self) -> str:
+        lines = [f"{'head':<6}  {'ahead':>5}  {'loss':>7}  {'top1 acc':>8}",
+                 f"{'base':<6}  {1:>5}  {self.base_loss:7.4f}  {self.base_accuracy:8.3f}"]
+        for k, (loss, acc) in enumerate(zip(self.loss, self.accuracy, strict=True)):
+            lines.append(f"{k + 1:<6}  {k + 2:>5}  {loss:7.4f}  {acc:8.3f}")
+        lines.append(f"over {self.tokens} validation positions")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"head_loss": list(self.loss), "head_accuracy": list(self.accuracy),
+                "base_loss": self.base_loss, "base_accuracy": self.base_accuracy,
+                "tokens": self.tokens}
+
+
+def medusa_targets(batch: jax.Array, num_heads: int) -> tuple[jax.Array, jax.Array]:
+    """Labels [B, T, K] of the inputs batch[:, :-1] (T positions): head k at position t is
+    labelled batch[t + 2 + k]; `valid` [B, T, K] is False where that lies past the batch."""
+    steps = batch.shape[1] - 1
+    at = jnp.arange(steps)[:, None] + 2 + jnp.arange(num_heads)[None, :]        # [T, K]
+    labels = jnp.take(batch, jnp.minimum(at, steps), axis=1)                    # [B, T, K]
+    return labels, jnp.broadcast_to(at <= steps, labels.shape)
+
+
+def head_losses(logits: jax.Array, labels: jax.Array,
+                valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per head [K]: summed cross-entropy, correct top-1 predictions and labelled positions."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = jnp.argmax(logits, axis=-1) == labels
+    return (jnp.sum(jnp.where(valid, ce, 0.0), axis=(0, 1)),
+            jnp.sum(valid & correct, axis=(0, 1)), jnp.sum(valid, axis=(0, 1)))
+
+
+def _last_hidden(base: Params, cfg: ModelConfig, inputs: jax.Array) -> jax.Array:
+    return run_layers(base, cfg, embed(base, cfg, inputs))[-1]
+
+
+def make_medusa_step(cfg: ModelConfig, settings: MedusaConfig,
+                     optimizer: optax.GradientTransformation) -> Callable:
+    """Returns train_step(state, base params, batch [B, T+1]) -> (state, metrics)."""
+    weights = settings.decay ** jnp.arange(settings.num_heads)
+
+    def train_step(state: TrainState, base: Params,
+                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        hidden = _last_hidden(base, cfg, batch[:, :-1])
+        labels, valid = medusa_targets(batch, settings.num_heads)
+
+        def loss_fn(heads):
+            ce, _, count = head_losses(medusa_logits(base, heads, cfg, hidden), labels, valid)
+            per_head = ce / count
+            return jnp.sum(weights * per_head) / jnp.sum(weights), per_head
+
+        (loss, per_head), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        return (state.apply_gradients(grads, optimizer),
+                {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                 **{f"head{k + 1}_loss": per_head[k] for k in range(settings.num_heads)}})
+
+    return train_step
+
+
+def make_medusa_eval_step(cfg: ModelConfig, num_heads: int) -> Callable:
+    """Returns eval_step(heads, base, batch) -> sums over the batch: each head's and the base
+    head's cross-entropy, correct predictions and positions."""
+
+    def eval_step(heads: Params, base: Params, batch: jax.Array) -> dict[str, jax.Array]:
+        hidden = _last_hidden(base, cfg, batch[:, :-1])
+        labels, valid = medusa_targets(batch, num_heads)
+        ce, correct, count = head_losses(medusa_logits(base, heads, cfg, hidden), labels, valid)
+        own = exit_logits(base, cfg, hidden)
+        return {"ce": ce, "correct": correct, "count": count,
+                "base_ce": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(
+                    own, batch[:, 1:])),
+                "base_correct": jnp.sum(jnp.argmax(own, axis=-1) == batch[:, 1:])}
+
+    return eval_step
+
+
+class MedusaObjective(HeadOnBase):
+    """`medusa.num_heads` heads on the last layer of the frozen `base`."""
+
+    name: ClassVar[str] = "medusa"
+    config_class: ClassVar[type] = MedusaConfig
+    record_key: ClassVar[str] = "medusa"
+
+    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
+        super().__init__(run, config, base)
+        self._train_step = self.jit_step(make_medusa_step(run.model, run.medusa,
+                                                          self.optimizer))
+        self._eval_step = jax.jit(make_medusa_eval_step(run.model, run.medusa.num_heads))
+
+    @staticmethod
+    def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
+        return abstract_medusa(cfg, settings["num_heads"])
+
+    def settings(self) -> dict[str, Any]:
+        """The section and the layer the heads read (the base's last: `DraftWeights.exit_layer`)."""
+        return {**super().settings(), "exit_layer": self.run.model.num_layers}
+
+    @classmethod
+    def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """Decoding from the heads' workdir drafts a chain no deeper than the heads."""
+        heads = dataclass_from_mapping(MedusaConfig, config.get(cls.name) or {}, cls.name)
+        drafts = config["decoding"].get("num_draft", heads.num_heads)
+        config["decoding"] = {**config["decoding"], "num_draft": min(drafts, heads.num_heads)}
+        return config
+
+    def initial_params(self) -> Params:
+        return init_medusa(self.base.params, self.run.model, self.run.medusa.num_heads)
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        del step  # no per-step schedule or randomness
+        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
+
+    def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> MedusaReport:
+        totals, tokens = sum_over_batches(
+            lambda batch: self._eval_step(state.params, self.base_params,
+                                          self.on_mesh.eval_batch(batch)), batches)
+        count = np.asarray(totals["count"], np.float64)
+        return MedusaReport(
+            tuple(float(x) for x in totals["ce"] / count),
+            tuple(float(x) for x in totals["correct"] / count),
+            float(totals["base_ce"]) / tokens, float(totals["base_correct"]) / tokens, tokens)

@@ -1,0 +1,195 @@
+"""Medusa heads (strategy `medusa`): the heads' math and training labels against direct
+computations, greedy output against a per-step argmax of `model.forward` (chains, static and
+dynamic trees, batch 3 with ragged prompts), the drafter's state kept at the last accepted
+position, EOS inside a draft, export, and training then decoding from the CLIs. The sampled
+law is in test_decoding_sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import model as M
+from specjax.config import ModelConfig
+from specjax.decoding.acceptance import Acceptance
+from specjax.decoding.drafter import DraftWeights, Round
+from specjax.decoding.drafters.medusa import Medusa
+from specjax.decoding.engine import Generator
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.heads.medusa import init_medusa, medusa_logits
+from specjax.training.config import MedusaConfig, parse_run_config
+from specjax.training.medusa import make_medusa_step, medusa_targets
+from specjax.training.optimizer import make_optimizer
+from specjax.training.train_step import TrainState
+from tests.conftest import (
+    TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax, run_script, tiny_run)
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+NEW, HEADS = 20, 3
+
+
+def _noisy_heads(params, scale, seed=1):
+    heads = init_medusa(params, CFG, HEADS)
+    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return {name: w + scale * jax.random.normal(key, w.shape)
+            for (name, w), key in zip(sorted(heads.items()), keys, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def params():
+    return damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+
+
+def _generator(params, heads):
+    unstacked = M.unstack_layers(params, CFG)
+    return Generator(unstacked, CFG, draft_weights={"medusa": DraftWeights(
+        heads, exit_layer=CFG.num_layers, settings={"num_heads": HEADS})})
+
+
+def test_head_logits_and_training_labels_match_a_direct_computation(params):
+    """Catches a head reading the wrong hidden state (before the final norm, another layer),
+    a residual or SiLU left out, labels shifted by one (head k trained on the token k + 1, not
+    k + 2, places ahead) or a loss that counts positions past the batch."""
+    heads = _noisy_heads(params, 0.2)
+    batch = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, CFG.vocab_size)
+    labels, valid = medusa_targets(batch, HEADS)
+    for t in range(8):
+        for k in range(HEADS):
+            assert bool(valid[0, t, k]) == (t + 2 + k <= 8)
+            if valid[0, t, k]:
+                assert labels[:, t, k].tolist() == batch[:, t + 2 + k].tolist()
+    hidden = M.run_layers(params, CFG, M.embed(params, CFG, batch[:, :-1]))[-1]
+    h = np.asarray(hidden, np.float64)
+    x = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + CFG.norm_eps)
+    x = x * np.asarray(params["final_norm"]["scale"], np.float64)
+    w, b, out = (np.asarray(heads[name], np.float64) for name in ("w", "b", "out"))
+    pre = np.einsum("btd,kde->btke", x, w) + b
+    expected = np.einsum("btkd,kdv->btkv", x[:, :, None] + pre / (1 + np.exp(-pre)), out)
+    got = medusa_logits(params, heads, CFG, hidden)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-4, atol=2e-4)
+    # The train step's loss: each head's mean cross-entropy over its labelled positions,
+    # weighted by decay**k.
+    settings = MedusaConfig(num_heads=HEADS, decay=0.5)
+    optimizer = make_optimizer(parse_run_config(tiny_run()).train)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=heads,
+                       opt_state=optimizer.init(heads))
+    _, metrics = make_medusa_step(CFG, settings, optimizer)(state, params, batch)
+    log_probs = expected - np.log(np.sum(np.exp(expected - expected.max(-1, keepdims=True)),
+                                         -1, keepdims=True)) - expected.max(-1, keepdims=True)
+    per_head = [np.mean([-log_probs[r, t, k, int(batch[r, t + 2 + k])] for r in range(2)
+                         for t in range(8) if t + 2 + k <= 8]) for k in range(HEADS)]
+    weights = 0.5 ** np.arange(HEADS)
+    assert float(metrics["loss"]) == pytest.approx(np.sum(weights * per_head) / weights.sum(),
+                                                   rel=1e-4)
+
+
+@pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 2, 1)),
+                                   DynamicTree(6, 2, 3)], ids=["chain", "static", "dynamic"])
+def test_greedy_medusa_is_a_per_step_argmax_of_the_model(params, shape):
+    """Catches drafts accepted that the model would not emit, on every shape Medusa drafts."""
+    generator = _generator(params, _noisy_heads(params, 0.05))
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=Medusa(shape))
+    assert out.tokens == per_step_argmax(generator, PROMPTS, NEW)
+    assert 0 < out.total.accepted < out.total.drafted
+
+
+@pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 2, 1))],
+                         ids=["chain", "tree"])
+def test_the_state_is_the_hidden_state_before_the_pending_token(params, shape):
+    """Catches a commit that keeps the state of another position (the pending token's own,
+    one too far; a stale one; a tree's node taken in window order, not along the accepted
+    path). With heads equal to the model's own head, head 1 drafts the argmax at the state's
+    position: at the right one, the pending token again. So the token after a round's
+    pending token is an accepted first draft exactly when it repeats the pending token (a
+    chain's one draft per depth; a tree may also accept its second child)."""
+    generator = _generator(params, init_medusa(params, CFG, HEADS))
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=Medusa(shape))
+    assert out.tokens == per_step_argmax(generator, PROMPTS, NEW)
+    repeats = 0
+    for tokens, trace in zip(out.tokens, out.trace, strict=True):
+        depth = trace["depth"][:len(tokens)]
+        for i in range(len(tokens) - 1):
+            if depth[i] != 0:  # not a round's pending token
+                continue
+            repeat = tokens[i + 1] == tokens[i]
+            repeats += repeat
+            if repeat or shape.is_chain:
+                assert (depth[i + 1] == 1) == repeat, (i, tokens, depth)
+    assert repeats > 0
+
+
+def test_commit_keeps_the_hidden_state_of_the_last_node_on_the_accepted_path():
+    """Catches a tree's accepted nodes taken in window order instead of along the path (node
+    4 is the window's position 3, the path's second node), the pending token's state not kept
+    when nothing is accepted, and a row that is done losing its state."""
+    drafter = Medusa(StaticTree.from_branching((2, 2)), exit_layer=CFG.num_layers)
+    features = jnp.arange(3 * 7, dtype=jnp.float32).reshape(3, 7, 1) * jnp.ones((1, 1, 2))
+    accepted = Acceptance(num_accepted=jnp.asarray([2, 0, 1]), emitted=jnp.zeros((3, 3), int),
+                          path=jnp.asarray([[1, 4], [0, 1], [0, 1]]))
+    done = Round(pending=jnp.zeros(3, int), proposal=None, acceptance=accepted,
+                 reused_hidden=None, lengths_before=jnp.asarray([5, 5, 5]),
+                 lengths_after=jnp.asarray([8, 6, 5]), features={CFG.num_layers: features})
+    state = drafter.commit(None, -jnp.ones((3, 2)), done)
+    assert state[:, 0].tolist() == [5.0, 7.0, -1.0]  # row 0: position 1 + 4; row 1: 0
+
+
+def test_an_eos_inside_a_draft_ends_the_row_as_plain_decoding_does(params):
+    """Catches tokens committed past an EOS that arrived as an accepted head draft."""
+    generator = _generator(params, _noisy_heads(params, 0.05))
+    check_eos_mid_draft(generator, PROMPTS, Medusa(Chain(3)), NEW)
+
+
+def test_medusa_is_registered_and_refuses_a_proposal_deeper_than_its_heads(params):
+    """Catches a drafter that needs edits outside its file, and a chain deeper than the heads
+    drafted from a clipped (repeated) last head instead of a one-line error."""
+    assert make_strategy("medusa", DecodingConfig(num_draft=3)) == Medusa(Chain(3))
+    generator = _generator(params, _noisy_heads(params, 0.05))
+    with pytest.raises(ValueError, match="4 deep but the model has 3 Medusa heads"):
+        generator.generate(PROMPTS, max_new_tokens=4, strategy=Medusa(Chain(4)))
+    with pytest.raises(ValueError, match="needs weights of its own"):
+        Generator(M.unstack_layers(params, CFG), CFG).generate(
+            PROMPTS, max_new_tokens=4, strategy=Medusa(Chain(2)))
+
+
+def test_the_medusa_loop_exports_for_tpu_and_cuda(params):
+    """Catches host-side work in the drafter: the sampled tree loop must trace into one
+    program that exports for both accelerators."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            (M.unstack_layers(params, CFG), init_medusa(params, CFG, HEADS)))
+    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            SamplingParams.create())
+    drafter = Medusa(StaticTree.from_branching((2, 1)), exit_layer=CFG.num_layers)
+    fn = jax.jit(lambda p, heads, prompts, lengths, key, sp, eos: generate_tokens(
+        p, heads, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
+        cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        *abstract, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")
+
+
+@pytest.mark.slow
+def test_heads_trained_from_the_cli_decode_from_their_workdir(trained_workdir, tmp_path):
+    """Catches a head objective that is not reachable from configs/medusa.py, heads whose
+    checkpoint does not load for decoding (the layer they read, their count), and a chain
+    deeper than the heads accepted from the CLI."""
+    heads = str(tmp_path / "medusa")
+    result = run_script("train/train.py", "--config", "configs/medusa.py",
+                        f"--config.base_workdir={trained_workdir}", "--workdir", heads,
+                        "--config.medusa.num_heads=2", "--config.train.total_steps=3",
+                        "--config.train.warmup_steps=1", "--config.train.eval_every=3",
+                        "--config.train.save_every=3", "--config.train.eval_batches=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "head" in result.stdout and "top1 acc" in result.stdout
+    result = run_script("infer/generate.py", "--workdir", heads, "--strategy", "medusa",
+                        "--prompt", "def f(", "--max_new_tokens", "8")
+    assert result.returncode == 0 and "tau=" in result.stdout, result.stderr[-2000:]
+    result = run_script("infer/generate.py", "--workdir", heads, "--strategy", "medusa",
+                        "--prompt", "def f(", "--max_new_tokens", "8", "--num_draft", "3")
+    assert result.returncode == 1 and "3 deep but the model has 2 Medusa heads" in result.stderr

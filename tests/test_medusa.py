@@ -27,7 +27,13 @@ from specjax.training.medusa import make_medusa_step, medusa_targets
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
 from tests.conftest import (
-    TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax, run_script, tiny_run)
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    per_step_argmax,
+    run_script,
+    tiny_run,
+)
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -34,7 +34,7 @@ from specjax.sharding import (
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import FrozenBase
-from specjax.training.kangaroo import KangarooAdapter
+from specjax.training.heads.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective, step_schedule
 from specjax.training.registry import make_objective
 from tests.conftest import tiny_run

@@ -14,7 +14,7 @@ from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
 from specjax.heads.confidence_head import init_confidence_head
 from specjax.io.checkpoint import Checkpointer, CheckpointError
-from specjax.training.calm import balanced_bce, exit_labels
+from specjax.training.heads.calm import balanced_bce, exit_labels
 from specjax.training.config import CalmConfig
 from specjax.training.frozen_base import load_base
 from specjax.training.trainer import Trainer

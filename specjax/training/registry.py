@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from specjax.data import BatchSampler, Corpus
-from specjax.training.calm import ConfidenceClassifier
+from specjax.training.heads.calm import ConfidenceClassifier
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
 from specjax.training.init_source import InitSource
-from specjax.training.kangaroo import KangarooAdapter
-from specjax.training.medusa import MedusaObjective
+from specjax.training.heads.kangaroo import KangarooAdapter
+from specjax.training.heads.medusa import MedusaObjective
 from specjax.training.objective import LayerSkip, Objective
-from specjax.training.specdec import AcceptanceHeadObjective
+from specjax.training.heads.specdec import AcceptanceHeadObjective
 
 # Heads trained on a frozen base, by name: config section, objective and decoding strategy.
 HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (

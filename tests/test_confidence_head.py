@@ -14,9 +14,8 @@ from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
 from specjax.heads.confidence_head import init_confidence_head
 from specjax.io.checkpoint import Checkpointer, CheckpointError
-from specjax.training.heads.calm import balanced_bce, exit_labels
-from specjax.training.config import CalmConfig
 from specjax.training.frozen_base import load_base
+from specjax.training.heads.calm import CalmConfig, balanced_bce, exit_labels
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, TINY_RUN, damped_params, tiny_run
 

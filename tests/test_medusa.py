@@ -22,8 +22,8 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.medusa import init_medusa, medusa_logits
-from specjax.training.config import MedusaConfig, parse_run_config
-from specjax.training.heads.medusa import make_medusa_step, medusa_targets
+from specjax.training.config import parse_run_config
+from specjax.training.heads.medusa import MedusaConfig, make_medusa_step, medusa_targets
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
 from tests.conftest import (

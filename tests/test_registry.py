@@ -83,3 +83,28 @@ def test_every_option_has_help_and_is_read_by_some_strategy():
             make_strategy(name, recorder)
             read |= recorder.read
     assert read == set(DECODING_FLAGS)
+
+
+def test_a_head_is_one_file():
+    """Catches a head whose objective or settings need edits outside its module (a section in
+    RunConfig, a hand-written list of heads): the training registry is exactly what discovery
+    finds in specjax.training.heads, each under its own name, its section listed in
+    `train.py --help`, read by its objective and refused in a run that trains something
+    else."""
+    from specjax.discovery import exported
+    from specjax.training import heads
+    from specjax.training.config import config_reference, parse_run_config
+    from specjax.training.registry import HEADS
+    from tests.conftest import tiny_run
+
+    assert HEADS == exported(heads, "HEADS", "head")
+    assert {"kangaroo", "specdec", "calm", "medusa"} <= set(HEADS)
+    reference = config_reference({name: head.config_class for name, head in HEADS.items()})
+    for name, head in HEADS.items():
+        assert head.name == name and f"\n  {name}: " in reference
+        assert head.read_section({name: {}}) == head.config_class()
+    assert parse_run_config({**tiny_run(), "medusa": {}}, "medusa").model.num_layers == 4
+    with pytest.raises(ValueError, match=r"unknown section\(s\) \['medusa'\]"):
+        parse_run_config({**tiny_run(), "medusa": {}})
+    with pytest.raises(ValueError, match="medusa.num_heads=0 must be an int >= 1"):
+        HEADS["medusa"].read_section({"medusa": {"num_heads": 0}})

@@ -26,8 +26,8 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.model import forward
-from specjax.training.ranking import auc
 from specjax.training.heads.specdec import draft_labels
+from specjax.training.ranking import auc
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

@@ -25,9 +25,11 @@ from ml_collections import config_flags
 from specjax import processes
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.training.config import config_reference
+from specjax.training.registry import HEADS
 from specjax.training.trainer import train_and_evaluate
 
-__doc__ += "\n" + config_reference()  # `--help` prints the module docstring
+__doc__ += "\n" + config_reference(  # `--help` prints the module docstring
+    {name: head.config_class for name, head in HEADS.items()})
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")

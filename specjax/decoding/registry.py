@@ -9,28 +9,19 @@ the option groups of every registered strategy (`decoding.options`): the checkpo
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from specjax.decoding import drafters
 from specjax.decoding.drafter import Drafter, Strategy
 from specjax.decoding.options import join_options
+from specjax.discovery import exported
 
 
 def discover(package: Any = drafters) -> dict[str, Strategy]:
     """The strategies the modules of `package` export, by name (a name exported twice is an
     error)."""
-    found: dict[str, Strategy] = {}
-    for module in pkgutil.iter_modules(package.__path__):
-        exported = getattr(importlib.import_module(f"{package.__name__}.{module.name}"),
-                           "STRATEGIES", {})
-        for name, strategy in exported.items():
-            if name in found:
-                raise ValueError(f"strategy {name!r} is exported by two drafter modules")
-            found[name] = strategy
-    return found
+    return exported(package, "STRATEGIES", "strategy")
 
 
 STRATEGIES: Mapping[str, Strategy] = discover()

@@ -50,28 +50,28 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.remat, bool):  # configs written before the policies
             object.__setattr__(self, "remat", "full" if self.remat else "none")
-        _check(self.remat in REMAT_POLICIES, "train.remat", self.remat,
+        check(self.remat in REMAT_POLICIES, "train.remat", self.remat,
                f"must be one of {list(REMAT_POLICIES)}")
         frozen = tuple(self.frozen.split(",")) if isinstance(self.frozen, str) else tuple(
             self.frozen)
         frozen = tuple(name.strip() for name in frozen if name.strip())
-        _check(set(frozen) <= set(FREEZABLE), "train.frozen", self.frozen,
+        check(set(frozen) <= set(FREEZABLE), "train.frozen", self.frozen,
                f"must name groups among {list(FREEZABLE)}")
         object.__setattr__(self, "frozen", frozen)
         for name in ("batch_size", "total_steps", "eval_every", "eval_batches", "save_every",
                      "keep_checkpoints", "log_every", "grad_accum"):
             _positive(self, name)
-        _check(self.batch_size % self.grad_accum == 0, "train.grad_accum", self.grad_accum,
+        check(self.batch_size % self.grad_accum == 0, "train.grad_accum", self.grad_accum,
                f"must divide train.batch_size={self.batch_size} (micro-batches of equal size)")
         for name in ("learning_rate", "grad_clip"):
             _positive(self, name)
-        _check(0 <= self.warmup_steps < self.total_steps, "train.warmup_steps", self.warmup_steps,
+        check(0 <= self.warmup_steps < self.total_steps, "train.warmup_steps", self.warmup_steps,
                f"must lie in [0, total_steps={self.total_steps})")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", self.min_lr_ratio,
+        check(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", self.min_lr_ratio,
                "must lie in [0, 1]")
-        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
         for name in ("b1", "b2"):
-            _check(0.0 <= getattr(self, name) < 1.0, f"train.{name}", getattr(self, name),
+            check(0.0 <= getattr(self, name) < 1.0, f"train.{name}", getattr(self, name),
                    "must lie in [0, 1)")
 
 
@@ -103,99 +103,18 @@ class LayerSkipConfig:
     e_scale_warmup: int = 0
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.e_scale_warmup, int) and self.e_scale_warmup >= 0,
+        check(isinstance(self.e_scale_warmup, int) and self.e_scale_warmup >= 0,
                "layerskip.e_scale_warmup", self.e_scale_warmup, "must be an int >= 0")
-        _check(0.0 <= self.p_max <= 1.0, "layerskip.p_max", self.p_max, "must lie in [0, 1]")
-        _check(self.dropout_schedule in DROPOUT_SCHEDULES, "layerskip.dropout_schedule",
+        check(0.0 <= self.p_max <= 1.0, "layerskip.p_max", self.p_max, "must lie in [0, 1]")
+        check(self.dropout_schedule in DROPOUT_SCHEDULES, "layerskip.dropout_schedule",
                self.dropout_schedule, f"must be one of {list(DROPOUT_SCHEDULES)}")
-        _check(0.0 <= self.e_scale <= 1.0, "layerskip.e_scale", self.e_scale, "must lie in [0, 1]")
-        _check(self.exit_scale in EXIT_SCALES, "layerskip.exit_scale", self.exit_scale,
+        check(0.0 <= self.e_scale <= 1.0, "layerskip.e_scale", self.e_scale, "must lie in [0, 1]")
+        check(self.exit_scale in EXIT_SCALES, "layerskip.exit_scale", self.exit_scale,
                f"must be one of {list(EXIT_SCALES)}")
-        _check(self.curriculum in CURRICULA, "layerskip.curriculum", self.curriculum,
+        check(self.curriculum in CURRICULA, "layerskip.curriculum", self.curriculum,
                f"must be one of {list(CURRICULA)}")
-        _check(isinstance(self.rotation_interval, int) and self.rotation_interval >= 1,
+        check(isinstance(self.rotation_interval, int) and self.rotation_interval >= 1,
                "layerskip.rotation_interval", self.rotation_interval, "must be an int >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class KangarooConfig:
-    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.adapter`) on exit `exit_layer` of the
-    frozen model in `base_workdir`, distilled to the base's final distribution (soft
-    cross-entropy). Decoding with it: `--strategy kangaroo` on the adapter's workdir."""
-
-    exit_layer: int = 1
-
-    def __post_init__(self) -> None:
-        _check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "kangaroo.exit_layer",
-               self.exit_layer, "must be an int >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecDecConfig:
-    """SpecDec++'s acceptance head (`specjax.heads.acceptance_head`) on exit `exit_layer` of the
-    frozen model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to
-    predict whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0:
-    greedy drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
-    on the head's workdir. `children` = k >= 1 trains it for dynamic trees instead
-    (`--strategy specdec --tree dynamic`): on the draft's top k tokens at every position, each
-    labelled with the probability that the target's own choice is that token."""
-
-    exit_layer: int = 1
-    width: int = 128
-    temperature: float = 0.8
-    top_p: float = 0.95
-    children: int = 0
-
-    def __post_init__(self) -> None:
-        _check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "specdec.exit_layer",
-               self.exit_layer, "must be an int >= 1")
-        _check(isinstance(self.width, int) and self.width >= 1, "specdec.width", self.width,
-               "must be an int >= 1")
-        _check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
-               "specdec.temperature", self.temperature, "must be >= 0 (0: greedy)")
-        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "specdec.top_p",
-               self.top_p, "must lie in (0, 1]")
-        _check(self.temperature > 0 or self.top_p == 1, "specdec.top_p", self.top_p,
-               "filters sampled drafts: set specdec.temperature > 0 (0 is greedy)")
-        _check(isinstance(self.children, int) and self.children >= 0, "specdec.children",
-               self.children, "must be an int >= 0 (0: a chain's drafts)")
-
-
-@dataclasses.dataclass(frozen=True)
-class MedusaConfig:
-    """Medusa heads (`specjax.heads.medusa`) on the last hidden state of the frozen model in
-    `base_workdir`: `num_heads` heads, head k trained (cross-entropy on the corpus) to predict
-    the token k + 1 places after the next, its loss weighted by `decay`**k as in Medusa-1.
-    Decoding with them: `--strategy medusa` on the heads' workdir (a chain or a tree at most
-    `num_heads` deep)."""
-
-    num_heads: int = 4
-    decay: float = 0.8
-
-    def __post_init__(self) -> None:
-        _check(isinstance(self.num_heads, int) and self.num_heads >= 1, "medusa.num_heads",
-               self.num_heads, "must be an int >= 1")
-        _check(isinstance(self.decay, (int, float)) and 0 < self.decay <= 1, "medusa.decay",
-               self.decay, "must lie in (0, 1]")
-
-
-@dataclasses.dataclass(frozen=True)
-class CalmConfig:
-    """CALM's confidence classifier (`specjax.heads.confidence_head`) on the frozen model in
-    `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
-    whether an exit's argmax equals the final layer's (class-balanced binary cross-entropy,
-    averaged over the exits). Decoding with it: `--strategy calm --calm_measure classifier` on
-    the head's workdir."""
-
-    exits: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        exits = tuple(self.exits)
-        _check(all(isinstance(e, int) and e >= 1 for e in exits)
-               and list(exits) == sorted(set(exits)), "calm.exits", self.exits,
-               "must be distinct exits >= 1 in ascending order (empty: every exit below the "
-               "last)")
-        object.__setattr__(self, "exits", exits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,10 +138,12 @@ class DistillConfig:
 
 def _positive(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
-    _check(value > 0, f"train.{name}", value, "must be > 0")
+    check(value > 0, f"train.{name}", value, "must be > 0")
 
 
-def _check(ok: bool, field: str, value: Any, why: str) -> None:
+def check(ok: bool, field: str, value: Any, why: str) -> None:
+    """A config setting's one-line error: "section.field=value why" (every section's checks,
+    the heads' included)."""
     if not ok:
         raise ValueError(f"{field}={value!r} {why}")
 
@@ -230,26 +151,21 @@ def _check(ok: bool, field: str, value: Any, why: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """A whole training run: the model, its data, optimisation and the LayerSkip recipe; or,
-    with `base_workdir` set, a head trained on that frozen model (the `kangaroo`, `specdec`,
-    `calm` or `medusa` section)."""
+    with `base_workdir` set, a head trained on that frozen model (the head's own section, which
+    its objective reads: `training.heads`)."""
 
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
     layerskip: LayerSkipConfig
     decoding: DecodingConfig
-    kangaroo: KangarooConfig
-    specdec: SpecDecConfig
-    calm: CalmConfig
     distill: DistillConfig
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     init: InitConfig = dataclasses.field(default_factory=InitConfig)
-    medusa: MedusaConfig = dataclasses.field(default_factory=MedusaConfig)
     base_workdir: str = ""
 
 
-SECTIONS = ("model", "data", "train", "layerskip", "decoding", "kangaroo", "specdec", "calm",
-            "medusa", "distill", "mesh", "init")
+SECTIONS = ("model", "data", "train", "layerskip", "decoding", "distill", "mesh", "init")
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
@@ -260,35 +176,44 @@ def decoding_section(**defaults: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(dataclasses.asdict(DecodingConfig(**defaults)))
 
 
-def config_reference() -> str:
-    """Every config section and field with its default, for `train.py --help`."""
+def config_reference(heads: Mapping[str, type] | None = None) -> str:
+    """Every config section and field with its default, for `--help`; `heads`: the head
+    sections (name -> settings dataclass) of the scripts that train heads."""
     lines = ["Config fields (override any with --config.<section>.<field>=value):"]
-    for section in dataclasses.fields(RunConfig):
-        if section.name in SETTINGS:
-            lines.append(f"  {section.name}={section.default!r}: the frozen model a head is "
-                         "trained on (with the kangaroo, specdec, calm or medusa section)")
-            continue
-        cls = section.type if isinstance(section.type, type) else globals()[section.type]
-        described = []
-        for field in dataclasses.fields(cls):
-            if field.default is not dataclasses.MISSING:
-                described.append(f"{field.name}={field.default!r}")
-            elif field.default_factory is not dataclasses.MISSING:
-                described.append(f"{field.name}={field.default_factory()!r}")
-            else:
-                described.append(f"{field.name} (required)")
-        lines.append(textwrap.fill(f"{section.name}: " + ", ".join(described), width=96,
-                                   initial_indent="  ", subsequent_indent="    "))
+    heads = heads or {}
+    for name, section in {field.name: field for field in dataclasses.fields(RunConfig)}.items():
+        if name in SETTINGS:
+            if heads:
+                lines.append(f"  {name}={section.default!r}: the frozen model a head is trained "
+                             f"on (with one head section: {', '.join(heads)})")
+        else:
+            lines.append(_fields_line(name, section.type if isinstance(section.type, type)
+                                      else globals()[section.type]))
+    lines.extend(_fields_line(name, cls) for name, cls in heads.items())
     return "\n".join(lines)
 
 
-def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
-    """Validates a config file's dict (ml_collections ConfigDict or plain) into a RunConfig."""
+def _fields_line(name: str, cls: type) -> str:
+    described = []
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            described.append(f"{field.name}={field.default!r}")
+        elif field.default_factory is not dataclasses.MISSING:
+            described.append(f"{field.name}={field.default_factory()!r}")
+        else:
+            described.append(f"{field.name} (required)")
+    return textwrap.fill(f"{name}: " + ", ".join(described), width=96, initial_indent="  ",
+                         subsequent_indent="    ")
+
+
+def parse_run_config(config: Mapping[str, Any], head: str | None = None) -> RunConfig:
+    """Validates a config file's dict (ml_collections ConfigDict or plain) into a RunConfig;
+    `head` names the head section the run trains (its objective reads it)."""
     values = dict(config)
-    unknown = sorted(set(values) - set(SECTIONS) - set(SETTINGS))
+    unknown = sorted(set(values) - set(SECTIONS) - set(SETTINGS) - {head})
     if unknown:
         raise ValueError(f"config: unknown section(s) {unknown}; known sections: {list(SECTIONS)}"
-                         f" and settings {list(SETTINGS)}")
+                         f", a head's section and settings {list(SETTINGS)}")
     missing = [s for s in ("model", "train") if s not in values]
     if missing:
         raise ValueError(f"config: missing section(s) {missing}")
@@ -299,13 +224,9 @@ def parse_run_config(config: Mapping[str, Any]) -> RunConfig:
         layerskip=dataclass_from_mapping(LayerSkipConfig, values.get("layerskip", {}),
                                          "layerskip"),
         decoding=dataclass_from_mapping(DecodingConfig, values.get("decoding", {}), "decoding"),
-        kangaroo=dataclass_from_mapping(KangarooConfig, values.get("kangaroo", {}), "kangaroo"),
-        specdec=dataclass_from_mapping(SpecDecConfig, values.get("specdec", {}), "specdec"),
-        calm=dataclass_from_mapping(CalmConfig, values.get("calm") or {}, "calm"),
         distill=dataclass_from_mapping(DistillConfig, values.get("distill") or {}, "distill"),
         mesh=dataclass_from_mapping(MeshConfig, values.get("mesh") or {}, "mesh"),
         init=dataclass_from_mapping(InitConfig, values.get("init") or {}, "init"),
-        medusa=dataclass_from_mapping(MedusaConfig, values.get("medusa") or {}, "medusa"),
         base_workdir=str(values.get("base_workdir", "")))
     run.decoding.check(run.model)
     vocab = run.data.make_tokenizer().vocab_size

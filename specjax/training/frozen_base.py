@@ -126,7 +126,7 @@ class HeadOnBase:
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         self.run, self.config, self.base = run, config, base
-        self.section = getattr(run, self.name)  # the head's config section
+        self.section = self.read_section(config)
         self.exit_layer = getattr(self.section, "exit_layer", None)
         if self.exit_layer is not None and self.exit_layer >= run.model.num_layers:
             raise ValueError(f"{self.name}.exit_layer={self.exit_layer} must lie in [1, "
@@ -176,11 +176,15 @@ class HeadOnBase:
         return (cls.name,)
 
     @classmethod
+    def read_section(cls, config: Mapping[str, Any]) -> Any:
+        """The head's config section, checked, as its `config_class`."""
+        return dataclass_from_mapping(cls.config_class, config.get(cls.name) or {}, cls.name)
+
+    @classmethod
     def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
         """The run config with the head's exit (if it has one) as the decoding default:
         decoding from the head's workdir drafts where the head was trained."""
-        section = dataclass_from_mapping(cls.config_class, config.get(cls.name) or {},
-                                         cls.name)
+        section = cls.read_section(config)
         if hasattr(section, "exit_layer"):
             config["decoding"] = {**config["decoding"], "exit_layer": section.exit_layer}
         return config

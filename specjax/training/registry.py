@@ -2,9 +2,11 @@
 
 A config with none of the head sections trains a model (LayerSkip), or, with
 `distill.teacher_workdir` set, distils a frozen teacher into it (a draft model). A config with a
-head section (`kangaroo`, `specdec`, `calm`, `medusa`) trains that head on the frozen model in
-`base_workdir`: the model, its tokenizer and the data and decoding defaults come from the base,
-the config's sections override the last two.
+head section trains that head on the frozen model in `base_workdir`: the model, its tokenizer
+and the data and decoding defaults come from the base, the config's sections override the last
+two. Every module of `specjax.training.heads` that exports `HEADS` ({name: `HeadOnBase`
+subclass}) is registered: adding a head is adding its file (its objective, its section's
+settings) and its tests.
 """
 
 from __future__ import annotations
@@ -13,19 +15,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from specjax.data import BatchSampler, Corpus
-from specjax.training.heads.calm import ConfidenceClassifier
+from specjax.discovery import exported
+from specjax.training import heads
 from specjax.training.config import parse_run_config
 from specjax.training.distill import Distill
 from specjax.training.frozen_base import HeadOnBase, config_on_base, load_base
 from specjax.training.init_source import InitSource
-from specjax.training.heads.kangaroo import KangarooAdapter
-from specjax.training.heads.medusa import MedusaObjective
 from specjax.training.objective import LayerSkip, Objective
-from specjax.training.heads.specdec import AcceptanceHeadObjective
 
 # Heads trained on a frozen base, by name: config section, objective and decoding strategy.
-HEADS: dict[str, type[HeadOnBase]] = {head.name: head for head in (
-    KangarooAdapter, AcceptanceHeadObjective, ConfidenceClassifier, MedusaObjective)}
+HEADS: Mapping[str, type[HeadOnBase]] = exported(heads, "HEADS", "head")
 
 
 def make_objective(config: Mapping[str, Any], source: InitSource | None = None) -> Objective:
@@ -45,7 +44,7 @@ def make_objective(config: Mapping[str, Any], source: InitSource | None = None) 
     head = HEADS[heads[0]]
     base = load_base(str(config.get("base_workdir", "")))
     values = head.on_base(config_on_base(config, base))
-    return head(parse_run_config(values), values, base)
+    return head(parse_run_config(values, head.name), values, base)
 
 
 def layerskip_with_data(config: Mapping[str, Any], tool: str) -> tuple[LayerSkip, BatchSampler]:

@@ -30,10 +30,29 @@ from specjax.heads.confidence_head import (
     init_confidence_head,
 )
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.config import CalmConfig, RunConfig
+from specjax.training.config import RunConfig, check
 from specjax.training.frozen_base import FrozenBase, HeadOnBase
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class CalmConfig:
+    """CALM's confidence classifier (`specjax.heads.confidence_head`) on the frozen model in
+    `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
+    whether an exit's argmax equals the final layer's (class-balanced binary cross-entropy,
+    averaged over the exits). Decoding with it: `--strategy calm --calm_measure classifier` on
+    the head's workdir."""
+
+    exits: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        exits = tuple(self.exits)
+        check(all(isinstance(e, int) and e >= 1 for e in exits)
+               and list(exits) == sorted(set(exits)), "calm.exits", self.exits,
+               "must be distinct exits >= 1 in ascending order (empty: every exit below the "
+               "last)")
+        object.__setattr__(self, "exits", exits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +118,7 @@ class ConfidenceClassifier(HeadOnBase):
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
-        self.exits = trained_exits(run.calm, run.model.num_layers)
+        self.exits = trained_exits(self.section, run.model.num_layers)
         self._train_step = self.jit_step(_make_train_step(run.model, self.exits,
                                                           self.optimizer))
         self._eval_step = jax.jit(_make_eval_step(run.model, self.exits))
@@ -167,3 +186,6 @@ def _make_eval_step(cfg: ModelConfig, exits: tuple[int, ...]) -> Callable:
                 "softmax": softmax_response({}, cfg, hidden, hidden, logits)}
 
     return eval_step
+
+
+HEADS = {"calm": ConfidenceClassifier}

@@ -21,12 +21,25 @@ import optax
 from specjax.config import ModelConfig
 from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
-from specjax.training.config import KangarooConfig, RunConfig
+from specjax.training.config import RunConfig, check
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
 from specjax.training.train_step import TrainState
 
 DRAFTS = ("shared head", "adapter")
+
+
+@dataclasses.dataclass(frozen=True)
+class KangarooConfig:
+    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.adapter`) on exit `exit_layer` of the
+    frozen model in `base_workdir`, distilled to the base's final distribution (soft
+    cross-entropy). Decoding with it: `--strategy kangaroo` on the adapter's workdir."""
+
+    exit_layer: int = 1
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "kangaroo.exit_layer",
+               self.exit_layer, "must be an int >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,3 +139,6 @@ class KangarooAdapter(HeadOnBase):
         per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
         return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
                              per_token["accept"], tokens)
+
+
+HEADS = {"kangaroo": KangarooAdapter}

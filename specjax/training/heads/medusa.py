@@ -18,13 +18,31 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.config import ModelConfig
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.config import MedusaConfig, RunConfig
+from specjax.training.config import RunConfig, check
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import FrozenBase, HeadOnBase
 from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaConfig:
+    """Medusa heads (`specjax.heads.medusa`) on the last hidden state of the frozen model in
+    `base_workdir`: `num_heads` heads, head k trained (cross-entropy on the corpus) to predict
+    the token k + 1 places after the next, its loss weighted by `decay`**k as in Medusa-1.
+    Decoding with them: `--strategy medusa` on the heads' workdir (a chain or a tree at most
+    `num_heads` deep)."""
+
+    num_heads: int = 4
+    decay: float = 0.8
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.num_heads, int) and self.num_heads >= 1, "medusa.num_heads",
+               self.num_heads, "must be an int >= 1")
+        check(isinstance(self.decay, (int, float)) and 0 < self.decay <= 1, "medusa.decay",
+               self.decay, "must lie in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +141,9 @@ class MedusaObjective(HeadOnBase):
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
-        self._train_step = self.jit_step(make_medusa_step(run.model, run.medusa,
+        self._train_step = self.jit_step(make_medusa_step(run.model, self.section,
                                                           self.optimizer))
-        self._eval_step = jax.jit(make_medusa_eval_step(run.model, run.medusa.num_heads))
+        self._eval_step = jax.jit(make_medusa_eval_step(run.model, self.section.num_heads))
 
     @staticmethod
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
@@ -138,13 +156,13 @@ class MedusaObjective(HeadOnBase):
     @classmethod
     def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
         """Decoding from the heads' workdir drafts a chain no deeper than the heads."""
-        heads = dataclass_from_mapping(MedusaConfig, config.get(cls.name) or {}, cls.name)
+        heads = cls.read_section(config)
         drafts = config["decoding"].get("num_draft", heads.num_heads)
         config["decoding"] = {**config["decoding"], "num_draft": min(drafts, heads.num_heads)}
         return config
 
     def initial_params(self) -> Params:
-        return init_medusa(self.base.params, self.run.model, self.run.medusa.num_heads)
+        return init_medusa(self.base.params, self.run.model, self.section.num_heads)
 
     def train_step(self, state: TrainState, batch: np.ndarray,
                    step: int) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -160,3 +178,6 @@ class MedusaObjective(HeadOnBase):
             tuple(float(x) for x in totals["ce"] / count),
             tuple(float(x) for x in totals["correct"] / count),
             float(totals["base_ce"]) / tokens, float(totals["base_correct"]) / tokens, tokens)
+
+
+HEADS = {"medusa": MedusaObjective}

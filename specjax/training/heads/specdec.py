@@ -32,10 +32,41 @@ from specjax.heads.acceptance_head import (
     init_acceptance_head,
 )
 from specjax.model import Params, exit_logits
-from specjax.training.config import RunConfig, SpecDecConfig
+from specjax.training.config import RunConfig, check
 from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecConfig:
+    """SpecDec++'s acceptance head (`specjax.heads.acceptance_head`) on exit `exit_layer` of the
+    frozen model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to
+    predict whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0:
+    greedy drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`
+    on the head's workdir. `children` = k >= 1 trains it for dynamic trees instead
+    (`--strategy specdec --tree dynamic`): on the draft's top k tokens at every position, each
+    labelled with the probability that the target's own choice is that token."""
+
+    exit_layer: int = 1
+    width: int = 128
+    temperature: float = 0.8
+    top_p: float = 0.95
+    children: int = 0
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.exit_layer, int) and self.exit_layer >= 1, "specdec.exit_layer",
+               self.exit_layer, "must be an int >= 1")
+        check(isinstance(self.width, int) and self.width >= 1, "specdec.width", self.width,
+               "must be an int >= 1")
+        check(isinstance(self.temperature, (int, float)) and self.temperature >= 0,
+               "specdec.temperature", self.temperature, "must be >= 0 (0: greedy)")
+        check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "specdec.top_p",
+               self.top_p, "must lie in (0, 1]")
+        check(self.temperature > 0 or self.top_p == 1, "specdec.top_p", self.top_p,
+               "filters sampled drafts: set specdec.temperature > 0 (0 is greedy)")
+        check(isinstance(self.children, int) and self.children >= 0, "specdec.children",
+               self.children, "must be an int >= 0 (0: a chain's drafts)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +153,7 @@ class AcceptanceHeadObjective(HeadOnBase):
 
     def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
         super().__init__(run, config, base)
-        sampling, children = sampling_of(run.specdec), run.specdec.children
+        sampling, children = sampling_of(self.section), self.section.children
         self._train_step = self.jit_step(_make_train_step(run.model, self.exit_layer, sampling,
                                                           children, self.optimizer))
         self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling,
@@ -189,3 +220,6 @@ def _make_eval_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams 
                 "draft_prob": jnp.take_along_axis(q, token[..., None], axis=-1)[..., 0]}
 
     return eval_step
+
+
+HEADS = {"specdec": AcceptanceHeadObjective}

@@ -66,7 +66,9 @@ def run() -> None:
             with open(json_path, "w", encoding="utf-8") as f:
                 json.dump(report.to_records(), f, indent=1)
         if plot_path:
-            report.plot().savefig(plot_path, format="png", dpi=120)
+            from specjax import plots  # matplotlib only when a plot is asked for
+
+            plots.exit_report(report).savefig(plot_path, format="png", dpi=120)
     for path in (FLAGS.output_json, FLAGS.plot):
         if path:
             print(f"wrote {path}")

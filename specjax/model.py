@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from specjax.cache import Cache
 from specjax.config import ModelConfig
-from specjax.nn.layer_kinds import LAYER_KINDS, Step
+from specjax.nn.layer_kinds import LAYER_KINDS, Step, check_layer_kinds
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
@@ -39,6 +39,7 @@ REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveab
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     """Random parameters, each kind's layers stacked on a leading axis (layer i drawn from the
     i-th of `num_layers` keys, whatever its kind)."""
+    check_layer_kinds(cfg)
     k_embed, k_layers, k_unembed = jax.random.split(key, 3)
     layer_keys = jax.random.split(k_layers, cfg.num_layers)
     params = {"embed": _normal(k_embed, (cfg.vocab_size, cfg.d_model), cfg)}

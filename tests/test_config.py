@@ -103,3 +103,25 @@ def test_the_model_configs_decoding_section_takes_every_drafters_option():
     changes over its base's decoding defaults, on purpose."""
     section = importlib.import_module("configs.tiny_code").get_config().decoding
     assert set(section) == {field.name for field in dataclasses.fields(DecodingConfig)}
+
+
+def test_layer_kinds_are_checked_where_they_are_looked_up():
+    """Catches an unknown layer kind or a Mamba-2 model without its `ssm` section reaching a
+    KeyError deep in the model (the check moved out of ModelConfig, which imports no layer:
+    `import specjax.config` loading the layer registry would bring the import circle back)."""
+    import subprocess
+    import sys
+
+    from specjax import model as M
+
+    bogus = dict(layer_pattern=("attention", "bogus", "attention", "attention"))
+    with pytest.raises(ValueError, match=r"has unknown kinds \['bogus'\]; known: \["):
+        parse_run_config(tiny_run(model=bogus))
+    with pytest.raises(ValueError, match=r"has unknown kinds \['bogus'\]"):
+        M.init_params(ModelConfig(**{**TINY_MODEL, **bogus}), None)
+    with pytest.raises(ValueError, match="ssm=None must be set when layer_pattern has mamba2"):
+        parse_run_config(tiny_run(model=dict(layer_pattern=("mamba2",) * 4)))
+    loaded = subprocess.run([sys.executable, "-c", "import sys, specjax.config; print("
+                             "[m for m in sys.modules if m.startswith('specjax.nn')])"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

@@ -57,7 +57,8 @@ class LayerKind:
     are declared there); `no_decay`, parameters that weight decay leaves alone; `depthwise`,
     weights applied elementwise (not matrix products, whatever their rank); `hf_leaves(cfg)`,
     how one layer's parameters are stored in Hugging Face checkpoints (`nn.hf_layout`; None:
-    no HF layout, so `convert` refuses the model)."""
+    no HF layout, so `convert` refuses the model); `requires(cfg)`, why a model config cannot
+    have this kind's layers (a one-line reason, None when it can)."""
 
     params_key: str
     init: Callable[[ModelConfig, jax.Array], Params]
@@ -73,6 +74,7 @@ class LayerKind:
     no_decay: tuple[str, ...] = ()
     depthwise: tuple[str, ...] = ()
     hf_leaves: Callable[[ModelConfig], tuple[HfLeaf, ...]] | None = None
+    requires: Callable[[ModelConfig], str | None] = lambda cfg: None
 
 
 def _one_token(cfg: ModelConfig) -> tuple[jax.Array, Rope, jax.Array]:
@@ -181,5 +183,20 @@ LAYER_KINDS: dict[str, LayerKind] = {
                     "xbc": ("batch", None, None), "x": ("batch", None, "ssm_heads", None),
                     "b": ("batch", None, None, None), "dt": ("batch", None, "ssm_heads"),
                     "log_decay": ("batch", None, "ssm_heads")},
-        no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",), hf_leaves=mamba2_leaves),
+        no_decay=("A_log", "D", "dt_bias"), depthwise=("conv",), hf_leaves=mamba2_leaves,
+        requires=lambda cfg: None if cfg.ssm is not None else (
+            "ModelConfig.ssm=None must be set when layer_pattern has mamba2 layers")),
 }
+
+
+def check_layer_kinds(cfg: ModelConfig) -> None:
+    """A one-line ValueError when `cfg` names a kind this table lacks, or one whose layers it
+    cannot have (`LayerKind.requires`)."""
+    unknown = sorted(set(cfg.layer_kinds) - set(LAYER_KINDS))
+    if unknown:
+        raise ValueError(f"ModelConfig.layer_pattern={cfg.layer_pattern!r} has unknown kinds "
+                         f"{unknown}; known: {sorted(LAYER_KINDS)}")
+    for name in dict.fromkeys(cfg.layer_kinds):
+        reason = LAYER_KINDS[name].requires(cfg)
+        if reason:
+            raise ValueError(reason)

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,9 +45,6 @@ from specjax.model import (
 from specjax.tokenizer import Tokenizer
 from specjax.tools.timing import timed
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)
 
@@ -166,12 +163,6 @@ class DraftExitReport:
         parts.append(f"head {span(self.costs.head)}")
         return (f"costs (batch 1, {self.costs.context} cached tokens): " + "; ".join(parts)
                 + f"; plain decoding {1e3 * self.costs.plain(self.layer_kinds):.3f} ms/token")
-
-    def plot(self) -> Figure:
-        """`specjax.plots.exit_report` of this report."""
-        from specjax.plots import exit_report  # only for plots: `import specjax` stays light
-
-        return exit_report(self)
 
 
 def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,

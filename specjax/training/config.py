@@ -12,6 +12,7 @@ import ml_collections
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.decoding.registry import DecodingConfig
+from specjax.nn.layer_kinds import check_layer_kinds
 from specjax.sharding import MeshConfig
 
 DROPOUT_SCHEDULES = ("constant", "exp")
@@ -228,6 +229,7 @@ def parse_run_config(config: Mapping[str, Any], head: str | None = None) -> RunC
         mesh=dataclass_from_mapping(MeshConfig, values.get("mesh") or {}, "mesh"),
         init=dataclass_from_mapping(InitConfig, values.get("init") or {}, "init"),
         base_workdir=str(values.get("base_workdir", "")))
+    check_layer_kinds(run.model)
     run.decoding.check(run.model)
     vocab = run.data.make_tokenizer().vocab_size
     if run.model.vocab_size < vocab:

@@ -25,8 +25,8 @@ from absl import app, flags
 from specjax.cli.decoding import require_positive_flags, run_writing_json, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags
 from specjax.config import ModelConfig
-from specjax.io.loading import load_model
 from specjax.kernels import cpu_attention
+from specjax.loading import load_model
 from specjax.nn.attention import _attend
 from specjax.tools.timing import time_interleaved
 

@@ -36,8 +36,8 @@ from specjax.cli.entrypoint import parse_flags
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.io.loading import load_model
 from specjax.kernels import decision
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import (
     bytes_per_token,

@@ -38,8 +38,8 @@ from specjax.cli.entrypoint import parse_flags
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
-from specjax.io.loading import load_model
 from specjax.kernels import KERNELS, decision, library
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.timing import time_interleaved
 

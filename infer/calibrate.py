@@ -42,7 +42,7 @@ from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.io.calibrated_defaults import write_calibrated
-from specjax.io.loading import load_model
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality

@@ -18,7 +18,7 @@ from specjax.cli.decoding import require_positive_flags, run_writing_json
 from specjax.cli.entrypoint import parse_flags
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.io.loading import load_model
+from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
 

@@ -40,7 +40,7 @@ from specjax.decoding.engine import (
 from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
-from specjax.io.loading import LoadedModel, load_model
+from specjax.loading import LoadedModel, load_model
 from specjax.tokenizer import Tokenizer, get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report

@@ -16,7 +16,7 @@ from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.convert.hf_config import ConversionError
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.io.checkpoint import Checkpointer
-from specjax.io.loading import load_model
+from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, run_script, tiny_run

@@ -7,7 +7,7 @@ import pytest
 from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.shapes.chain import Chain
 from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
-from specjax.io.loading import load_model
+from specjax.loading import load_model
 from specjax.training.frozen_base import load_base
 from specjax.training.train_step import TrainState
 from specjax.training.trainer import Trainer

@@ -13,7 +13,7 @@ import specjax
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.shapes.chain import Chain
 from specjax.io.checkpoint import Checkpointer, CheckpointError
-from specjax.io.loading import load_model
+from specjax.loading import load_model
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer

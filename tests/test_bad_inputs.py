@@ -10,11 +10,11 @@ import jax
 import pytest
 
 import specjax
-from specjax.cli.entrypoint import SpecjaxError
 from specjax.config import ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.convert.hf_config import ConversionError
 from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer
 from specjax.loading import load_model
 from specjax.model import init_params

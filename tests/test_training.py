@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cli.entrypoint import SpecjaxError
+from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.io.workdir import WorkdirBusyError, exclusive_workdir
 from specjax.training import objective as objective_module

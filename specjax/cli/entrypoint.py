@@ -13,12 +13,9 @@ from absl import flags, logging
 from ml_collections.config_flags.config_flags import is_config_flag
 
 from specjax.cli import early_interrupt
+from specjax.errors import SpecjaxError
 
 T = TypeVar("T")
-
-
-class SpecjaxError(RuntimeError):
-    """A problem the user can fix (bad checkpoint, diverged run...), reported without traceback."""
 
 
 USER_ERRORS = (SpecjaxError, ValueError, FileNotFoundError)

@@ -12,8 +12,8 @@ import json
 import os
 from typing import Any
 
-from specjax.cli.entrypoint import SpecjaxError
 from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
+from specjax.errors import SpecjaxError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                  "Mamba2ForCausalLM", "BambaForCausalLM")

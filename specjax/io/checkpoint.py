@@ -17,8 +17,8 @@ import jax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
 
-from specjax.cli.entrypoint import SpecjaxError
 from specjax.config import ModelConfig
+from specjax.errors import SpecjaxError
 from specjax.model import init_params
 from specjax.sharding import tree_shardings, with_shardings
 

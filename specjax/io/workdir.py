@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterator
 
-from specjax.cli.entrypoint import SpecjaxError
+from specjax.errors import SpecjaxError
 
 LOCK_FILE = ".lock"
 

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specjax.cli.entrypoint import SpecjaxError
 from specjax.data import BatchSampler, Corpus
+from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer, abstract_tree, check_model_config
 from specjax.io.workdir import exclusive_workdir
 from specjax.processes import any_process, is_leader

@@ -28,7 +28,7 @@ from specjax.config import ModelConfig
 from specjax.kernels import cpu_attention
 from specjax.loading import load_model
 from specjax.nn.attention import _attend
-from specjax.tools.timing import time_interleaved
+from specjax.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir (its model's heads and head_dim).",
                     required=True)

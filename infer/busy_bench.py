@@ -40,8 +40,8 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.kernels import KERNELS, decision, library
 from specjax.loading import load_model
+from specjax.timing import time_interleaved
 from specjax.tokenizer import get_tokenizer
-from specjax.tools.timing import time_interleaved
 
 flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
 flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")

@@ -43,11 +43,11 @@ from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import load_model
+from specjax.timing import progress_bar
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.tools.learn_then_test import check_risk_levels, learn_then_test
-from specjax.tools.timing import progress_bar
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
 flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model "

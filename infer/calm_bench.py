@@ -29,8 +29,8 @@ from specjax.cli.entrypoint import parse_flags
 from specjax.decoding.engine import AUTOREGRESSIVE
 from specjax.decoding.registry import make_strategy
 from specjax.io.calibrated_defaults import read_calibrated
-from specjax.io.outputs import staged
 from specjax.loading import load_model
+from specjax.outputs import staged
 from specjax.plots import calm_curve
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark

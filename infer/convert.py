@@ -16,7 +16,7 @@ from absl import app, flags
 from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
-from specjax.io.outputs import check_destinations
+from specjax.outputs import check_destinations
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")

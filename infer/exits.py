@@ -19,8 +19,8 @@ from absl import app, flags
 from specjax.cli.decoding import require_positive_flags, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import DataConfig, iter_documents
-from specjax.io.outputs import check_destinations, staged
 from specjax.loading import load_model
+from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 

@@ -32,9 +32,9 @@ from specjax.cli.decoding import (
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
-from specjax.io.outputs import check_destinations, staged
 from specjax.kernels import decision
 from specjax.loading import load_model
+from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")

@@ -41,8 +41,8 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
+from specjax.timing import time_interleaved
 from specjax.tools.bench import bytes_per_token
-from specjax.tools.timing import time_interleaved
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

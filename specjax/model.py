@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
+from specjax.nn.cache import Cache
 from specjax.nn.layer_kinds import LAYER_KINDS, Step, check_layer_kinds
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm

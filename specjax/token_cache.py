@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specjax.io.outputs import staged_dir
+from specjax.outputs import staged_dir
 from specjax.tokenizer import Tokenizer
 
 FORMAT = 1  # bump when the streams' layout changes

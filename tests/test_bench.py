@@ -15,6 +15,7 @@ from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.model import init_params, unstack_layers
+from specjax.timing import time_interleaved
 from specjax.tools import bench
 from specjax.tools.bench import (
     bytes_per_token,
@@ -22,7 +23,6 @@ from specjax.tools.bench import (
     matvec_bandwidth,
     run_benchmark,
 )
-from specjax.tools.timing import time_interleaved
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

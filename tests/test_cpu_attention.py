@@ -12,7 +12,6 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 from specjax import model as M
-from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
@@ -20,6 +19,7 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.nn.attention import Attention
+from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
 from tests.conftest import KERNEL_BUILDS, kernel_build
 

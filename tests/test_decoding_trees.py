@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafter import DraftContext
@@ -23,6 +22,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
+from specjax.nn.cache import LayerKV
 from tests.conftest import TINY_MODEL, damped_params, decode_rounds
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

@@ -140,7 +140,7 @@ def imported(tmp_path_factory):
     checkpoints.save(0, PARAMS, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
                                        "tokenizer": "bytes"})
     checkpoints.close()
-    with open(os.path.join(ROOT, "specjax", "cache.py"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "specjax", "nn", "cache.py"), encoding="utf-8") as f:
         texts = [part for part in f.read().split("\n\n") if part.strip()]
     texts_file = root / "texts.jsonl"
     texts_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

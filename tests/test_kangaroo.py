@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from specjax import model as M
-from specjax.cache import LayerKV
 from specjax.cli.decoding import resolve_auto_tree
 from specjax.config import ModelConfig
 from specjax.decoding import loop
@@ -24,6 +23,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.adapter import init_adapter, run_adapter_cached
+from specjax.nn.cache import LayerKV
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.cache import LayerSSM
 from specjax.config import ModelConfig, SsmConfig
+from specjax.nn.cache import LayerSSM
 from specjax.nn.mamba2 import Cached, Mamba2Block, Prefill, Sequence
 from tests.test_ssd import paths, random_tree
 

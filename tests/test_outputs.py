@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from specjax.io.outputs import check_destinations, staged
+from specjax.outputs import check_destinations, staged
 from tests.conftest import run_script
 
 OLD = b'{"kept": "the previous run\'s results"}\n'
@@ -110,7 +110,7 @@ def test_a_staged_folder_replaces_whole_with_normal_permissions(tmp_path, monkey
     """Catches a folder output kept at mkdtemp's 0700 with 0600 files (an export others could
     not read), a replacement that mixes old and new files, and the current directory replaced
     (`convert.py --to_hf --hf_dir . --overwrite` left a stray folder and a traceback)."""
-    from specjax.io.outputs import staged_dir
+    from specjax.outputs import staged_dir
 
     target = tmp_path / "export"
     target.mkdir()

@@ -23,7 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.cli.entrypoint import parse_flags, run_cli
-from specjax.io.outputs import staged
+from specjax.outputs import staged
 from specjax.training.config import config_reference
 from specjax.training.memory import GIB
 from specjax.training.registry import layerskip_with_data

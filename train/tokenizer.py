@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import DataConfig, is_validation_key, iter_documents
-from specjax.io.outputs import staged_dir
+from specjax.outputs import staged_dir
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too

@@ -21,7 +21,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.options import kind_phrase
 from specjax.decoding.registry import DecodingConfig, declared_options, require_used
 from specjax.decoding.sampling import SamplingParams
-from specjax.io.outputs import check_destinations, read_json_cache, staged, write_json_cache
+from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.sharding import MeshConfig, make_mesh
 from specjax.tokenizer import Tokenizer
 from specjax.tools.tree_search import Measurements, TreePlan, measure

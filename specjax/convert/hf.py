@@ -23,7 +23,7 @@ from specjax.convert.hf_config import (
 from specjax.convert.hf_weights import load_hf_params, save_hf_params
 from specjax.decoding.registry import DecodingConfig
 from specjax.io.checkpoint import Checkpointer, load_params
-from specjax.io.outputs import staged_dir
+from specjax.outputs import staged_dir
 from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer
 
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer

@@ -18,10 +18,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import along_path
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.shapes.tree import ancestor_matrix, children_table, walk
+from specjax.nn.cache import along_path
 
 
 @flax.struct.dataclass

@@ -33,13 +33,13 @@ from typing import Any, ClassVar, Protocol
 import flax.struct
 import jax
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.verify import Verified, verify
 from specjax.model import Params
+from specjax.nn.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)

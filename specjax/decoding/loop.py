@@ -17,13 +17,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache, along_path
 from specjax.config import ModelConfig
 from specjax.decoding import streaming
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
+from specjax.nn.cache import Cache, along_path
 
 DEPTH = "depth"  # the loop's own per-token trace; the verifier's traces sit beside it
 

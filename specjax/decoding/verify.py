@@ -24,12 +24,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.branching import switch
 from specjax.decoding.proposal import Proposal, pass_index
 from specjax.decoding.shapes.tree import Layout, ancestor_matrix, chain_layout, tree_layout
 from specjax.model import Params, embed, exit_logits, run_layers_cached
+from specjax.nn.cache import Cache
 
 
 @flax.struct.dataclass

@@ -17,10 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.model import Params, causal_mask, init_params, layer_params, unembed
 from specjax.nn.attention import Attention
+from specjax.nn.cache import LayerKV
 from specjax.nn.norm import RMSNorm
 from specjax.nn.rope import Rope, rope_tables
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from absl import logging
 
-from specjax.io.outputs import staged
+from specjax.outputs import staged
 
 FILE = "calibrated_decoding.json"
 

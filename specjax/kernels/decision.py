@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.io import outputs
-from specjax.tools.timing import timed
+from specjax import outputs
+from specjax.timing import timed
 
 MODES = ("auto", "1", "0")
 FASTER = 1.1  # auto: XLA's time over the kernel's, typical conditions, at least this

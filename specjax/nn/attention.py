@@ -11,10 +11,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.devices import traced_for_one_device
 from specjax.kernels import cpu_attention
+from specjax.nn.cache import LayerKV
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
 from specjax.nn.rope import Rope, apply_rope

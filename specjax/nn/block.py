@@ -3,9 +3,9 @@
 import flax.linen as nn
 import jax
 
-from specjax.cache import LayerKV
 from specjax.config import ModelConfig
 from specjax.nn.attention import Attention, write_kv
+from specjax.nn.cache import LayerKV
 from specjax.nn.mlp import MLP
 from specjax.nn.norm import RMSNorm, apply_rms_norm
 from specjax.nn.rope import Rope

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import LayerKV, LayerSSM
 from specjax.config import ModelConfig
 from specjax.nn.block import DecoderBlock, propagate_state
+from specjax.nn.cache import LayerKV, LayerSSM
 from specjax.nn.hf_layout import HfLeaf, attention_leaves, mamba2_leaves
 from specjax.nn.mamba2 import Cached, Mamba2Block, Prefill, Sequence
 from specjax.nn.rope import Rope, rope_tables

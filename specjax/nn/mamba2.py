@@ -29,8 +29,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import LayerSSM
 from specjax.config import ModelConfig
+from specjax.nn.cache import LayerSSM
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import MLP, residual_init_std
 from specjax.nn.norm import RMSNorm

@@ -31,7 +31,7 @@ from specjax.mappings import MappingBudget
 from specjax.model import Params, matmul_weights
 from specjax.nn.layer_kinds import LAYER_KINDS
 from specjax.nn.linear import matmul
-from specjax.tools.timing import time_interleaved, time_left, timed
+from specjax.timing import time_interleaved, time_left, timed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,9 @@ import numpy as np
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafters.calm import Calm
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.timing import progress_bar
 from specjax.tokenizer import Tokenizer
 from specjax.tools.forced import forced_losses
-from specjax.tools.timing import progress_bar
 
 CONSISTENCIES = ("textual", "risk")
 

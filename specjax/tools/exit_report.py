@@ -42,8 +42,8 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
+from specjax.timing import timed
 from specjax.tokenizer import Tokenizer
-from specjax.tools.timing import timed
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
 NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)

@@ -9,12 +9,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
 from specjax.decoding.loop import prefill_target
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import Params
+from specjax.nn.cache import Cache
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "early_exit", "cache_len"))

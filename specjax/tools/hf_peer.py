@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from specjax.convert.hf import export_checkpoint
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.drafters.layerskip import SelfSpeculative
-from specjax.tools.timing import time_interleaved
+from specjax.timing import time_interleaved
 
 
 @dataclasses.dataclass(frozen=True)

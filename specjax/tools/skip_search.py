@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.model import Params, allocate_cache, embed, exit_logits, run_layers_cached
-from specjax.tools.timing import progress_bar
+from specjax.nn.cache import Cache
+from specjax.timing import progress_bar
 from specjax.tools.tree_search import (
     ar_round_seconds,
     interpolate,

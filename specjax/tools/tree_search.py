@@ -32,7 +32,7 @@ from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
-from specjax.tools.timing import progress_bar, timed
+from specjax.timing import progress_bar, timed
 
 MAX_CHILDREN = 8
 

@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, Stateless, Strategy
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain
+from specjax.nn.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import (
     DraftContext,
@@ -44,6 +43,7 @@ from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import Verified
 from specjax.model import Params
+from specjax.nn.cache import Cache
 
 
 @flax.struct.dataclass

@@ -18,7 +18,6 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import (
     DraftContext,
@@ -33,6 +32,7 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
+from specjax.nn.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)

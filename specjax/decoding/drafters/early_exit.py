@@ -29,12 +29,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.branching import either
 from specjax.decoding.shapes.tree import Layout
 from specjax.heads.confidence_head import confidence, top_two_margin
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
+from specjax.nn.cache import Cache
 
 # measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
 # [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]

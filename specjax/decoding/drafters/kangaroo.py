@@ -19,7 +19,6 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache, LayerKV
 from specjax.decoding.drafter import DraftContext, Prefilled, Round, Strategy
 from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
@@ -28,6 +27,7 @@ from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
 from specjax.heads.adapter import run_adapter_cached
 from specjax.model import unembed
+from specjax.nn.cache import Cache, LayerKV
 from specjax.sharding import constrain_cache
 
 

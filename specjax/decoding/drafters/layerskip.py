@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import jax
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless, Strategy
 from specjax.decoding.options import layer_list, option
@@ -29,6 +28,7 @@ from specjax.decoding.shapes.chain import AcceptModel, Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.model import embed, exit_logits, run_layers_cached
+from specjax.nn.cache import Cache
 
 # head(ctx, hidden after the last drafted layer [B, n, D], layout, head_state) ->
 # (draft logits [B, n, V], head_state): the shared exit head, or Kangaroo's adapter with its K/V.

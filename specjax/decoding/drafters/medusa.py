@@ -18,7 +18,6 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache, along_path
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import (
     DraftContext,
@@ -31,6 +30,7 @@ from specjax.decoding.drafter import (
 from specjax.decoding.proposal import Proposal, Shape, depth_step
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.heads.medusa import medusa_logits
+from specjax.nn.cache import Cache, along_path
 
 
 @dataclasses.dataclass(frozen=True)

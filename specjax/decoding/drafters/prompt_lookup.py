@@ -18,13 +18,13 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round, Strategy
 from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, depth_step
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions
+from specjax.nn.cache import Cache
 
 MAX_NGRAM = 16  # each n compiles n shifted comparisons of the text
 

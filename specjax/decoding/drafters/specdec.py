@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 import jax
 from absl import logging
 
-from specjax.cache import Cache
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DraftWeights, Strategy
 from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
@@ -29,6 +28,7 @@ from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.heads.acceptance_head import acceptance_probability
+from specjax.nn.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)

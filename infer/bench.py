@@ -48,10 +48,10 @@ from specjax.tools.bench import (
 from specjax.tools.tree_search import pass_seconds
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model (repeat "
-                          "the flag): a smaller model with the same tokenizer (strategy draft; "
-                          "trained or imported) or heads trained on this model (kangaroo, "
-                          "specdec).")
+flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model: a "
+                          "smaller model with the same tokenizer (strategy draft; trained or "
+                          "imported) or heads trained on this model (kangaroo, specdec, "
+                          "medusa)")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare with ar (the "
                   "baseline, always run); available: "
@@ -96,7 +96,8 @@ def benchmark() -> dict:
                            "seeds")
     for name in ("num_prompts", "prompt_len"):
         if FLAGS.prompts_file and FLAGS[name].present:
-            raise ValueError(f"--{name} picks held-out prompts; --prompts_file gives them all")
+            raise ValueError(f"--{name} and --prompts_file do not go together: --{name} "
+                             "shapes held-out prompts, --prompts_file gives its own; drop one")
     mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta

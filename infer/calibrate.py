@@ -51,7 +51,7 @@ from specjax.tools.learn_then_test import check_risk_levels, learn_then_test
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
 flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model "
-                          "(for --calm_measure classifier).")
+                          "(for --calm_measure classifier)")
 CALIBRATED = ("calm", "selfspec")  # the strategies with a threshold to calibrate
 flags.DEFINE_enum("strategy", "calm", list(CALIBRATED), "Whose threshold to calibrate.")
 flags.DEFINE_float("delta", 0.1, "Risk bound: the chosen value's expected loss is <= delta...")
@@ -99,7 +99,8 @@ def run() -> dict:
     require_positive_flags("num_prompts", "per_document", "prompt_len", "max_new_tokens",
                            "speed_prompts")
     check_risk_levels(FLAGS.delta, FLAGS.epsilon, prefix="--")
-    grid = _grid(FLAGS.grid or [f"{1 - i / 20:.2f}" for i in range(FLAGS.strategy != "calm", 21)])
+    grid = _grid([f"{1 - i / 20:.2f}" for i in range(FLAGS.strategy != "calm", 21)]
+                 if FLAGS.grid is None else FLAGS.grid, below_one=FLAGS.strategy != "calm")
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     if sampling is not None and FLAGS.strategy == "calm":
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
@@ -185,13 +186,17 @@ def _selfspec(generator: Generator, options, grid: list[float], prompts: list[li
                  "draft_threshold")
 
 
-def _grid(values: list[str]) -> list[float]:
+def _grid(values: list[str], below_one: bool) -> list[float]:
+    """The thresholds tested: numbers in [0, 1] (below 1 for selfspec's eta, which 1 would
+    stop at every draft), descending from the safest; a one-line error naming --grid."""
     try:
         grid = [float(v) for v in values]
     except ValueError:
         raise ValueError(f"--grid={','.join(values)}: expected numbers") from None
-    if not grid or grid != sorted(grid, reverse=True) or not 0 <= grid[-1] <= grid[0] <= 1:
-        raise ValueError(f"--grid={','.join(values)}: expected thresholds in [0, 1], "
+    top = "1)" if below_one else "1]"
+    if (not grid or grid != sorted(grid, reverse=True) or not 0 <= grid[-1] <= grid[0] <= 1
+            or (below_one and grid[0] >= 1)):
+        raise ValueError(f"--grid={','.join(values)!r}: expected thresholds in [0, {top}, "
                          "descending from the safest")
     return grid
 

@@ -37,7 +37,7 @@ from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import heldout_continuations, measure_quality
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
-flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model.")
+flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model")
 flags.DEFINE_list("thresholds", ["1", "0.95", "0.9", "0.8", "0.6", "0.4", "0.2", "0"],
                   "The lambdas swept.")
 flags.DEFINE_integer("num_prompts", 8, "Held-out prompts (one per document, as infer/bench.py).")
@@ -46,7 +46,7 @@ flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated (and reference tok
 flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
 flags.DEFINE_string("plot", None, "Write the quality-versus-speed curve here (PNG).")
 flags.DEFINE_string("output_json", None, "Also write the results here.")
-define_decoding_flags()
+define_decoding_flags(strategies=("calm",))
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS

@@ -47,7 +47,7 @@ def _export() -> list[str]:
     refuse_flags(("tokenizer",), "an import")
     if FLAGS.max_shard_gb <= 0:
         raise ValueError(f"--max_shard_gb={FLAGS.max_shard_gb:g} must be > 0")
-    check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir})
+    check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir}, folders=True)
     return export_checkpoint(FLAGS.workdir, FLAGS.hf_dir,
                              max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
                              overwrite=FLAGS.overwrite, dtype=FLAGS.dtype)
@@ -57,7 +57,7 @@ def _import() -> ModelConfig:
     refuse_flags(("max_shard_gb", "overwrite"), "an export (--to_hf)")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
-    check_destinations({"--workdir": FLAGS.workdir}, {"--hf_dir": FLAGS.hf_dir})
+    check_destinations({"--workdir": FLAGS.workdir}, {"--hf_dir": FLAGS.hf_dir}, folders=True)
     return import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
                              tokenizer=FLAGS.tokenizer)
 

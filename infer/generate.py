@@ -38,10 +38,10 @@ from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model (repeat "
-                          "the flag): a smaller model with the same tokenizer (strategy draft; "
-                          "trained or imported) or heads trained on this model (kangaroo, "
-                          "specdec).")
+flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model: a "
+                          "smaller model with the same tokenizer (strategy draft; trained or "
+                          "imported) or heads trained on this model (kangaroo, specdec, "
+                          "medusa)")
 flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
 define_decoding_flags()
 define_mesh_flag()

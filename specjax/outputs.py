@@ -22,17 +22,21 @@ WORKDIR_FILES = ("checkpoints", "calibrated_decoding.json", "tree_plans.json", "
 
 
 def check_destinations(outputs: Mapping[str, str | None],
-                       inputs: Mapping[str, str | Sequence[str] | None]) -> None:
+                       inputs: Mapping[str, str | Sequence[str] | None],
+                       folders: bool = False) -> None:
     """One-line errors, before any work, for outputs that would destroy what the run reads or
     each other: an output that is an input file (a link to it too), one that would replace an
     input folder or a folder holding it, one onto a workdir's own files (`WORKDIR_FILES`), and
-    two outputs at one path. Keys are the flags, for the message."""
+    two outputs at one path; and, unless the outputs are `folders`, an output that is a folder.
+    Keys are the flags, for the message."""
     sources = [(flag, path, os.path.realpath(path)) for flag, paths in inputs.items() if paths
                for path in ([paths] if isinstance(paths, str) else paths)]
     seen: dict[str, str] = {}
     for flag, path in outputs.items():
         if not path:
             continue
+        if not folders and os.path.isdir(path):
+            raise ValueError(f"{flag} {path} is a directory: give a file name")
         out = os.path.realpath(path)
         if out in seen:
             raise ValueError(f"{seen[out]} and {flag} name one file ({path}): give each its own")

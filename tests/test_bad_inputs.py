@@ -78,7 +78,11 @@ def test_a_broken_config_json_is_named(hf_dir, tmp_path):
     ("head_dim", 8, "head_dim=16 (the weights fit 8)"),
     ("intermediate_size", 5, "intermediate_size=69 (the weights fit 64)"),
     ("num_hidden_layers", 1, "num_hidden_layers is 5"),
-    ("num_hidden_layers", -1, "num_hidden_layers is 3")])
+    ("num_hidden_layers", -1, "num_hidden_layers is 3"),
+    ("num_key_value_heads", 1, "config.json's num_key_value_heads=3 must divide "
+                               "num_attention_heads=4"),
+    ("head_dim", 1, "config.json's head_dim=9 must be even"),
+    ("num_hidden_layers", -4, "config.json's num_hidden_layers=0 must be a positive int")])
 def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, tmp_path, key,
                                                                        change, field):
     """Catches a ~900-character dump of every parameter's shape, numpy's "cannot reshape
@@ -86,7 +90,8 @@ def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, t
     tensors, their shapes and the config.json field that sized them; a changed
     num_attention_heads blamed on num_key_value_heads and head_dim (the sizes its expected shape
     shows); and fewer layers in the config than in the weights imported silently, the last
-    layers dropped (the third probe)."""
+    layers dropped (the third probe); sizes ModelConfig refuses named by its own fields
+    (num_kv_heads, not config.json's num_key_value_heads; the fourth probe)."""
     path = os.path.join(hf_dir, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
@@ -96,7 +101,8 @@ def test_a_config_json_that_disagrees_with_the_weights_names_the_field(hf_dir, t
     with pytest.raises(ConversionError) as error:
         import_checkpoint(hf_dir, str(tmp_path / "w"))
     message = str(error.value)
-    assert field in message and "disagree" in message and "\n" not in message, message
+    assert field in message and "\n" not in message, message
+    assert "disagree" in message or message.startswith("config.json's"), message
     assert len(message) < 400, message
     assert not (tmp_path / "w").exists()
 
@@ -198,7 +204,8 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "--draft_workdir: the chosen strategies draft without weights of their own (kangaroo, "
      "specdec, draft and calm's classifier use them)"),
     ("infer/bench.py", ["--prompts_file={prompts}", "--num_prompts=5"],
-     "--num_prompts picks held-out prompts; --prompts_file gives them all"),
+     "--num_prompts and --prompts_file do not go together: --num_prompts shapes held-out "
+     "prompts, --prompts_file gives its own; drop one"),
     ("infer/calibrate.py", ["--strategy=selfspec", "--consistency=risk"],
      "--consistency applies to --strategy calm only"),
     ("infer/convert.py", ["--hf_dir={workdir}", "--max_shard_gb=1"],
@@ -209,12 +216,34 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "--max_shard_gb=0 must be > 0"),
     ("infer/convert.py", ["--hf_dir={workdir}", "--workdir={prompts}"],
      "--workdir {prompts} is a file, not a directory"),
+    ("infer/calibrate.py", ["--strategy=selfspec", "--grid=1,0.5"],
+     "--grid='1,0.5': expected thresholds in [0, 1), descending from the safest"),
+    ("infer/calibrate.py", ["--grid="],
+     "--grid='': expected thresholds in [0, 1], descending from the safest"),
+    ("infer/generate.py", ["--prompt=x", "--output={tmp}"], "--output {tmp} is a directory: "
+     "give a file name"),
+    ("infer/convert.py", ["--hf_dir={tmp}/nope", "--workdir={tmp}/w"],
+     "'{tmp}/nope' does not exist: a Hugging Face checkpoint directory is expected"),
+    ("train/train.py", ["--config=configs/tiny_code.py", "--config.decoding.ngram_max=x",
+                        "--workdir={tmp}/t"],
+     "--config.decoding.ngram_max=x: expected a whole number"),
+    ("train/train.py", ["--config=configs/tiny_code.py", "--config.decoding.tree=abc",
+                        "--workdir={tmp}/t"],
+     "decoding.tree='abc' is not a tree: expected children per depth like 2,2,1,1, a parents "
+     "list, a JSON file of parents, 'dynamic' or 'auto'"),
 ], ids=["draft-workdir-unused", "num-prompts-with-a-file", "consistency-with-selfspec",
-        "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file"])
+        "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file",
+        "selfspec-grid-at-one", "empty-grid", "output-a-directory", "import-from-nowhere",
+        "config-int-not-a-number", "config-tree-not-a-tree"])
 def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path, script, flags,
                                                        error):
-    """The probe's silent ignores and the import's traceback: a flag the chosen mode or strategy
-    does not read is named, before the work (or, for --draft_workdir, before decoding)."""
+    """The probes' silent ignores and cryptic lines: a flag the chosen mode or strategy does not
+    read is named, before the work (or, for --draft_workdir, before decoding); the fourth
+    probe's: calibrate's selfspec grid at eta 1 (failed after loading, naming draft_threshold)
+    and an empty grid (the default was used silently), an output that is a folder blamed on
+    the workdir inside it, a missing import folder said to lack config.json, config_flags'
+    and Python's wordings ("invalid literal for int() with base 10"), and a bad tree stored
+    by train.py, found only when decoding from its checkpoint."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "x"}\n')
     values = {"workdir": model_workdir, "prompts": prompts, "tmp": tmp_path}

@@ -22,15 +22,17 @@ def test_help_exits_zero_and_lists_every_flag(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
     would read it as a failure), a help that hides the decoding flags a script takes from
     `specjax.cli.decoding` (absl lists only the main module's own flags unless adopted), and
-    calibrate.py offering `--ngram_max` and the like, options of strategies it cannot run."""
+    calibrate.py or calm_bench.py offering `--ngram_max` and the like, options of strategies
+    they cannot run (the third and fourth probes)."""
     result = run_script(script, "--help")
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "--workdir" in text
     with open(os.path.join(ROOT, script), encoding="utf-8") as f:
         takes_decoding_flags = "define_decoding_flags(" in f.read()
     if takes_decoding_flags:
-        wanted = (declared_options(["calm", "selfspec"]) if script == "infer/calibrate.py"
-                  else set(DECODING_FLAGS))
+        wanted = {"infer/calibrate.py": declared_options(["calm", "selfspec"]),
+                  "infer/calm_bench.py": declared_options(["calm"])}.get(script,
+                                                                       set(DECODING_FLAGS))
         assert {name for name in DECODING_FLAGS if f"--{name}:" in text} == wanted
 
 

@@ -72,7 +72,8 @@ def test_outputs_onto_what_the_run_reads_or_onto_each_other_are_refused(tmp_path
     """The probe's data losses, each caught before any work: a report over the texts it reads,
     two outputs at one path (exits' plot over its JSON), an output over a workdir's decoding
     defaults or a checkpoint file, and an export replacing the workdir it reads or a folder
-    holding it."""
+    holding it; and (the fourth probe) a file output that is a folder blamed on the workdir
+    inside it instead."""
     workdir, texts = tmp_path / "w", tmp_path / "texts.jsonl"
     (workdir / "checkpoints" / "300").mkdir(parents=True)
     texts.write_text("x")
@@ -86,7 +87,10 @@ def test_outputs_onto_what_the_run_reads_or_onto_each_other_are_refused(tmp_path
     }
     for (flag, path), message in refused.items():
         with pytest.raises(ValueError, match=f"^{flag} {path} {message}"):
-            check_destinations({flag: path}, reads)
+            check_destinations({flag: path}, reads, folders=flag == "--hf_dir")
+    # A file output naming a folder (one that holds the workdir, too) says so first.
+    with pytest.raises(ValueError, match=f"^--output {tmp_path} is a directory: give a file"):
+        check_destinations({"--output": str(tmp_path)}, reads)
     with pytest.raises(ValueError, match="^--output_json and --plot name one file"):
         check_destinations({"--output_json": str(tmp_path / "r"), "--plot": str(tmp_path / "r")},
                            reads)

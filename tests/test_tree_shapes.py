@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.registry import DecodingConfig, make_strategy, require_used
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.shape_options import shape_for
@@ -110,6 +110,9 @@ def test_dynamic_tree_budget_is_validated():
 
 
 def test_the_registry_builds_chains_and_trees_from_options():
+    """Catches a chain's confidence stop, stored by calibrate.py as the checkpoint's default,
+    making every tree fail ("set it to 0" for a value the user never gave; the fourth probe),
+    and a bad tree accepted into a config (it failed only when decoding from the checkpoint)."""
     options = DecodingConfig(exit_layer=2, num_draft=5, draft_threshold=0.3)
     assert shape_for(options) == Chain(5, 0.3)
     tree = DecodingConfig(exit_layer=2, tree="dynamic", tree_nodes=9, tree_top_k=2,
@@ -120,10 +123,19 @@ def test_the_registry_builds_chains_and_trees_from_options():
     assert shape_for(static) == StaticTree.from_branching((3, 1), "iid")
     with pytest.raises(ValueError, match="unknown strategy 'x'"):
         make_strategy("x", options)
-    with pytest.raises(ValueError, match="does not apply to trees"):
-        shape_for(DecodingConfig(tree="2,2", draft_threshold=0.4))
+    # A chain's confidence stop stored as a default (calibrate.py --write) does not apply to a
+    # tree; given by the user with one, it is refused as unused.
+    assert shape_for(DecodingConfig(tree="2,2", draft_threshold=0.4)) == shape_for(
+        DecodingConfig(tree="2,2"))
+    with pytest.raises(ValueError, match="--draft_threshold is not used by strategy selfspec"):
+        require_used(["selfspec"], [DecodingConfig(tree="2,2", draft_threshold=0.4)],
+                     ["draft_threshold"])
     with pytest.raises(ValueError, match="resolved from measurements"):
         shape_for(DecodingConfig(tree="auto"))
+    for spec, message in (("abc", "expected children per depth"), ("2,0", "child per node"),
+                          ("nope/t.json", "no such file")):
+        with pytest.raises(ValueError, match=f"decoding.tree='{spec}' is not a tree: .*{message}"):
+            DecodingConfig(tree=spec).check(None)
 
 
 def _all_trees(size, depth, ranks):

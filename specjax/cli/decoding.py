@@ -44,7 +44,8 @@ def define_decoding_flags(sweep: bool = False, strategies: Sequence[str] | None 
         text += " Default: the checkpoint's."
         kind = type(getattr(defaults, name))
         if sweep and name in LISTED_FLAGS:
-            flags.DEFINE_multi_string(name, None, text + " Repeat the flag to sweep.")
+            flags.DEFINE_multi_string(name, None, text[:-1] + ", each value swept")  # absl adds
+            # "; repeat this option to specify a list of values"
         elif sweep:
             flags.DEFINE_list(name, None, text + " Comma-separated values are swept.")
         elif kind is int:

@@ -2,6 +2,7 @@
 
 import gc
 import os
+import re
 import signal
 import sys
 import threading
@@ -81,7 +82,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             sys.exit(0)
         raise
     except Exception as error:  # config_flags raises whatever loading the file raised
-        print(f"error: {_unknown_field(error, argv) or _one_line(error)}", file=sys.stderr)
+        print(f"error: {_unknown_field(error, argv) or _plain(_one_line(error))}",
+              file=sys.stderr)
         sys.exit(1)
 
 
@@ -98,6 +100,27 @@ def _unknown_field(error: Exception, argv: list[str]) -> str | None:
     where = f" ({flag})" if flag else ""
     return (f"the config file has no field or section {name!r}{where} to override (--help "
             "lists the fields; a section the file lacks must be added to it first)")
+
+
+# config_flags' and Python's wordings of a bad config flag, and ours.
+_PLAIN = (
+    (re.compile(r".*Failed loading config file \S+: \[Errno 2\] No such file or directory: "
+                r"'(.*)'"), r"--config \1: no such file"),
+    (re.compile(r"flag --config=(\S+): Error whilst parsing config file:+ \w+: (.*)"),
+     r"--config \1: \2"),
+    (re.compile(r"flag (--\S+?)=(.*): invalid literal for int\(\) with base 10: .*"),
+     r"\1=\2: expected a whole number"),
+    (re.compile(r"flag (--\S+?)=(.*): could not convert string to float: .*"),
+     r"\1=\2: expected a number"),
+)
+
+
+def _plain(message: str) -> str:
+    """`message` in the user's terms where it is one of `_PLAIN`'s wordings."""
+    for pattern, replacement in _PLAIN:
+        if pattern.fullmatch(message):
+            return pattern.sub(replacement, message)
+    return message
 
 
 def _one_line(error: Exception) -> str:

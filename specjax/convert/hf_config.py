@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
@@ -26,7 +27,13 @@ class ConversionError(SpecjaxError):
 
 
 def read_hf_config(hf_dir: str) -> dict[str, Any]:
+    """A checkpoint's config.json, checked to be readable and to hold the sizes every
+    architecture needs (one-line errors naming the directory or the file)."""
     path = os.path.join(hf_dir, "config.json")
+    if not os.path.isdir(hf_dir):
+        problem = "is not a directory" if os.path.exists(hf_dir) else "does not exist"
+        raise ConversionError(f"{hf_dir!r} {problem}: a Hugging Face checkpoint directory is "
+                              "expected")
     if not os.path.isfile(path):
         raise ConversionError(f"{hf_dir!r} has no config.json: not a Hugging Face checkpoint")
     try:
@@ -55,7 +62,26 @@ def architecture(hf: dict[str, Any]) -> str:
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str | None = None) -> ModelConfig:
     """The ModelConfig of a checkpoint's config.json (as `read_hf_config` checked it); `dtype`
-    overrides the stored weight dtype (it becomes both the parameter and the compute dtype)."""
+    overrides the stored weight dtype (it becomes both the parameter and the compute dtype).
+    A size ModelConfig refuses is named by its config.json field (num_key_value_heads, not
+    num_kv_heads)."""
+    try:
+        return _model_config(hf, dtype)
+    except ValueError as error:
+        text = re.sub(r"\bModelConfig\.", "", str(error))
+        text = re.sub(r"\b(" + "|".join(HF_NAMES) + r")=",
+                      lambda match: f"{HF_NAMES[match.group(1)]}=", text)
+        raise ConversionError(f"config.json's {text}") from None
+
+
+# ModelConfig's fields by their names in a Llama-style config.json.
+HF_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "num_layers":
+            "num_hidden_layers", "mlp_dim": "intermediate_size", "num_heads":
+            "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+            "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}
+
+
+def _model_config(hf: dict[str, Any], dtype: str | None) -> ModelConfig:
     arch = architecture(hf)
     weights = dtype or _stored_dtype(hf)
     if weights not in DTYPES:

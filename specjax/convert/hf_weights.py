@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specjax.config import ModelConfig
-from specjax.convert.hf_config import ConversionError, model_config_from_hf
+from specjax.convert.hf_config import HF_NAMES, ConversionError, model_config_from_hf
 from specjax.model import Params, init_params
 from specjax.nn.hf_layout import HfLeaf, same, same_to_hf, transpose, transpose_to_hf
 from specjax.nn.layer_kinds import LAYER_KINDS
@@ -304,9 +304,8 @@ def _check_shapes(params: Params, abstract: Params) -> None:
 
 
 # The config fields that size tensors, by their names in a Llama-style config.json.
-_SIZE_FIELDS = {"vocab_size": "vocab_size", "d_model": "hidden_size",
-                "mlp_dim": "intermediate_size", "num_heads": "num_attention_heads",
-                "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
+_SIZE_FIELDS = {field: HF_NAMES[field] for field in
+                ("vocab_size", "d_model", "mlp_dim", "num_heads", "num_kv_heads", "head_dim")}
 
 
 def _get(tree: dict, path: tuple[str, ...]):

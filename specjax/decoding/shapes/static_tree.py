@@ -81,6 +81,8 @@ class StaticTree:
                     source = f.read()
             except (OSError, UnicodeDecodeError) as error:
                 raise ValueError(f"tree {spec!r}: cannot read it ({error})") from None
+        elif spec.endswith(".json") or os.sep in spec:
+            raise ValueError(f"tree {spec!r}: no such file")
         elif not spec.lstrip().startswith("["):
             try:
                 branching = [int(part) for part in spec.split(",")]

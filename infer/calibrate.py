@@ -112,7 +112,12 @@ def run() -> dict:
     if getattr(FLAGS, calibrated) is not None:
         raise ValueError(f"--{calibrated}: this is what calibration chooses (over --grid); "
                          "drop it")
+    if FLAGS.strategy == "selfspec" and FLAGS.tree is not None:
+        raise ValueError("--tree: selfspec's eta is a chain's confidence stop, which a tree "
+                         "does not have; drop --tree")
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, [FLAGS.strategy])
+    if FLAGS.strategy == "selfspec":  # eta stops a chain: a stored default tree is not used
+        options = dataclasses.replace(options, tree="")
     prompts, references = heldout_continuations(
         loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.max_new_tokens,
         skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)

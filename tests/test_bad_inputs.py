@@ -218,6 +218,9 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "--workdir {prompts} is a file, not a directory"),
     ("infer/calibrate.py", ["--strategy=selfspec", "--grid=1,0.5"],
      "--grid='1,0.5': expected thresholds in [0, 1), descending from the safest"),
+    ("infer/calibrate.py", ["--strategy=selfspec", "--tree=2,2"],
+     "--tree: selfspec's eta is a chain's confidence stop, which a tree does not have; drop "
+     "--tree"),
     ("infer/calibrate.py", ["--grid="],
      "--grid='': expected thresholds in [0, 1], descending from the safest"),
     ("infer/generate.py", ["--prompt=x", "--output={tmp}"], "--output {tmp} is a directory: "
@@ -233,7 +236,7 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "list, a JSON file of parents, 'dynamic' or 'auto'"),
 ], ids=["draft-workdir-unused", "num-prompts-with-a-file", "consistency-with-selfspec",
         "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file",
-        "selfspec-grid-at-one", "empty-grid", "output-a-directory", "import-from-nowhere",
+        "selfspec-grid-at-one", "selfspec-eta-for-a-tree", "empty-grid", "output-a-directory", "import-from-nowhere",
         "config-int-not-a-number", "config-tree-not-a-tree"])
 def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path, script, flags,
                                                        error):

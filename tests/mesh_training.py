@@ -98,9 +98,9 @@ def heads(mesh: tuple[int, int, int]) -> dict[str, Any]:
     cfg = ModelConfig.from_dict(config["model"])
     base = FrozenBase("base", 0, init_params(cfg, jax.random.PRNGKey(1)), cfg,
                       {"tokenizer": "bytes"}, "random")
+    on_base = {**config, "kangaroo": {"exit_layer": 1}}
     objectives = {
-        "kangaroo": KangarooAdapter(parse_run_config({**config, "kangaroo": {"exit_layer": 1}}),
-                                    config, base),
+        "kangaroo": KangarooAdapter(parse_run_config(on_base, "kangaroo"), on_base, base),
         "distill": Distill(parse_run_config(config), config, base)}
     results = {}
     for name, obj in objectives.items():

@@ -236,8 +236,8 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "list, a JSON file of parents, 'dynamic' or 'auto'"),
 ], ids=["draft-workdir-unused", "num-prompts-with-a-file", "consistency-with-selfspec",
         "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file",
-        "selfspec-grid-at-one", "selfspec-eta-for-a-tree", "empty-grid", "output-a-directory", "import-from-nowhere",
-        "config-int-not-a-number", "config-tree-not-a-tree"])
+        "selfspec-grid-at-one", "selfspec-eta-for-a-tree", "empty-grid", "output-a-directory",
+        "import-from-nowhere", "config-int-not-a-number", "config-tree-not-a-tree"])
 def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path, script, flags,
                                                        error):
     """The probes' silent ignores and cryptic lines: a flag the chosen mode or strategy does not

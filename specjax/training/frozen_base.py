@@ -116,7 +116,8 @@ class HeadOnBase:
     sets `name` (its objective, its config section, read as the dataclass `config_class`, and
     the decoding strategy that reads its weights; `strategies()` when several do),
     `record_key` (where checkpoints record its settings), `abstract_params(cfg, settings)`
-    (restore targets) and `initial_params()`. On the run's mesh the base's weights
+    (restore targets), `initial_params()`, its pure steps (`make_train_step`,
+    `make_eval_step`, compiled here) and `evaluate`. On the run's mesh the base's weights
     (`base_params`) and the head's state are laid out by the sharding rules."""
 
     name: ClassVar[str]
@@ -136,10 +137,39 @@ class HeadOnBase:
         self.batch_rows = self.on_mesh.batch_rows
         self.state_shardings = self.on_mesh.shardings(jax.eval_shape(self._unplaced_state))
         self._placed_base: tuple[FrozenBase, Params] | None = None
+        self._train_step = self.on_mesh.jit_step(self.make_train_step(), self.state_shardings)
+        self._eval_step = jax.jit(self.make_eval_step())
 
     def initial_params(self) -> Params:
         """The head's weights before training."""
         raise NotImplementedError
+
+    def make_train_step(self) -> Callable:
+        """The pure step(state, base params, batch [B, T+1], *step_inputs(step)) -> (state,
+        metrics with a scalar "loss")."""
+        raise NotImplementedError
+
+    def make_eval_step(self) -> Callable:
+        """The pure step(head params, base params, batch, *eval_inputs(index)) -> arrays."""
+        raise NotImplementedError
+
+    def step_inputs(self, step: int) -> tuple:
+        """What a train step takes after the batch (a sampling key); nothing by default."""
+        return ()
+
+    def eval_inputs(self, index: int) -> tuple:
+        """What the eval step of the `index`-th batch takes after it; nothing by default."""
+        return ()
+
+    def train_step(self, state: TrainState, batch: np.ndarray,
+                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch),
+                                *self.step_inputs(step))
+
+    def eval_batch(self, state: TrainState, batch: np.ndarray, index: int = 0) -> Any:
+        """The eval step's outputs for one validation batch (on the device)."""
+        return self._eval_step(state.params, self.base_params, self.on_mesh.eval_batch(batch),
+                               *self.eval_inputs(index))
 
     def _unplaced_state(self) -> TrainState:
         params = self.initial_params()
@@ -156,10 +186,6 @@ class HeadOnBase:
         if self._placed_base is None or self._placed_base[0] is not self.base:
             self._placed_base = (self.base, self.on_mesh.place(self.base.params))
         return self._placed_base[1]
-
-    def jit_step(self, step: Callable) -> Callable:
-        """The head's `step(state, base, batch, ...)` jitted to keep the state's layout."""
-        return self.on_mesh.jit_step(step, self.state_shardings)
 
     def settings(self) -> dict[str, Any]:
         """The head's config section: its shape and training settings, fixed for a workdir's

@@ -30,8 +30,8 @@ from specjax.heads.confidence_head import (
     init_confidence_head,
 )
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.config import RunConfig, check
-from specjax.training.frozen_base import FrozenBase, HeadOnBase
+from specjax.training.config import check
+from specjax.training.frozen_base import HeadOnBase
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
@@ -116,12 +116,15 @@ class ConfidenceClassifier(HeadOnBase):
     config_class: ClassVar[type] = CalmConfig
     record_key: ClassVar[str] = "confidence_head"
 
-    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
-        super().__init__(run, config, base)
-        self.exits = trained_exits(self.section, run.model.num_layers)
-        self._train_step = self.jit_step(_make_train_step(run.model, self.exits,
-                                                          self.optimizer))
-        self._eval_step = jax.jit(_make_eval_step(run.model, self.exits))
+    @property
+    def exits(self) -> tuple[int, ...]:
+        return trained_exits(self.section, self.run.model.num_layers)
+
+    def make_train_step(self) -> Callable:
+        return _make_train_step(self.run.model, self.exits, self.optimizer)
+
+    def make_eval_step(self) -> Callable:
+        return _make_eval_step(self.run.model, self.exits)
 
     @classmethod
     def strategies(cls) -> tuple[str, ...]:
@@ -143,14 +146,8 @@ class ConfidenceClassifier(HeadOnBase):
     def initial_params(self) -> Params:
         return init_confidence_head(self.run.model, jax.random.PRNGKey(self.run.train.seed))
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
-
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> ConfidenceReport:
-        parts = [jax.device_get(self._eval_step(state.params, self.base_params,
-                                                self.on_mesh.eval_batch(batch)))
-                 for batch in batches]
+        parts = [jax.device_get(self.eval_batch(state, batch)) for batch in batches]
         logit, label, softmax = (np.concatenate([p[name].reshape(len(self.exits), -1)
                                                  for p in parts], axis=1)
                                  for name in ("logit", "label", "softmax"))

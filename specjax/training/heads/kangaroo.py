@@ -21,9 +21,9 @@ import optax
 from specjax.config import ModelConfig
 from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
-from specjax.training.config import RunConfig, check
+from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
+from specjax.training.frozen_base import HeadOnBase, base_pass
 from specjax.training.train_step import TrainState
 
 DRAFTS = ("shared head", "adapter")
@@ -114,11 +114,11 @@ class KangarooAdapter(HeadOnBase):
     config_class: ClassVar[type] = KangarooConfig
     record_key: ClassVar[str] = "adapter"
 
-    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
-        super().__init__(run, config, base)
-        self._train_step = self.jit_step(make_adapter_step(run.model, self.exit_layer,
-                                                           self.optimizer))
-        self._eval_step = jax.jit(make_adapter_eval_step(run.model, self.exit_layer))
+    def make_train_step(self) -> Callable:
+        return make_adapter_step(self.run.model, self.exit_layer, self.optimizer)
+
+    def make_eval_step(self) -> Callable:
+        return make_adapter_eval_step(self.run.model, self.exit_layer)
 
     @staticmethod
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
@@ -127,15 +127,9 @@ class KangarooAdapter(HeadOnBase):
     def initial_params(self) -> Params:
         return init_adapter(self.base.params, self.run.model, self.exit_layer)
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        del step  # no per-step schedule or randomness
-        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
-
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AdapterReport:
         totals, tokens = sum_over_batches(
-            lambda batch: self._eval_step(state.params, self.base_params,
-                                          self.on_mesh.eval_batch(batch)), batches)
+            lambda batch: self.eval_batch(state, batch), batches)
         per_token = {k: tuple(float(x) / tokens for x in v) for k, v in totals.items()}
         return AdapterReport(self.exit_layer, per_token["soft_ce"], per_token["agree"],
                              per_token["accept"], tokens)

@@ -21,9 +21,9 @@ import optax
 from specjax.config import ModelConfig
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.config import RunConfig, check
+from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import FrozenBase, HeadOnBase
+from specjax.training.frozen_base import HeadOnBase
 from specjax.training.train_step import TrainState
 
 
@@ -139,11 +139,11 @@ class MedusaObjective(HeadOnBase):
     config_class: ClassVar[type] = MedusaConfig
     record_key: ClassVar[str] = "medusa"
 
-    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
-        super().__init__(run, config, base)
-        self._train_step = self.jit_step(make_medusa_step(run.model, self.section,
-                                                          self.optimizer))
-        self._eval_step = jax.jit(make_medusa_eval_step(run.model, self.section.num_heads))
+    def make_train_step(self) -> Callable:
+        return make_medusa_step(self.run.model, self.section, self.optimizer)
+
+    def make_eval_step(self) -> Callable:
+        return make_medusa_eval_step(self.run.model, self.section.num_heads)
 
     @staticmethod
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
@@ -164,15 +164,9 @@ class MedusaObjective(HeadOnBase):
     def initial_params(self) -> Params:
         return init_medusa(self.base.params, self.run.model, self.section.num_heads)
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        del step  # no per-step schedule or randomness
-        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch))
-
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> MedusaReport:
         totals, tokens = sum_over_batches(
-            lambda batch: self._eval_step(state.params, self.base_params,
-                                          self.on_mesh.eval_batch(batch)), batches)
+            lambda batch: self.eval_batch(state, batch), batches)
         count = np.asarray(totals["count"], np.float64)
         return MedusaReport(
             tuple(float(x) for x in totals["ce"] / count),

@@ -32,8 +32,8 @@ from specjax.heads.acceptance_head import (
     init_acceptance_head,
 )
 from specjax.model import Params, exit_logits
-from specjax.training.config import RunConfig, check
-from specjax.training.frozen_base import FrozenBase, HeadOnBase, base_pass
+from specjax.training.config import check
+from specjax.training.frozen_base import HeadOnBase, base_pass
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
@@ -151,14 +151,21 @@ class AcceptanceHeadObjective(HeadOnBase):
     config_class: ClassVar[type] = SpecDecConfig
     record_key: ClassVar[str] = "acceptance_head"
 
-    def __init__(self, run: RunConfig, config: dict[str, Any], base: FrozenBase):
-        super().__init__(run, config, base)
-        sampling, children = sampling_of(self.section), self.section.children
-        self._train_step = self.jit_step(_make_train_step(run.model, self.exit_layer, sampling,
-                                                          children, self.optimizer))
-        self._eval_step = jax.jit(_make_eval_step(run.model, self.exit_layer, sampling,
-                                                  children))
-        self._key = jax.random.PRNGKey(run.train.seed + 1)
+    def make_train_step(self) -> Callable:
+        return _make_train_step(self.run.model, self.exit_layer, sampling_of(self.section),
+                                self.section.children, self.optimizer)
+
+    def make_eval_step(self) -> Callable:
+        return _make_eval_step(self.run.model, self.exit_layer, sampling_of(self.section),
+                               self.section.children)
+
+    def step_inputs(self, step: int) -> tuple:
+        """The step's key for drawing drafts."""
+        return (jax.random.fold_in(jax.random.PRNGKey(self.run.train.seed + 1), step),)
+
+    def eval_inputs(self, index: int) -> tuple:
+        """The same drafts at every evaluation."""
+        return (jax.random.fold_in(jax.random.PRNGKey(self.run.train.seed + 2), index),)
 
     @staticmethod
     def abstract_params(cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
@@ -168,16 +175,8 @@ class AcceptanceHeadObjective(HeadOnBase):
         return init_acceptance_head(self.run.model, self.section.width,
                                     jax.random.PRNGKey(self.run.train.seed))
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
-        return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch),
-                                jax.random.fold_in(self._key, step))
-
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> AcceptanceReport:
-        key = jax.random.PRNGKey(self.run.train.seed + 2)  # the same drafts at every evaluation
-        parts = [jax.device_get(self._eval_step(state.params, self.base_params,
-                                                self.on_mesh.eval_batch(batch),
-                                                jax.random.fold_in(key, i)))
+        parts = [jax.device_get(self.eval_batch(state, batch, i))
                  for i, batch in enumerate(batches)]
         logit, label, draft_prob = (np.concatenate([p[name].ravel() for p in parts])
                                     for name in ("logit", "label", "draft_prob"))

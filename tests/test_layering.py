@@ -1,0 +1,66 @@
+"""The package's layering: its imports, read from the source, form no circle, between files or
+between the groups of the layout (a top-level file, or a top-level folder with all it holds)."""
+
+import ast
+import graphlib
+import os
+
+from tests.conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "specjax")
+
+
+def _modules() -> dict[str, str]:
+    """Every module of the package by dotted name, to its file."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(path: str, modules: dict[str, str]) -> set[str]:
+    """The package's modules a file imports anywhere in it (at the top, inside a function,
+    under TYPE_CHECKING): an import deferred to a call is still a dependency."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    named = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # a submodule taken from its package, or a name
+                submodule = f"{node.module}.{alias.name}"
+                named.add(submodule if submodule in modules else node.module)
+    return {name for name in named if name in modules and name != "specjax"}
+
+
+def _group(module: str) -> str:
+    """The layout's group of a module: specjax.decoding.shapes.chain -> specjax.decoding."""
+    return ".".join(module.split(".")[:2])
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return None
+
+
+def test_no_import_circle_between_files_or_groups():
+    """Catches an import circle, even one hidden in an import deferred to a call (ModelConfig
+    checking layer kinds against `nn.layer_kinds`, whose modules take ModelConfig; the exit
+    report drawing itself with `plots`), and an upward import between groups (the CPU kernels
+    importing the offline tools for a timer; checkpoints importing the entry points' error)."""
+    modules = _modules()
+    files = {name: _imports(path, modules) - {name} for name, path in modules.items()}
+    assert _cycle(files) is None, f"import circle: {' -> '.join(_cycle(files))}"
+    groups: dict[str, set[str]] = {}
+    for name, imported in files.items():
+        groups.setdefault(_group(name), set()).update(
+            _group(other) for other in imported if _group(other) != _group(name))
+    assert _cycle(groups) is None, f"groups import each other: {' -> '.join(_cycle(groups))}"

@@ -80,6 +80,16 @@ TINY_RUN = {
 }
 
 
+def with_default_sigint(command: list[str]) -> list[str]:
+    """`command` run with SIGINT at its default and unblocked, as a shell starts it, whatever
+    the test runner's worker left (a worker that ignores or blocks SIGINT hands that on to its
+    children, whose Ctrl-C is then lost)."""
+    clean = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+             "os.execv(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", clean, *command]
+
+
 def tiny_run(**sections) -> dict:
     """A copy of TINY_RUN with the given sections' fields overridden."""
     run = copy.deepcopy(TINY_RUN)

@@ -12,7 +12,7 @@ import pytest
 from specjax.cli import entrypoint
 from specjax.cli.decoding import DECODING_FLAGS
 from specjax.decoding.registry import declared_options
-from tests.conftest import ROOT, run_script, script_env
+from tests.conftest import ROOT, run_script, script_env, with_default_sigint
 
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
@@ -57,10 +57,11 @@ def test_ctrl_c_inside_a_gc_callback_is_delivered_again(monkeypatch):
 
 def test_ctrl_c_during_the_imports_ends_at_once_with_one_line():
     """Catches Ctrl-C in an entry point's first second (jax still importing) aborting with a
-    C++ `terminate` trace from inside an extension module's initialisation."""
-    proc = subprocess.Popen(
+    C++ `terminate` trace from inside an extension module's initialisation. The child starts
+    with SIGINT at its default whatever the test runner's worker left."""
+    proc = subprocess.Popen(with_default_sigint(
         [sys.executable, "-c", "import specjax.cli.early_interrupt, sys; "
-         "print('ready', flush=True); sys.stdin.readline(); import jax, time; time.sleep(30)"],
+         "print('ready', flush=True); sys.stdin.readline(); import jax, time; time.sleep(30)"]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=script_env())
     assert proc.stdout.readline() == "ready\n"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from specjax.kernels import cpu_attention, cpu_matmul
-from tests.conftest import ROOT, run_script, script_env
+from tests.conftest import ROOT, run_script, script_env, with_default_sigint
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -147,10 +147,7 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
     command = [sys.executable, os.path.join(ROOT, "infer", "generate.py"), "--workdir", workdir,
                "--prompts_file", str(prompts), "--max_new_tokens", "64", "--batch_size", "1",
                "--output", str(out)]
-    clean_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
-                    "os.execv(sys.argv[1], sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", clean_sigint, *command], env=env,
+    proc = subprocess.Popen(with_default_sigint(command), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not any(path.read_text().count("\n") >= 2 for path in streamed()):

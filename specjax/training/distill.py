@@ -59,9 +59,7 @@ def make_distill_step(cfg: ModelConfig, teacher_cfg: ModelConfig,
         def loss_fn(params):
             return jnp.mean(optax.softmax_cross_entropy(forward(params, cfg, inputs), target))
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return (state.apply_gradients(grads, optimizer),
-                {"loss": loss, "grad_norm": optax.tree.norm(grads)})
+        return state.descend(loss_fn, optimizer)
 
     return train_step
 

@@ -30,6 +30,16 @@ class TrainState:
         return TrainState(step=self.step + 1, params=optax.apply_updates(self.params, updates),
                           opt_state=opt_state)
 
+    def descend(self, loss_fn: Callable, optimizer: optax.GradientTransformation, *,
+                has_aux: bool = False) -> tuple["TrainState", dict[str, jax.Array]]:
+        """One optimizer step down `loss_fn(params)` (the loss, or with `has_aux` the loss and
+        a dict of metrics): the state after it, and the metrics with the loss and the
+        gradient's norm."""
+        out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(self.params)
+        loss, metrics = out if has_aux else (out, {})
+        return (self.apply_gradients(grads, optimizer),
+                {"loss": loss, "grad_norm": optax.tree.norm(grads), **metrics})
+
 
 @flax.struct.dataclass
 class StepSchedule:

@@ -168,10 +168,8 @@ def _make_train_step(cfg: ModelConfig, exits: tuple[int, ...],
         def loss_fn(head):
             return balanced_bce(confidence_logits(head, cfg, hidden, logits), label)
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return (state.apply_gradients(grads, optimizer),
-                {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                 "agreement": jnp.mean(label)})
+        state, metrics = state.descend(loss_fn, optimizer)
+        return state, {**metrics, "agreement": jnp.mean(label)}
 
     return train_step
 

@@ -84,9 +84,7 @@ def make_adapter_step(cfg: ModelConfig, exit_layer: int,
             logits = adapter_logits(base, adapter, cfg, hidden)
             return jnp.mean(optax.softmax_cross_entropy(logits, teacher))
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return (state.apply_gradients(grads, optimizer),
-                {"loss": loss, "grad_norm": optax.tree.norm(grads)})
+        return state.descend(loss_fn, optimizer)
 
     return train_step
 

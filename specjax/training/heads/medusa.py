@@ -105,12 +105,10 @@ def make_medusa_step(cfg: ModelConfig, settings: MedusaConfig,
         def loss_fn(heads):
             ce, _, count = head_losses(medusa_logits(base, heads, cfg, hidden), labels, valid)
             per_head = ce / count
-            return jnp.sum(weights * per_head) / jnp.sum(weights), per_head
+            return (jnp.sum(weights * per_head) / jnp.sum(weights),
+                    {f"head{k + 1}_loss": per_head[k] for k in range(settings.num_heads)})
 
-        (loss, per_head), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        return (state.apply_gradients(grads, optimizer),
-                {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                 **{f"head{k + 1}_loss": per_head[k] for k in range(settings.num_heads)}})
+        return state.descend(loss_fn, optimizer, has_aux=True)
 
     return train_step
 

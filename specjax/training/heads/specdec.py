@@ -201,10 +201,8 @@ def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams
             logits = acceptance_logits(head, cfg, hidden, q, token)
             return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, label))
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return (state.apply_gradients(grads, optimizer),
-                {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                 "acceptance": jnp.mean(label)})
+        state, metrics = state.descend(loss_fn, optimizer)
+        return state, {**metrics, "acceptance": jnp.mean(label)}
 
     return train_step
 

@@ -1,8 +1,10 @@
 """Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) to specjax workdirs
-and back.
+and back, and imports published Medusa heads for a model.
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
+    python infer/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
+        --workdir runs/medusa_imported
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
@@ -17,6 +19,7 @@ from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.outputs import check_destinations
+from specjax.training.heads.medusa import import_medusa
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")
@@ -29,6 +32,9 @@ flags.DEFINE_bool("overwrite", False, "Export: replace a non-empty --hf_dir (nev
                   "checkpoint is written beside it and swapped in).")
 flags.DEFINE_enum("tokenizer", None, ["bytes"], "Import: record specjax's byte tokenizer (for a "
                   "checkpoint without tokenizer.json).")
+flags.DEFINE_string("base_workdir", None, "Import Medusa heads instead: --hf_dir holds a "
+                    "Medusa-1 checkpoint (config.json, medusa_lm_head.safetensors) trained on "
+                    "this workdir's model; --workdir becomes the heads' workdir.")
 flags.mark_flags_as_required(["hf_dir", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -38,6 +44,10 @@ def main(argv):
     if FLAGS.to_hf:
         files = run_cli(_export)
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
+    elif FLAGS.base_workdir:
+        heads = run_cli(_import_medusa)
+        print(f"imported {heads} Medusa heads into {FLAGS.workdir} (decode with --strategy "
+              "medusa)")
     else:
         cfg = run_cli(_import)
         print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
@@ -45,12 +55,23 @@ def main(argv):
 
 def _export() -> list[str]:
     refuse_flags(("tokenizer",), "an import")
+    refuse_flags(("base_workdir",), "an import of Medusa heads")
     if FLAGS.max_shard_gb <= 0:
         raise ValueError(f"--max_shard_gb={FLAGS.max_shard_gb:g} must be > 0")
     check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir}, folders=True)
     return export_checkpoint(FLAGS.workdir, FLAGS.hf_dir,
                              max_shard_bytes=int(FLAGS.max_shard_gb * 2**30),
                              overwrite=FLAGS.overwrite, dtype=FLAGS.dtype)
+
+
+def _import_medusa() -> int:
+    refuse_flags(("max_shard_gb", "overwrite", "dtype", "tokenizer"), "a model's conversion")
+    if os.path.isfile(FLAGS.workdir):
+        raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
+    check_destinations({"--workdir": FLAGS.workdir},
+                       {"--hf_dir": FLAGS.hf_dir, "--base_workdir": FLAGS.base_workdir},
+                       folders=True)
+    return import_medusa(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
 
 
 def _import() -> ModelConfig:

@@ -4,10 +4,15 @@ dynamic trees, batch 3 with ragged prompts), the drafter's state kept at the las
 position, EOS inside a draft, export, and training then decoding from the CLIs. The sampled
 law is in test_decoding_sampling."""
 
+import dataclasses
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from specjax import model as M
 from specjax.config import ModelConfig
@@ -22,6 +27,8 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.medusa import init_medusa, medusa_logits
+from specjax.io.checkpoint import Checkpointer
+from specjax.loading import load_model
 from specjax.training.config import parse_run_config
 from specjax.training.heads.medusa import MedusaConfig, make_medusa_step, medusa_targets
 from specjax.training.optimizer import make_optimizer
@@ -199,3 +206,65 @@ def test_heads_trained_from_the_cli_decode_from_their_workdir(trained_workdir, t
     result = run_script("infer/generate.py", "--workdir", heads, "--strategy", "medusa",
                         "--prompt", "def f(", "--max_new_tokens", "8", "--num_draft", "3")
     assert result.returncode == 1 and "3 deep but the model has 2 Medusa heads" in result.stderr
+
+
+def _published_medusa(folder, cfg, heads, seed=7, **config):
+    """A random Medusa-1 checkpoint in FasterDecoding/Medusa's layout (PyTorch's out-by-in
+    linear weights), and its tensors."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for i in range(heads):
+        tensors[f"{i}.0.linear.weight"] = rng.normal(0, 0.2, (cfg.d_model, cfg.d_model))
+        tensors[f"{i}.0.linear.bias"] = rng.normal(0, 0.2, (cfg.d_model,))
+        tensors[f"{i}.1.weight"] = rng.normal(0, 0.3, (cfg.vocab_size, cfg.d_model))
+    tensors = {name: value.astype(np.float32) for name, value in tensors.items()}
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "medusa_lm_head.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"medusa_num_heads": heads, "medusa_num_layers": 1,
+                   "base_model_name_or_path": "tiny", **config}, f)
+    return tensors
+
+
+def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp_path):
+    """Catches an import that forgets PyTorch's out-by-in layout (a transpose missed), swaps a
+    head's block and projection, reads heads in another order, or writes a workdir that
+    decoding cannot load; and the bad checkpoints (two residual blocks, a size the base does
+    not have) reaching a traceback or a half-made workdir. The reference applies Medusa's
+    ResBlock + Linear to the base's final-normed hidden states in float64, with the published
+    tensors as they are."""
+    base = str(tmp_path / "base")
+    checkpoints = Checkpointer(base)
+    checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
+                                       "tokenizer": "bytes"})
+    checkpoints.close()
+    published = _published_medusa(str(tmp_path / "hub"), CFG, HEADS)
+    result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
+                        "--base_workdir", base, "--workdir", str(tmp_path / "heads"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = load_model(str(tmp_path / "heads"))
+    heads = loaded.draft_weights["medusa"].params
+    tokens = jnp.asarray([[5, 9, 2, 7, 1, 3]])
+    hidden = M.run_layers(params, CFG, M.embed(params, CFG, tokens))[-1]
+    h = np.asarray(hidden[0], np.float64)
+    x = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + CFG.norm_eps)
+    x = x * np.asarray(params["final_norm"]["scale"], np.float64)
+    for i in range(HEADS):
+        w, b, out = (published[f"{i}{s}"].astype(np.float64)
+                     for s in (".0.linear.weight", ".0.linear.bias", ".1.weight"))
+        pre = x @ w.T + b
+        reference = (x + pre / (1 + np.exp(-pre))) @ out.T
+        np.testing.assert_allclose(np.asarray(medusa_logits(params, heads, CFG, hidden)[0, :, i]),
+                                   reference, rtol=2e-4, atol=2e-4)
+    out = loaded.generator().generate(PROMPTS, max_new_tokens=8, strategy=make_strategy(
+        "medusa", DecodingConfig(num_draft=HEADS)))
+    assert out.tokens == per_step_argmax(loaded.generator(), PROMPTS, 8)
+    _published_medusa(str(tmp_path / "deep"), CFG, 2, medusa_num_layers=2)
+    wide = dataclasses.replace(CFG, d_model=48, num_heads=4, head_dim=12)
+    _published_medusa(str(tmp_path / "wide"), wide, 2)
+    for folder, message in (("deep", "medusa_num_layers=2; specjax's heads have one residual"),
+                            ("wide", "0.0.linear.weight is (48, 48), but the base model")):
+        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
+                            "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / f"w_{folder}").exists()

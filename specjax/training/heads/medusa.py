@@ -1,4 +1,4 @@
-"""Training Medusa heads on a frozen base model (Medusa-1).
+"""Training Medusa heads on a frozen base model (Medusa-1), and importing published ones.
 
 The base runs forward only; head k (0-based) reads its last-layer hidden state at position t
 and is trained with cross-entropy on the corpus token at t + 2 + k (the base's own head
@@ -10,6 +10,9 @@ from.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -17,13 +20,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from safetensors import safe_open
 
 from specjax.config import ModelConfig
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
+from specjax.io.checkpoint import Checkpointer
 from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.tokenizer import TOKENIZER_FILE
 from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase
+from specjax.training.frozen_base import HeadOnBase, load_base
 from specjax.training.train_step import TrainState
 
 
@@ -173,3 +179,77 @@ class MedusaObjective(HeadOnBase):
 
 
 HEADS = {"medusa": MedusaObjective}
+
+
+MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
+
+
+def import_medusa(medusa_dir: str, base_workdir: str, workdir: str) -> int:
+    """Writes a heads workdir (step 0, like a trained one: decode it with --strategy medusa)
+    from a Medusa-1 checkpoint as FasterDecoding/Medusa publishes it for the model in
+    `base_workdir`: config.json (`medusa_num_heads`, `medusa_num_layers` = 1) and
+    medusa_lm_head.safetensors, head i's `{i}.0.linear.weight` [D, D] and `.bias` [D] (its
+    residual block) and `{i}.1.weight` [V, D] (its projection), in PyTorch's out-by-in layout.
+    One-line errors, before anything is written, for a file or size that does not fit the
+    base. Returns the number of heads."""
+    settings = _published_settings(medusa_dir)
+    base = load_base(base_workdir)
+    cfg, heads = base.cfg, settings["medusa_num_heads"]
+    path = os.path.join(medusa_dir, MEDUSA_WEIGHTS)
+    if not os.path.isfile(path):
+        raise ValueError(f"{medusa_dir!r} has no {MEDUSA_WEIGHTS}")
+    d, v = cfg.d_model, cfg.vocab_size
+    expected = {".0.linear.weight": (d, d), ".0.linear.bias": (d,), ".1.weight": (v, d)}
+    with safe_open(path, framework="numpy") as f:
+        names = set(f.keys())
+        tensors = {}
+        for i in range(heads):
+            for suffix, shape in expected.items():
+                name = f"{i}{suffix}"
+                if name not in names:
+                    raise ValueError(f"{path} lacks {name} (medusa_num_heads={heads})")
+                tensors[name] = f.get_tensor(name)
+                if tensors[name].shape != shape:
+                    raise ValueError(f"{path}: {name} is {tensors[name].shape}, but the base "
+                                     f"model ({base_workdir}: hidden_size {d}, vocab_size {v}) "
+                                     f"needs {shape}")
+    dtype = jnp.dtype(cfg.param_dtype)
+    params = {name: jnp.asarray(np.stack(arrays).astype(dtype)) for name, arrays in (
+        ("w", [tensors[f"{i}.0.linear.weight"].T for i in range(heads)]),
+        ("b", [tensors[f"{i}.0.linear.bias"] for i in range(heads)]),
+        ("out", [tensors[f"{i}.1.weight"].T for i in range(heads)]))}
+    checkpoints = Checkpointer(workdir)
+    if checkpoints.latest_step() is not None:
+        raise ValueError(f"{workdir!r} already holds checkpoints; import into a new workdir")
+    tokenizer = base.meta.get("tokenizer", "bytes")
+    if isinstance(tokenizer, dict):  # the workdir decodes text on its own, as a trained one
+        shutil.copyfile(os.path.join(base.workdir, TOKENIZER_FILE),
+                        os.path.join(workdir, TOKENIZER_FILE))
+    section = dataclasses.asdict(MedusaConfig(num_heads=heads))
+    decoding = dict(base.meta.get("config", {}).get("decoding") or {})
+    decoding["num_draft"] = min(decoding.get("num_draft", heads), heads)
+    checkpoints.save(0, params, None, {
+        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": tokenizer,
+        "objective": "medusa", "config": {"decoding": decoding, "medusa": section},
+        "base": base.record(), "medusa": {**section, "exit_layer": cfg.num_layers},
+        "source": {"medusa_dir": os.path.abspath(medusa_dir)}})
+    checkpoints.close()
+    return heads
+
+
+def _published_settings(medusa_dir: str) -> dict[str, Any]:
+    path = os.path.join(medusa_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            settings = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{medusa_dir!r} has no config.json: not a Medusa checkpoint") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    heads, layers = settings.get("medusa_num_heads"), settings.get("medusa_num_layers", 1)
+    if not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"{path}: medusa_num_heads={heads!r} must be an int >= 1")
+    if layers != 1:
+        raise ValueError(f"{path}: medusa_num_layers={layers!r}; specjax's heads have one "
+                         "residual block (Medusa-1's default)")
+    return settings

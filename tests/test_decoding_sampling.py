@@ -25,6 +25,7 @@ from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.prompt_lookup import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
+from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
@@ -84,12 +85,13 @@ def generator_with_drafters(params):
                                exit_layer=CFG.num_layers, settings={"num_heads": 2})})
 
 
-def empirical_counts(params, strategy, sampling, generator=None):
-    """Counts of the first NEW tokens over SEEDS x ROWS samples, and the last batch's stats."""
+def empirical_counts(params, strategy, sampling, generator=None, batch=ROWS):
+    """Counts of the first NEW tokens over SEEDS x ROWS samples (decoded `batch` rows at a
+    time), and the last batch's stats."""
     generator = generator or generator_with_drafters(params)
     counts = np.zeros((VOCAB,) * 3)
-    for seed in range(SEEDS):
-        out = generator.generate([PROMPT] * ROWS, max_new_tokens=NEW, strategy=strategy,
+    for seed in range(SEEDS * ROWS // batch):
+        out = generator.generate([PROMPT] * batch, max_new_tokens=NEW, strategy=strategy,
                                  sampling=sampling, seed=seed)
         for tokens in out.tokens:
             counts[tuple(tokens)] += 1
@@ -132,6 +134,9 @@ STRATEGIES = {
     "calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3)),
     # Point-mass drafts copied from the text: PROMPT's tokens recur among VOCAB = 8.
     "ngram-chain": PromptLookup(2, 1, Chain(2)),
+    # Drafts from the batch's other rows: every row shares PROMPT, so their continuations are
+    # samples of the same distribution, drawn from as the empirical one.
+    "suffix-chain": SuffixDecoding(4, 0.0, 2.0, Chain(2)),
     # Every depth proposed at once (Medusa's kind of proposal), drawn into a tree.
     "per-depth-tree": PerDepthDrafter(StaticTree.from_branching((2, 1))),
     "medusa-tree": Medusa(StaticTree.from_branching((2, 1))),
@@ -161,10 +166,12 @@ def test_sampled_tokens_follow_the_plain_distribution(params, setting, name):
     verification, acceptance and commit across three tokens."""
     strategy = STRATEGIES[name]
     sampling = SamplingParams.create(**SETTINGS[setting])
-    counts, total = empirical_counts(params, strategy, sampling)
+    # suffix searches every row of the batch for every row: 200 rows at a time, not 2000
+    counts, total = empirical_counts(params, strategy, sampling,
+                                     batch=200 if name == "suffix-chain" else ROWS)
     rejected, stat, critical = chi_square_p_below(counts, exact_joint(params, sampling))
     assert not rejected, f"chi2={stat:.1f} > {critical:.1f}"
-    if name == "ngram-chain":  # copies were drafted, and both accepted and rejected
+    if name in ("ngram-chain", "suffix-chain"):  # drafts were both accepted and rejected
         assert 0 < total.accepted < total.drafted
     shape = strategy.shape
     if getattr(shape, "stop_below", 0) or getattr(shape, "stop_risk", 0):  # stops really cut

@@ -73,11 +73,7 @@ class PromptLookup(FullVerification):
                 "max_matching_ngram_size": self.ngram_max}
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> jax.Array:
-        """The text so far [B, cache_len + 1]: the prompts (the pending token and what follows
-        are written as rounds commit)."""
-        width = prefilled.cache_len + 1
-        return jnp.zeros((prefilled.prompts.shape[0], width), jnp.int32).at[
-            :, :prefilled.prompts.shape[1]].set(prefilled.prompts[:, :width])
+        return prompt_text(prefilled)
 
     def propose(self, ctx: DraftContext, state: jax.Array, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, jax.Array]:
@@ -94,13 +90,25 @@ class PromptLookup(FullVerification):
                                  stats={**proposal.stats, "matched": matched}), cache, text)
 
     def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
-        """The text with this round's accepted drafts and next pending token written after the
-        pending token it started from (rows that are done keep theirs)."""
-        emitted = done.acceptance.emitted
-        at = done.lengths_before[:, None] + 1 + jnp.arange(emitted.shape[1])[None, :]
-        active = (done.lengths_after > done.lengths_before)[:, None]
-        at = jnp.where(active, at, state.shape[1])  # out of range: dropped
-        return state.at[jnp.arange(state.shape[0])[:, None], at].set(emitted, mode="drop")
+        return commit_text(state, done)
+
+
+def prompt_text(prefilled: Prefilled) -> jax.Array:
+    """The text so far [B, cache_len + 1], a drafter's state that copies from it: the prompts
+    (the pending token and what follows are written as rounds commit)."""
+    width = prefilled.cache_len + 1
+    return jnp.zeros((prefilled.prompts.shape[0], width), jnp.int32).at[
+        :, :prefilled.prompts.shape[1]].set(prefilled.prompts[:, :width])
+
+
+def commit_text(state: jax.Array, done: Round) -> jax.Array:
+    """The text with the round's accepted drafts and next pending token written after the
+    pending token it started from (rows that are done keep theirs)."""
+    emitted = done.acceptance.emitted
+    at = done.lengths_before[:, None] + 1 + jnp.arange(emitted.shape[1])[None, :]
+    active = (done.lengths_after > done.lengths_before)[:, None]
+    at = jnp.where(active, at, state.shape[1])  # out of range: dropped
+    return state.at[jnp.arange(state.shape[0])[:, None], at].set(emitted, mode="drop")
 
 
 def continuation(text: jax.Array, ends: jax.Array, ngram_min: int, ngram_max: int,

@@ -1,0 +1,139 @@
+"""Suffix decoding (strategy `suffix`): the longest-match search and the continuation counts
+against a plain-Python reference (across the batch's rows), greedy output against a per-step
+argmax of `model.forward`, the draft limits, EOS inside a draft, export, and the drafter added
+as one file. Its sampled law is in test_decoding_sampling."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from specjax.cli.decoding import decoding_options
+from specjax.config import ModelConfig
+from specjax.decoding.drafters.suffix import SuffixDecoding, next_counts, occurrences
+from specjax.decoding.engine import Generator
+from specjax.decoding.loop import generate_tokens
+from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+# Repeating prompts and a row whose end recurs in another row (row 3 ends as row 0 begins).
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9], list(range(40, 50)) * 2, [3, 5, 6, 7]]
+NEW = 24
+
+
+def reference(texts, depth):
+    """Per row: the longest suffix (<= depth) of its text that ends at an earlier position of
+    any row with a known next token, and how often each token follows it, one and two tokens
+    on (the second among the occurrences continuing with the most frequent first token; ties:
+    the lowest id)."""
+    out = []
+    for text in texts:
+        best, found = 0, []
+        for n in range(depth, 0, -1):
+            if n > len(text):
+                continue
+            pattern = text[-n:]
+            found = [(r, s) for r, other in enumerate(texts) for s in range(n - 1, len(other) - 1)
+                     if other[s - n + 1:s + 1] == pattern]
+            if found:
+                best = n
+                break
+        first = {}
+        for r, s in found:
+            first[texts[r][s + 1]] = first.get(texts[r][s + 1], 0) + 1
+        top = min(first, key=lambda t: (-first[t], t)) if first else None
+        second = {}
+        for r, s in found:
+            if texts[r][s + 1] == top and s + 2 < len(texts[r]):
+                second[texts[r][s + 2]] = second.get(texts[r][s + 2], 0) + 1
+        out.append((best, first, top, second))
+    return out
+
+
+def test_the_match_and_its_counts_equal_a_plain_python_reference():
+    """Catches a match that ignores the other rows, counts the row's own end as an occurrence,
+    reads past a row's end, or filters the second depth by the wrong offset, on 200 random
+    batches of a 3-token vocabulary."""
+    rng = random.Random(0)
+    for _ in range(200):
+        texts = [[rng.randrange(3) for _ in range(rng.randrange(1, 14))] for _ in range(3)]
+        width = 16
+        text = jnp.asarray([t + [0] * (width - len(t)) for t in texts])
+        ends = jnp.asarray([len(t) for t in texts])
+        best, matching = occurrences(text, ends, 4)
+        first = next_counts(text, ends, matching, 1, 3)
+        for b, (want, counts, top, second) in enumerate(reference(texts, 4)):
+            assert int(best[b]) == want, (texts, b)
+            assert {t: int(c) for t, c in enumerate(first[b]) if c} == counts, (texts, b)
+            if top is None:
+                continue
+            followed = jnp.take(text, jnp.clip(jnp.arange(width) + 1, 0, width - 1), axis=1)
+            kept = matching & (followed[None] == top)
+            got = next_counts(text, ends, kept, 2, 3)[b]
+            assert {t: int(c) for t, c in enumerate(got) if c} == second, (texts, b)
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(damped_params(CFG, jax.random.PRNGKey(0), 0.5), CFG)
+
+
+def test_greedy_suffix_decoding_is_a_per_step_argmax_of_the_model(generator):
+    """Catches drafts accepted that the model would not emit, and a text the drafter keeps out
+    of step with the output (then little is accepted, which the count checks)."""
+    strategy = make_strategy("suffix", DecodingConfig(num_draft=4, suffix_factor=2.0))
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy)
+    assert out.tokens == per_step_argmax(generator, PROMPTS, NEW)
+    assert out.total.extra["matched"] > 0 and out.total.accepted >= 8
+
+
+def test_the_draft_limits_hold(generator):
+    """Catches `suffix_factor` or `suffix_min_prob` ignored: a factor of .1 lets a row draft
+    one token a round (ceil(.1 x n) for a match of n <= 8 tokens), and a minimum share of 1
+    drafts fewer tokens than none."""
+    def run(**options):
+        strategy = make_strategy("suffix", DecodingConfig(num_draft=4, **options))
+        return generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy).total
+
+    one = run(suffix_factor=0.1, suffix_min_prob=0.0)
+    assert 0 < one.drafted <= one.rounds
+    assert run(suffix_factor=4.0, suffix_min_prob=1.0).drafted < run(
+        suffix_factor=4.0, suffix_min_prob=0.0).drafted
+
+
+def test_an_eos_inside_a_draft_ends_the_row_as_plain_decoding_does(generator):
+    """Catches tokens committed past an EOS that arrived as an accepted suffix draft."""
+    check_eos_mid_draft(generator, PROMPTS, SuffixDecoding(8, 0.0, 4.0, Chain(4)), NEW)
+
+
+def test_suffix_is_one_file_registered_flagged_and_checked():
+    """Catches options that need edits outside the drafter's file, bad values accepted, and a
+    tree or a chain's confidence stop given as flags silently ignored."""
+    assert make_strategy("suffix", DecodingConfig(num_draft=3, suffix_depth=5)) == \
+        SuffixDecoding(5, 0.1, 1.0, Chain(3))
+    for field, value, message in (("suffix_depth", 17, r"must lie in \[1, 16\]"),
+                                  ("suffix_min_prob", 1.5, r"must lie in \[0, 1\]")):
+        with pytest.raises(ValueError, match=f"decoding.{field}={value} {message}"):
+            DecodingConfig(**{field: value}).check(CFG)
+    for flag, value in (("tree", "2,1"), ("draft_threshold", 0.3)):
+        with pytest.raises(ValueError, match=f"--{flag} is not used by strategy suffix"):
+            decoding_options(DecodingConfig(), CFG, {flag: value}, ["suffix"])
+
+
+def test_the_suffix_loop_exports_for_tpu_and_cuda(generator):
+    """Catches host-side state in the drafter: the sampled loop must trace into one program
+    that exports for both accelerators."""
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
+    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            SamplingParams.create())
+    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
+        p, {}, prompts, lengths, key, sp, eos, cfg=CFG, drafter=SuffixDecoding(), max_new_tokens=32,
+        cache_len=64))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")

@@ -247,6 +247,8 @@ def _published_settings(medusa_dir: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error})") from None
     heads, layers = settings.get("medusa_num_heads"), settings.get("medusa_num_layers", 1)
+    if "medusa_num_heads" not in settings:
+        raise ValueError(f"{path} has no medusa_num_heads: not a Medusa checkpoint")
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"{path}: medusa_num_heads={heads!r} must be an int >= 1")
     if layers != 1:

@@ -90,8 +90,7 @@ class SuffixDecoding(FullVerification):
 
         def step(carry, tokens, layout):
             matching, d, counts = carry
-            followed = jnp.take(text, jnp.clip(jnp.arange(text.shape[1]) + d, 0,
-                                               text.shape[1] - 1), axis=1)   # text[r, s + d]
+            followed = shifted(text, d)                                        # text[r, s + d]
             matching = jnp.where(d > 0, matching & (followed[None] == tokens), matching)
             seen = next_counts(text, ends, matching, d + 1, vocab)
             logits = jnp.where(seen > 0, jnp.log(jnp.maximum(seen, 1.0)), -1e9)
@@ -140,12 +139,17 @@ def next_counts(text: jax.Array, ends: jax.Array, matching: jax.Array, offset: i
                 vocab: int) -> jax.Array:
     """[B, vocab]: how many of each row's `matching` positions s are followed, `offset`
     tokens on, by each token (positions whose text ends before that do not count)."""
-    width = text.shape[1]
-    at = jnp.arange(width) + offset
-    following = jnp.take(text, jnp.clip(at, 0, width - 1), axis=1)           # [R, W]
+    at = jnp.arange(text.shape[1]) + offset
+    following = shifted(text, offset)                                         # [R, W]
     present = matching & (at[None, None, :] < ends[None, :, None])
     onehot = jax.nn.one_hot(following, vocab, dtype=jnp.float32)              # [R, W, V]
     return jnp.einsum("brw,rwv->bv", present.astype(jnp.float32), onehot)
+
+
+def shifted(text: jax.Array, offset: int | jax.Array) -> jax.Array:
+    """[R, W]: text[r, s + offset] at every position s (the last token past the end)."""
+    width = text.shape[1]
+    return jnp.take(text, jnp.clip(jnp.arange(width) + offset, 0, width - 1), axis=1)
 
 
 STRATEGIES = {"suffix": Strategy(lambda options: SuffixDecoding(

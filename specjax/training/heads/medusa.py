@@ -154,8 +154,7 @@ class MedusaObjective(HeadOnBase):
         return abstract_medusa(cfg, settings["num_heads"])
 
     def settings(self) -> dict[str, Any]:
-        """The section and the layer the heads read (the base's last: `DraftWeights.exit_layer`)."""
-        return {**super().settings(), "exit_layer": self.run.model.num_layers}
+        return _recorded(self.section, self.run.model)
 
     @classmethod
     def on_base(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +175,12 @@ class MedusaObjective(HeadOnBase):
             tuple(float(x) for x in totals["ce"] / count),
             tuple(float(x) for x in totals["correct"] / count),
             float(totals["base_ce"]) / tokens, float(totals["base_correct"]) / tokens, tokens)
+
+
+def _recorded(section: MedusaConfig, cfg: ModelConfig) -> dict[str, Any]:
+    """What a heads checkpoint records of them: the section and the layer the heads read (the
+    model's last: `DraftWeights.exit_layer`)."""
+    return {**dataclasses.asdict(section), "exit_layer": cfg.num_layers}
 
 
 HEADS = {"medusa": MedusaObjective}
@@ -225,13 +230,14 @@ def import_medusa(medusa_dir: str, base_workdir: str, workdir: str) -> int:
     if isinstance(tokenizer, dict):  # the workdir decodes text on its own, as a trained one
         shutil.copyfile(os.path.join(base.workdir, TOKENIZER_FILE),
                         os.path.join(workdir, TOKENIZER_FILE))
-    section = dataclasses.asdict(MedusaConfig(num_heads=heads))
-    decoding = dict(base.meta.get("config", {}).get("decoding") or {})
-    decoding["num_draft"] = min(decoding.get("num_draft", heads), heads)
+    section = MedusaConfig(num_heads=heads)
+    config = MedusaObjective.on_base({  # the decoding defaults a trained one gets
+        "decoding": dict(base.meta.get("config", {}).get("decoding") or {}),
+        MedusaObjective.name: dataclasses.asdict(section)})
     checkpoints.save(0, params, None, {
         "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": tokenizer,
-        "objective": "medusa", "config": {"decoding": decoding, "medusa": section},
-        "base": base.record(), "medusa": {**section, "exit_layer": cfg.num_layers},
+        "objective": MedusaObjective.name, "config": config, "base": base.record(),
+        MedusaObjective.record_key: _recorded(section, cfg),
         "source": {"medusa_dir": os.path.abspath(medusa_dir)}})
     checkpoints.close()
     return heads

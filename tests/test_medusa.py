@@ -230,8 +230,8 @@ def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp
     """Catches an import that forgets PyTorch's out-by-in layout (a transpose missed), swaps a
     head's block and projection, reads heads in another order, or writes a workdir that
     decoding cannot load; and the bad checkpoints (two residual blocks, a size the base does
-    not have, a model's checkpoint given for heads) reaching a traceback, a half-made workdir
-    or a cryptic line. The reference applies Medusa's
+    not have, a model's checkpoint given for heads, a config.json that is not an object)
+    reaching a traceback, a half-made workdir or a cryptic line. The reference applies Medusa's
     ResBlock + Linear to the base's final-normed hidden states in float64, with the published
     tensors as they are."""
     base = str(tmp_path / "base")
@@ -265,9 +265,12 @@ def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp
     _published_medusa(str(tmp_path / "wide"), wide, 2)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[]")
     for folder, message in (("deep", "medusa_num_layers=2; specjax's heads have one residual"),
                             ("wide", "0.0.linear.weight is (48, 48), but the base model"),
-                            ("model", "has no medusa_num_heads: not a Medusa checkpoint")):
+                            ("model", "has no medusa_num_heads: not a Medusa checkpoint"),
+                            ("list", "config.json holds no JSON object")):
         result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
                             "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]

@@ -30,12 +30,24 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
     """A checkpoint's config.json, checked to be readable and to hold the sizes every
     architecture needs (one-line errors naming the directory or the file)."""
     path = os.path.join(hf_dir, "config.json")
-    if not os.path.isdir(hf_dir):
-        problem = "is not a directory" if os.path.exists(hf_dir) else "does not exist"
-        raise ConversionError(f"{hf_dir!r} {problem}: a Hugging Face checkpoint directory is "
-                              "expected")
+    config = read_config_json(hf_dir, "a Hugging Face checkpoint")
+    missing = [key for key in ("vocab_size", "hidden_size", "num_hidden_layers")
+               if key not in config]
+    if missing:
+        raise ConversionError(f"{path} lacks {missing}, which every {architecture(config)} "
+                              "checkpoint has")
+    return config
+
+
+def read_config_json(directory: str, what: str) -> dict[str, Any]:
+    """The JSON object in `directory`'s config.json, `what` (e.g. "a Hugging Face checkpoint")
+    naming the directory expected in the one-line errors."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isdir(directory):
+        problem = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise ConversionError(f"{directory!r} {problem}: {what} directory is expected")
     if not os.path.isfile(path):
-        raise ConversionError(f"{hf_dir!r} has no config.json: not a Hugging Face checkpoint")
+        raise ConversionError(f"{directory!r} has no config.json: not {what}")
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
@@ -43,11 +55,6 @@ def read_hf_config(hf_dir: str) -> dict[str, Any]:
         raise ConversionError(f"{path} is not valid JSON ({error})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"{path} holds no JSON object")
-    missing = [key for key in ("vocab_size", "hidden_size", "num_hidden_layers")
-               if key not in config]
-    if missing:
-        raise ConversionError(f"{path} lacks {missing}, which every {architecture(config)} "
-                              "checkpoint has")
     return config
 
 

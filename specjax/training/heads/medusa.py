@@ -10,7 +10,6 @@ from.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ import optax
 from safetensors import safe_open
 
 from specjax.config import ModelConfig
+from specjax.convert.hf_config import read_config_json
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
 from specjax.io.checkpoint import Checkpointer
 from specjax.model import Params, embed, exit_logits, run_layers
@@ -245,13 +245,7 @@ def import_medusa(medusa_dir: str, base_workdir: str, workdir: str) -> int:
 
 def _published_settings(medusa_dir: str) -> dict[str, Any]:
     path = os.path.join(medusa_dir, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            settings = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"{medusa_dir!r} has no config.json: not a Medusa checkpoint") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    settings = read_config_json(medusa_dir, "a Medusa checkpoint")
     heads, layers = settings.get("medusa_num_heads"), settings.get("medusa_num_layers", 1)
     if "medusa_num_heads" not in settings:
         raise ValueError(f"{path} has no medusa_num_heads: not a Medusa checkpoint")

@@ -63,7 +63,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         # The early-exit loss supervises the two draft candidates and the final exit. Measured
         # (300 steps): exit-1/exit-2 agreement with the final layer .830/.887 versus .785/.836
         # when all 8 exits share the loss, for a final loss of 1.371 versus 1.337 nats/byte.
-        exit_layers=(1, 2, 8)))
+        exit_layers=(1, 2, 8),
+        # DeepSeek-V3's multi-token-prediction modules trained with the model (0: none): they
+        # then draft for it (--strategy mtp), their loss weighted by layerskip.mtp_weight.
+        mtp_depth=0))
     # source: "stdlib" (embedded), "files" (files: comma-separated paths or globs of .jsonl,
     # .parquet or text files) or "hub" (a `datasets` name or local dataset folder, streamed);
     # text_field names the JSONL/Parquet/hub column. tokenizer: "bytes" or a tokenizer.json (a
@@ -86,7 +89,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # scale p_max=0.1 left every exit's agreement unchanged and cost 0.012 nats of final loss.
     config.layerskip = ml_collections.ConfigDict(dict(
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
-        curriculum="none", rotation_interval=1, e_scale_warmup=0))
+        curriculum="none", rotation_interval=1, e_scale_warmup=0, mtp_weight=0.3))
     # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
     config.decoding = decoding_section(exit_layer=1, num_draft=6)
     if variant == "draft":  # no early exits: it drafts with all of its layers

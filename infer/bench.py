@@ -33,7 +33,7 @@ from specjax.cli.decoding import (
     sweep_options,
 )
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig, heldout_prompts
+from specjax.data import DataConfig, completion_prompts, heldout_prompts
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.kernels import decision
@@ -53,6 +53,9 @@ flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this 
                           "imported) or heads trained on this model (kangaroo, specdec, "
                           "medusa)")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
+flags.DEFINE_enum("prompt_set", "heldout", ["heldout", "completion"], "Held-out prompts: windows "
+                  "from the middle of validation files, or code completion whose prompt shares "
+                  "text with its answer (data.completion_prompts).")
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare with ar (the "
                   "baseline, always run); available: "
                   f"{', '.join(sorted(STRATEGIES))}.")
@@ -94,7 +97,7 @@ def _progress(line: str) -> None:
 def benchmark() -> dict:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "batch_size", "repeats",
                            "seeds")
-    for name in ("num_prompts", "prompt_len"):
+    for name in ("num_prompts", "prompt_len", "prompt_set"):
         if FLAGS.prompts_file and FLAGS[name].present:
             raise ValueError(f"--{name} and --prompts_file do not go together: --{name} "
                              "shapes held-out prompts, --prompts_file gives its own; drop one")
@@ -106,7 +109,8 @@ def benchmark() -> dict:
         prompts = [tokenizer.encode(p) for p in read_prompts_file(FLAGS.prompts_file)]
     else:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
-        prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
+        choose = completion_prompts if FLAGS.prompt_set == "completion" else heldout_prompts
+        prompts = choose(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     generator = loaded.generator()
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}

@@ -1,10 +1,12 @@
 """Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) to specjax workdirs
-and back, and imports published Medusa heads for a model.
+and back, and imports published drafters for a model (Medusa heads, EAGLE-3 heads).
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
     python infer/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
         --workdir runs/medusa_imported
+    python infer/convert.py --hf_dir path/to/eagle3_head --base_workdir runs/imported \
+        --workdir runs/eagle_imported
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
@@ -19,6 +21,7 @@ from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.outputs import check_destinations
+from specjax.training.heads.eagle import import_eagle, is_eagle3
 from specjax.training.heads.medusa import import_medusa
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
@@ -32,9 +35,10 @@ flags.DEFINE_bool("overwrite", False, "Export: replace a non-empty --hf_dir (nev
                   "checkpoint is written beside it and swapped in).")
 flags.DEFINE_enum("tokenizer", None, ["bytes"], "Import: record specjax's byte tokenizer (for a "
                   "checkpoint without tokenizer.json).")
-flags.DEFINE_string("base_workdir", None, "Import Medusa heads instead: --hf_dir holds a "
-                    "Medusa-1 checkpoint (config.json, medusa_lm_head.safetensors) trained on "
-                    "this workdir's model; --workdir becomes the heads' workdir.")
+flags.DEFINE_string("base_workdir", None, "Import a drafter instead: --hf_dir holds Medusa-1 "
+                    "heads (config.json, medusa_lm_head.safetensors) or an EAGLE-3 head "
+                    "(config.json, model.safetensors) trained on this workdir's model; --workdir "
+                    "becomes the drafter's workdir.")
 flags.mark_flags_as_required(["hf_dir", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -45,9 +49,7 @@ def main(argv):
         files = run_cli(_export)
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
     elif FLAGS.base_workdir:
-        heads = run_cli(_import_medusa)
-        print(f"imported {heads} Medusa heads into {FLAGS.workdir} (decode with --strategy "
-              "medusa)")
+        print(run_cli(_import_drafter))
     else:
         cfg = run_cli(_import)
         print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
@@ -55,7 +57,7 @@ def main(argv):
 
 def _export() -> list[str]:
     refuse_flags(("tokenizer",), "an import")
-    refuse_flags(("base_workdir",), "an import of Medusa heads")
+    refuse_flags(("base_workdir",), "an import of a drafter")
     if FLAGS.max_shard_gb <= 0:
         raise ValueError(f"--max_shard_gb={FLAGS.max_shard_gb:g} must be > 0")
     check_destinations({"--hf_dir": FLAGS.hf_dir}, {"--workdir": FLAGS.workdir}, folders=True)
@@ -64,14 +66,21 @@ def _export() -> list[str]:
                              overwrite=FLAGS.overwrite, dtype=FLAGS.dtype)
 
 
-def _import_medusa() -> int:
+def _import_drafter() -> str:
+    """Imports the drafter in --hf_dir (EAGLE-3 or Medusa, from its config.json); what was
+    imported."""
     refuse_flags(("max_shard_gb", "overwrite", "dtype", "tokenizer"), "a model's conversion")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
     check_destinations({"--workdir": FLAGS.workdir},
                        {"--hf_dir": FLAGS.hf_dir, "--base_workdir": FLAGS.base_workdir},
                        folders=True)
-    return import_medusa(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
+    if is_eagle3(FLAGS.hf_dir):
+        layers = import_eagle(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
+        return (f"imported an EAGLE-3 head on layers {','.join(map(str, layers))} into "
+                f"{FLAGS.workdir} (decode with --strategy eagle)")
+    heads = import_medusa(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
+    return f"imported {heads} Medusa heads into {FLAGS.workdir} (decode with --strategy medusa)"
 
 
 def _import() -> ModelConfig:

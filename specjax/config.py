@@ -86,7 +86,8 @@ class ModelConfig:
     query/key/value projections (Qwen2-style checkpoints); `partial_rotary_factor` is the share
     of each head's channels RoPE rotates, the first ones (Bamba: half). `layer_pattern` names
     each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2
-    layers take their sizes from `ssm`.
+    layers take their sizes from `ssm`. `mtp_depth` > 0 gives the model DeepSeek-V3's
+    multi-token-prediction modules (`nn.mtp`), trained with it and drafting for it.
     """
 
     vocab_size: int
@@ -108,6 +109,7 @@ class ModelConfig:
     exit_layers: tuple[int, ...] | None = None
     layer_pattern: tuple[str, ...] | None = None
     ssm: SsmConfig | None = None
+    mtp_depth: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
@@ -133,6 +135,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             _require(getattr(self, name) in DTYPES, name, getattr(self, name),
                      f"must be one of {sorted(DTYPES)}")
+        _require(isinstance(self.mtp_depth, int) and self.mtp_depth >= 0, "mtp_depth",
+                 self.mtp_depth, "must be an int >= 0")
         if self.exit_layers is not None:
             exits = tuple(self.exit_layers)
             _require(len(exits) > 0, "exit_layers", exits, "must not be empty (use None for all)")

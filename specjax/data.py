@@ -308,6 +308,37 @@ class Corpus:
         return [np.asarray(batch, np.int32) for batch in rows]
 
 
+def completion_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: int, *,
+                       answer: int = 256, gram: int = 4) -> list[list[int]]:
+    """Code completion whose prompt shares text with its answer: from each held-out validation
+    document (one prompt each), the `length` tokens before the line start whose next `answer`
+    tokens repeat the most of them (the share of its `gram`-grams that occur in the prompt):
+    the function bodies that reuse the names, calls and lines above them, where drafters that
+    copy from the context should shine."""
+    newline = tokenizer.encode("\n")[-1]
+    prompts = []
+    for text in validation_texts(data):
+        ids = tokenizer.encode(text).tolist()
+        cuts = [i + 1 for i in range(length - 1, len(ids) - answer - 1) if ids[i] == newline]
+        if not cuts:
+            continue
+
+        best = max(cuts, key=lambda cut, ids=ids: _shared(ids, cut, length, answer, gram))
+        prompts.append(ids[best - length:best])
+        if len(prompts) == count:
+            return prompts
+    raise ValueError(f"the validation documents hold only {len(prompts)} completions of "
+                     f"{length} + {answer} tokens, not {count}")
+
+
+def _shared(ids: list[int], cut: int, length: int, answer: int, gram: int) -> float:
+    """The share of the `answer` tokens after `cut` whose `gram`-gram occurs in the `length`
+    tokens before it."""
+    seen = {tuple(ids[i:i + gram]) for i in range(cut - length, cut - gram + 1)}
+    return sum(tuple(ids[i:i + gram]) in seen
+               for i in range(cut, cut + answer - gram + 1)) / (answer - gram + 1)
+
+
 def heldout_prompts(data: DataConfig, tokenizer: Tokenizer, count: int, length: int, *,
                     skip_documents: int = 0, per_document: int = 1) -> list[list[int]]:
     """`length`-token windows from the middle of held-out validation documents, starting at the

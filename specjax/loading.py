@@ -145,7 +145,8 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     meta = _read_meta(workdir, step)
     if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step, mesh=mesh)
-        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir), {}, mesh)
+        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir),
+                           own_drafters(params, cfg), mesh)
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
         raise CheckpointError(f"the {meta['objective']} head in {workdir} was trained on the "
@@ -161,6 +162,14 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     base_note = unfinished_training(recorded["workdir"], base.meta)  # a head on a partial base
     return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights,
                        mesh, unfinished=(base_note,) if base_note else ())
+
+
+def own_drafters(params: Params, cfg: ModelConfig) -> dict[str, DraftWeights]:
+    """The drafters a model trained with (its MTP modules: `--strategy mtp` on its workdir)."""
+    if not cfg.mtp_depth:
+        return {}
+    return {"mtp": DraftWeights(params["mtp"], settings={"exits": [cfg.num_layers],
+                                                         "depth": cfg.mtp_depth})}
 
 
 def _load_head(workdir: str, step: int | None, meta: dict[str, Any],

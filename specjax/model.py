@@ -27,6 +27,7 @@ from specjax.config import ModelConfig
 from specjax.nn.cache import Cache
 from specjax.nn.layer_kinds import LAYER_KINDS, Step, check_layer_kinds
 from specjax.nn.linear import matmul
+from specjax.nn.mtp import init_mtp
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import rope_tables
 from specjax.sharding import constrain_cache
@@ -51,7 +52,12 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     params["final_norm"] = {"scale": jnp.ones((cfg.d_model,), cfg.weight_dtype)}
     if not cfg.tie_embeddings:
         params["unembed"] = _normal(k_unembed, (cfg.d_model, cfg.vocab_size), cfg)
+    if cfg.mtp_depth:  # its own key: a model without them draws the same weights
+        params["mtp"] = init_mtp(cfg, jax.random.fold_in(key, MTP_KEY), cfg.mtp_depth)
     return params
+
+
+MTP_KEY = 7  # folded into the init key for the MTP modules
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], cfg: ModelConfig) -> jax.Array:

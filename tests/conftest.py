@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import gc
 import importlib.util
 import os
 import shutil
@@ -96,6 +97,17 @@ def tiny_run(**sections) -> dict:
     for section, values in sections.items():
         run.setdefault(section, {}).update(values)
     return run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Each test module's compiled programs are dropped after it: XLA:CPU maps every program
+    in pieces, and a worker process that keeps the programs of hundreds of modules nears the
+    kernel's limit on one process's mappings (vm.max_map_count; `specjax.mappings`). A later
+    module that needs one again reads it from the persistent compilation cache."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

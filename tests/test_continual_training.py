@@ -154,7 +154,8 @@ def test_a_contradicting_flag_is_one_line_from_the_command_line(sources, tmp_pat
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines() == [
         "error: --config.model.d_model=64 contradicts init.source, whose model has d_model=32; "
-        "the source fixes the model (a run may set only dtype, param_dtype, exit_layers)"]
+        "the source fixes the model (a run may set only dtype, param_dtype, exit_layers, "
+        "mtp_depth)"]
     assert not workdir.exists()
 
 

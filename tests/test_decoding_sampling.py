@@ -20,9 +20,12 @@ from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.calm import CalmDraft
 from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.feature_head import Eagle, Mtp
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.lookahead import Lookahead
 from specjax.decoding.drafters.medusa import Medusa
+from specjax.decoding.drafters.mixed import Mixed
 from specjax.decoding.drafters.prompt_lookup import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.drafters.suffix import SuffixDecoding
@@ -34,7 +37,9 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.heads.adapter import init_adapter
+from specjax.heads.eagle import EAGLE
 from specjax.heads.medusa import init_medusa
+from specjax.heads.mtp import MTP
 from tests.conftest import PerDepthDrafter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -72,7 +77,8 @@ def _noisy(tree, scale):
 def generator_with_drafters(params):
     """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise, whose draft
     model is the target's first two layers plus noise, whose acceptance head is random and
-    whose two Medusa heads are the model's own head plus noise."""
+    whose two Medusa heads are the model's own head plus noise, and whose EAGLE-3 and MTP
+    heads are fresh ones plus noise."""
     draft_cfg = dataclasses.replace(CFG, num_layers=2)
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
                                                                params["layers"])}, draft_cfg)
@@ -82,7 +88,10 @@ def generator_with_drafters(params):
         "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
                                 exit_layer=1),
         "medusa": DraftWeights(_noisy(init_medusa(params, CFG, 2), 0.3),
-                               exit_layer=CFG.num_layers, settings={"num_heads": 2})})
+                               exit_layer=CFG.num_layers, settings={"num_heads": 2}),
+        **{kind.name: DraftWeights(_noisy(kind.init(params, CFG, settings), 0.3),
+                                   settings={"exits": kind.exits(CFG, settings)})
+           for kind, settings in ((EAGLE, {"layers": ""}), (MTP, {"depth": 2}))}})
 
 
 def empirical_counts(params, strategy, sampling, generator=None, batch=ROWS):
@@ -140,6 +149,14 @@ STRATEGIES = {
     # Every depth proposed at once (Medusa's kind of proposal), drawn into a tree.
     "per-depth-tree": PerDepthDrafter(StaticTree.from_branching((2, 1))),
     "medusa-tree": Medusa(StaticTree.from_branching((2, 1))),
+    # A block drafting each depth from its parent's feature (the K/V it keeps across rounds).
+    "eagle-chain": Eagle(Chain(3)),
+    "mtp-tree": Mtp(StaticTree.from_branching((2, 1))),
+    # Jacobi guesses beside pool n-grams, every child deterministic.
+    "lookahead-tree": Lookahead(3, 2, 2, 8),
+    # Branches from different drafters: every child deterministic (the top_k rule).
+    "mixed-tree": Mixed((PromptLookup(2, 1, Chain(2)), SelfSpeculative(1, Chain(2)),
+                         Medusa(StaticTree.from_branching((2, 1))))),
 }
 
 

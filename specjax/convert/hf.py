@@ -73,6 +73,9 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
         cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
         params = jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
     export_architecture(cfg)  # a model no HF architecture computes fails before any file
+    if cfg.mtp_depth:
+        print(f"note: the model's {cfg.mtp_depth} MTP module(s) are not exported: the Hugging "
+              "Face architecture has no place for them", file=sys.stderr)
     with staged_dir(hf_dir) as staging:
         files = _write_hf(params, cfg, meta, workdir, staging, max_shard_bytes)
     return files

@@ -85,7 +85,8 @@ class Round:
     the pending token and every node [B, 1+T, D] (verification filled in the positions the
     draft never ran; None without reuse); the target's committed lengths [B] before and after
     (unchanged for rows that are done); `features`, the target's hidden states after each of
-    the drafter's `feature_exits` for the pending token and every node ({exit: [B, 1+T, D]}).
+    the drafter's `feature_exits` for the pending token and every node ({exit: [B, 1+T, D]});
+    `logits`, the target's logits there [B, 1+T, V] (what Lookahead's window iterates on).
     """
 
     pending: jax.Array
@@ -95,6 +96,7 @@ class Round:
     lengths_before: jax.Array
     lengths_after: jax.Array
     features: dict[int, jax.Array] = flax.struct.field(default_factory=dict)
+    logits: jax.Array | None = None
 
 
 class Drafter(Protocol):
@@ -106,9 +108,14 @@ class Drafter(Protocol):
     weights_hint: str         # how to get them, for the error when they are missing
     verify_from: int          # layers below this verification reuses from the draft (0: none)
     lossless: bool            # its output is the target's (greedy: identical; sampled: in law)
+    mixable: bool             # may be a branch of a mixed tree (`drafters.mixed`)
 
     def bind(self, weights: DraftWeights) -> Drafter:
         """This drafter for these weights of its own (checked against them)."""
+
+    def with_weights(self, weights: Mapping[str, DraftWeights]) -> tuple[Drafter, Any]:
+        """This drafter bound to its weights among `weights` (by strategy name), and the params
+        traced into its program (a mixed tree binds each branch)."""
 
     def runtime_params(self, draft_params: Any) -> Any:
         """The params traced into the program: its weights' (default) plus traced settings."""
@@ -140,17 +147,28 @@ class Drafter(Protocol):
 class DrafterBase:
     """The optional hooks' defaults (see `Drafter`): no weights of its own, no traced
     settings, no Hugging Face equivalent, verification of every layer, no prompt states or
-    features, lossless."""
+    features, lossless, mixable."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
     lossless: ClassVar[bool] = True
+    mixable: ClassVar[bool] = True
     needs_weights: ClassVar[bool] = False
     weights_hint: ClassVar[str] = ""
     verify_from: ClassVar[int] = 0
 
     def bind(self, weights: DraftWeights) -> Drafter:
         return self
+
+    def with_weights(self, weights: Mapping[str, DraftWeights]) -> tuple[Drafter, Any]:
+        params, drafter = None, self
+        if self.needs_weights:
+            found = weights.get(self.name)
+            if found is None:
+                raise ValueError(f"strategy {self.name!r} needs weights of its own and this "
+                                 f"model has none: {self.weights_hint}")
+            drafter, params = self.bind(found), found.params
+        return drafter, drafter.runtime_params(params)
 
     def runtime_params(self, draft_params: Any) -> Any:
         return draft_params
@@ -181,7 +199,10 @@ class Stateless(FullVerification):
 class Strategy:
     """How the registry builds a drafter: `build(options)` from the decoding options, of which
     it reads only the fields of its option groups `options` (frozen dataclasses of
-    `decoding.options.option` fields; a group may be shared, as the shape's is)."""
+    `decoding.options.option` fields; a group may be shared, as the shape's is). A
+    `composite` strategy (a mixed tree) is built as `build(options, make)`, `make(name)` giving
+    another registered strategy built from the same options."""
 
-    build: Callable[[Any], Drafter]
+    build: Callable[..., Drafter]
     options: tuple[type, ...] = ()
+    composite: bool = False

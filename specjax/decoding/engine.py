@@ -225,13 +225,7 @@ class Generator:
         clear error when a drafter that needs weights has none."""
         if draft_params is not None:
             return strategy, draft_params
-        if strategy.needs_weights:
-            weights = self.draft_weights.get(strategy.name)
-            if weights is None:
-                raise ValueError(f"strategy {strategy.name!r} needs weights of its own and "
-                                 f"this model has none: {strategy.weights_hint}")
-            strategy, draft_params = strategy.bind(weights), weights.params
-        return strategy, strategy.runtime_params(draft_params)
+        return strategy.with_weights(self.draft_weights)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""

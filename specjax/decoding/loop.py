@@ -191,7 +191,8 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
         cache=verified.cache.commit(lengths, accepted.path),
         drafter=drafter.commit(ctx, draft_state, Round(s.pending, proposal, accepted,
                                                        verified.reused_hidden, s.cache.lengths,
-                                                       lengths, verified.features)),
+                                                       lengths, verified.features,
+                                                       verified.logits)),
         pending=jnp.where(active, jnp.take_along_axis(
             accepted.emitted, accepted.num_accepted[:, None], 1)[:, 0], s.pending),
         tokens=jnp.where(active[:, None], written, s.tokens),

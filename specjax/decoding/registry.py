@@ -37,7 +37,10 @@ def make_strategy(name: str, options: Any) -> Drafter:
     unknown names). The strategy's builder sees only the options it declares."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose from {sorted(STRATEGIES)}")
-    return STRATEGIES[name].build(_Declared(name, options, declared_options([name])))
+    strategy, declared = STRATEGIES[name], _Declared(name, options, declared_options([name]))
+    if strategy.composite:
+        return strategy.build(declared, lambda part: make_strategy(part, options))
+    return strategy.build(declared)
 
 
 def declared_options(names: Sequence[str]) -> set[str]:

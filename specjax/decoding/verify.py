@@ -54,7 +54,7 @@ class Verified:
 def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
            proposal: Proposal, features: tuple[int, ...] = ()) -> Verified:
     """The full target over the pending token [B] and every valid node of `proposal` (or more:
-    the smallest of its shape's `verify_sizes` that holds every row's valid nodes), keeping
+    the smallest of its shape's `verify_sizes` that holds every row's last valid node), keeping
     the hidden states after each layer count in `features` (at or above a reuse exit)."""
     sizes = proposal.shape.verify_sizes
     if len(sizes) == 1:
@@ -73,8 +73,8 @@ def verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
     full = jax.eval_shape(lambda: _verify(params, cfg, cache, pending, proposal, features))
     empty = jax.tree.map(lambda like: jnp.zeros(like.shape, like.dtype), full).replace(
         cache=cache)
-    return switch(pass_index(sizes, jnp.sum(proposal.valid, axis=1)),
-                  [first_nodes(size) for size in sizes], empty)
+    last_valid = jnp.max(jnp.where(proposal.valid, jnp.arange(num_nodes) + 1, 0), axis=1)
+    return switch(pass_index(sizes, last_valid), [first_nodes(size) for size in sizes], empty)
 
 
 def _verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
@@ -103,8 +103,8 @@ def _verify(params: Params, cfg: ModelConfig, cache: Cache, pending: jax.Array,
 
 
 def _first(proposal: Proposal, size: int) -> Proposal:
-    """A chain's first `size` nodes (and the reused hidden states of the pending token and
-    them): every valid node, when no row drafted more."""
+    """The first `size` nodes (and the reused hidden states of the pending token and them):
+    every valid node, when no row has one after them."""
     reuse = proposal.reuse
     if reuse is not None:
         reuse = reuse.replace(hidden=reuse.hidden[:, :size + 1])

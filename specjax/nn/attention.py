@@ -27,10 +27,12 @@ class Attention(nn.Module):
 
     Without a cache, `mask` is [1 or B, T, T] over the new tokens. With a cache, the new keys and
     values are written at slots `write_pos[b] + t` (or at `write_pos[b, t]` when it is [B, T])
-    and `mask` is [B, T, max_len] over cache slots.
+    and `mask` is [B, T, max_len] over cache slots. `in_features`: the width of x (0: d_model;
+    EAGLE-3's layer attends from the embedding and the feature side by side, 2 * d_model).
     """
 
     cfg: ModelConfig
+    in_features: int = 0
 
     @nn.compact
     def __call__(self, x: jax.Array, rope: Rope, mask: jax.Array, kv: LayerKV | None = None,
@@ -39,7 +41,8 @@ class Attention(nn.Module):
         batch, steps, _ = x.shape
         kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         qkv = self.param("qkv", nn.initializers.normal(cfg.init_std),
-                         (cfg.d_model, kv_heads, group + 2, head_dim), cfg.weight_dtype)
+                         (self.in_features or cfg.d_model, kv_heads, group + 2, head_dim),
+                         cfg.weight_dtype)
         out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
                          (kv_heads, group, head_dim, cfg.d_model), cfg.weight_dtype)
 
@@ -103,14 +106,14 @@ def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
 
 def project(cfg: ModelConfig, x: jax.Array, qkv: jax.Array, bias: jax.Array | None,
             rope: Rope) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Queries [B*K, G*T, Dh] and keys, values [B*K, T, Dh] of normalised inputs x [B, T, D],
+    """Queries [B*K, G*T, Dh] and keys, values [B*K, T, Dh] of normalised inputs x [B, T, in],
     rotated and in the cache's merged batch-and-kv-head layout (see cache.py). Shared by the
     layer and by CALM's state propagation (`project_kv`), so both write the same K/V."""
     batch, steps, _ = x.shape
     kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
     # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
     # make XLA re-lay the weight out in memory on every decode step.
-    y = matmul(x, qkv.reshape(cfg.d_model, -1).astype(cfg.compute_dtype)).reshape(
+    y = matmul(x, qkv.reshape(qkv.shape[0], -1).astype(cfg.compute_dtype)).reshape(
         batch, steps, kv_heads, group + 2, head_dim)
     if bias is not None:
         y = y + bias.astype(y.dtype)

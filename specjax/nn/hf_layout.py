@@ -33,14 +33,14 @@ class HfLeaf:
 
 def _qkv_from_hf(cfg: ModelConfig, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """[H*Dh, D], [K*Dh, D], [K*Dh, D] -> [D, K, G+2, Dh] (query head h belongs to kv head
-    h // G, as in transformers' repeat_kv)."""
-    kv, g, dh, d = cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model
+    h // G, as in transformers' repeat_kv; D is the input width: 2 d_model for EAGLE-3)."""
+    kv, g, dh, d = cfg.num_kv_heads, cfg.group_size, cfg.head_dim, q.shape[1]
     return np.concatenate([q.T.reshape(d, kv, g, dh), k.T.reshape(d, kv, 1, dh),
                            v.T.reshape(d, kv, 1, dh)], axis=2)
 
 
 def _qkv_to_hf(w: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
-    d, g = cfg.d_model, cfg.group_size
+    d, g = w.shape[0], cfg.group_size
     return (np.ascontiguousarray(w[:, :, :g].reshape(d, -1).T),
             np.ascontiguousarray(w[:, :, g].reshape(d, -1).T),
             np.ascontiguousarray(w[:, :, g + 1].reshape(d, -1).T))

@@ -93,6 +93,10 @@ class LayerSkipConfig:
     s = 1 ("uniform"), e ("linear") or e(e+1)/2 ("sum", the paper's cumulative scale). The final
     exit L always has raw weight s(L), never scaled by e_scale, and is always enabled: it is the
     model we must not hurt (torchtune's convention; the paper adds its L-1 term instead).
+
+    A model with multi-token-prediction modules (`model.mtp_depth`) adds `mtp_weight` times
+    their mean cross-entropy (DeepSeek-V3's λ: 0.3, later 0.1); they then draft for it
+    (`--strategy mtp` on its workdir).
     """
 
     p_max: float = 0.0
@@ -102,6 +106,7 @@ class LayerSkipConfig:
     curriculum: str = "none"
     rotation_interval: int = 1
     e_scale_warmup: int = 0
+    mtp_weight: float = 0.3
 
     def __post_init__(self) -> None:
         check(isinstance(self.e_scale_warmup, int) and self.e_scale_warmup >= 0,
@@ -116,6 +121,8 @@ class LayerSkipConfig:
                f"must be one of {list(CURRICULA)}")
         check(isinstance(self.rotation_interval, int) and self.rotation_interval >= 1,
                "layerskip.rotation_interval", self.rotation_interval, "must be an int >= 1")
+        check(isinstance(self.mtp_weight, (int, float)) and self.mtp_weight >= 0,
+              "layerskip.mtp_weight", self.mtp_weight, "must be a number >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import hashlib
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -18,9 +19,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from specjax.config import ModelConfig, dataclass_from_mapping
-from specjax.io.checkpoint import CheckpointError, load_params
+from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.tokenizer import NO_TOKENIZER, data_fields
+from specjax.tokenizer import NO_TOKENIZER, TOKENIZER_FILE, data_fields
 from specjax.training.config import RunConfig
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
@@ -238,3 +239,27 @@ class HeadOnBase:
             if saved.get(key) != value:
                 raise CheckpointError(f"{self.name}.{key}={value!r} differs from the "
                                       f"checkpoint's {saved.get(key)!r}; use a new --workdir")
+
+
+def save_imported_head(objective: type[HeadOnBase], section: Any, params: Params,
+                       base: FrozenBase, workdir: str, settings: Mapping[str, Any],
+                       source: Mapping[str, Any]) -> None:
+    """Writes a published head as step 0 of a new head workdir, recorded as one trained by
+    `objective` with `section` on `base` would be (its settings, the base's fingerprint, the
+    decoding defaults `on_base` gives, the base's tokenizer), so decoding reads it the same way.
+    """
+    checkpoints = Checkpointer(workdir)
+    if checkpoints.latest_step() is not None:
+        raise ValueError(f"{workdir!r} already holds checkpoints; import into a new workdir")
+    tokenizer = base.meta.get("tokenizer", "bytes")
+    if isinstance(tokenizer, dict):  # the workdir decodes text on its own, as a trained one
+        shutil.copyfile(os.path.join(base.workdir, TOKENIZER_FILE),
+                        os.path.join(workdir, TOKENIZER_FILE))
+    config = objective.on_base({
+        "decoding": dict(base.meta.get("config", {}).get("decoding") or {}),
+        objective.name: dataclasses.asdict(section)})
+    checkpoints.save(0, params, None, {
+        "step": 0, "data_position": 0, "model": base.cfg.to_dict(), "tokenizer": tokenizer,
+        "objective": objective.name, "config": config, "base": base.record(),
+        objective.record_key: dict(settings), "source": dict(source)})
+    checkpoints.close()

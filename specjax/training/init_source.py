@@ -31,7 +31,7 @@ from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.model import Params
 from specjax.tokenizer import TOKENIZER_FILE, UNSET_ID, data_fields
 
-RUN_CHOSEN = ("dtype", "param_dtype", "exit_layers")
+RUN_CHOSEN = ("dtype", "param_dtype", "exit_layers", "mtp_depth")
 TOKENIZER_FIELDS = ("tokenizer", "bos_id", "eos_id")
 
 

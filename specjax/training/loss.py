@@ -5,7 +5,29 @@ import jax.numpy as jnp
 import optax
 
 from specjax.config import ModelConfig
+from specjax.heads.feature_head import unrolled_logits
+from specjax.heads.mtp import MTP
 from specjax.model import Params, exit_logits
+
+
+def mtp_cross_entropies(params: Params, cfg: ModelConfig, last_hidden: jax.Array,
+                        tokens: jax.Array) -> jax.Array:
+    """Mean corpus cross-entropy [D] of each of the model's MTP depths (DeepSeek-V3's
+    multi-token prediction, `cfg.mtp_depth` modules in `params["mtp"]`), unrolled as they
+    draft (`heads.feature_head.unrolled_logits`): depth j + 1 at position s is labelled
+    tokens[s + j + 1], over positions 1..T - 1 - j of a batch `tokens` [B, T + 1] whose last
+    layer's hidden states are `last_hidden` [B, T, D]."""
+    width = last_hidden.shape[1]
+    logits = unrolled_logits(MTP, params, params["mtp"], cfg, tokens, [last_hidden],
+                             cfg.mtp_depth)                                      # [D, B, T, V]
+    positions = jnp.arange(width)
+    depths = []
+    for j in range(cfg.mtp_depth):
+        labels = jnp.take(tokens, jnp.minimum(positions + j + 1, width), axis=1)
+        valid = (positions >= 1) & (positions + j + 1 <= width)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits[j], labels)
+        depths.append(jnp.sum(jnp.where(valid, ce, 0.0)) / (ce.shape[0] * jnp.sum(valid)))
+    return jnp.stack(depths)
 
 
 def exit_cross_entropies(params: Params, cfg: ModelConfig, per_layer: jax.Array,

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.config import ModelConfig
+from specjax.nn.mtp import init_mtp
 from specjax.sharding import batch_sharding
 from specjax.training.config import RunConfig
 from specjax.training.curriculum import exit_schedule
@@ -72,6 +74,15 @@ def step_schedule(run: RunConfig, step: int) -> StepSchedule:
                         exit_weights=jnp.asarray(weights))
 
 
+def with_mtp(params: Any, cfg: ModelConfig, seed: int) -> Any:
+    """A source's weights with the MTP modules `cfg` asks for: fresh ones when it has none
+    (continual training adds them), none when `cfg` has none."""
+    params = {k: v for k, v in params.items() if k != "mtp" or cfg.mtp_depth}
+    if cfg.mtp_depth and "mtp" not in params:
+        params["mtp"] = init_mtp(cfg, jax.random.PRNGKey(seed), cfg.mtp_depth)
+    return params
+
+
 class LayerSkip:
     """The whole model, trained with layer dropout and the early-exit loss (`layerskip`), from
     a random initialisation or from `source`'s weights (continual training)."""
@@ -97,7 +108,8 @@ class LayerSkip:
             in_shardings=(shardings.params,), out_shardings=shardings)
         self.jitted_step = jax.jit(  # public for export, so its inputs' layouts are explicit
             make_train_step(run.model, self.optimizer, remat=run.train.remat,
-                            grad_accum=run.train.grad_accum),
+                            grad_accum=run.train.grad_accum,
+                            mtp_weight=run.layerskip.mtp_weight),
             in_shardings=(shardings, batch_sharding(self.mesh), None, None),
             out_shardings=(shardings, None), donate_argnums=0)
         self._compiled_step: jax.stages.Compiled | None = None
@@ -107,7 +119,8 @@ class LayerSkip:
 
     def init_state(self) -> TrainState:
         if self.source is not None:
-            params = self.source.load_params(self.run.model, self.mesh)
+            params = with_mtp(self.source.load_params(self.run.model, self.mesh), self.run.model,
+                              self.run.train.seed)
             return self._init_from(jax.device_put(params, self.state_shardings.params))
         return self._init(jax.random.PRNGKey(self.run.train.seed))
 

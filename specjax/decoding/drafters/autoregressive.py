@@ -18,6 +18,7 @@ from specjax.nn.cache import Cache
 @dataclasses.dataclass(frozen=True)
 class Autoregressive(Stateless):
     name: ClassVar[str] = "ar"
+    mixable: ClassVar[bool] = False  # it proposes no node
     shape: ClassVar[Chain] = Chain(num_draft=0)
 
     def validate(self, cfg: ModelConfig) -> None:

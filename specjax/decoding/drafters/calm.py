@@ -102,6 +102,7 @@ class Calm(_EarlyExiting):
     exit."""
 
     name: ClassVar[str] = "calm"
+    mixable: ClassVar[bool] = False  # verification is its own (an early exit per token)
     shape: ClassVar[Chain] = Autoregressive.shape
     lossless: ClassVar[bool] = False  # its tokens leave early: quality traded for speed
 

@@ -44,6 +44,7 @@ class DraftModel(FullVerification):
     cfg: ModelConfig | None = None
 
     name: ClassVar[str] = "draft"
+    mixable: ClassVar[bool] = False  # its cache holds the K/V of its own drafts
     needs_weights: ClassVar[bool] = True
     weights_hint: ClassVar[str] = (
         "pass --draft_workdir, a specjax workdir (trained or imported) with the same tokenizer")

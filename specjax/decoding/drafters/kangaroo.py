@@ -37,6 +37,7 @@ class Kangaroo(HeadDrafter):
     (Kangaroo's own: a chain with `stop_below` = η). Its params are the adapter's."""
 
     name: ClassVar[str] = "kangaroo"
+    mixable: ClassVar[bool] = False  # its commit reads the layers verification reused
     head_kind: ClassVar[str] = "an adapter"
 
     @property

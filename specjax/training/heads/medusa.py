@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -24,12 +23,10 @@ from safetensors import safe_open
 from specjax.config import ModelConfig
 from specjax.convert.hf_config import read_config_json
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
-from specjax.io.checkpoint import Checkpointer
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.tokenizer import TOKENIZER_FILE
 from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase, load_base
+from specjax.training.frozen_base import HeadOnBase, load_base, save_imported_head
 from specjax.training.train_step import TrainState
 
 
@@ -223,23 +220,9 @@ def import_medusa(medusa_dir: str, base_workdir: str, workdir: str) -> int:
         ("w", [tensors[f"{i}.0.linear.weight"].T for i in range(heads)]),
         ("b", [tensors[f"{i}.0.linear.bias"] for i in range(heads)]),
         ("out", [tensors[f"{i}.1.weight"].T for i in range(heads)]))}
-    checkpoints = Checkpointer(workdir)
-    if checkpoints.latest_step() is not None:
-        raise ValueError(f"{workdir!r} already holds checkpoints; import into a new workdir")
-    tokenizer = base.meta.get("tokenizer", "bytes")
-    if isinstance(tokenizer, dict):  # the workdir decodes text on its own, as a trained one
-        shutil.copyfile(os.path.join(base.workdir, TOKENIZER_FILE),
-                        os.path.join(workdir, TOKENIZER_FILE))
     section = MedusaConfig(num_heads=heads)
-    config = MedusaObjective.on_base({  # the decoding defaults a trained one gets
-        "decoding": dict(base.meta.get("config", {}).get("decoding") or {}),
-        MedusaObjective.name: dataclasses.asdict(section)})
-    checkpoints.save(0, params, None, {
-        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": tokenizer,
-        "objective": MedusaObjective.name, "config": config, "base": base.record(),
-        MedusaObjective.record_key: _recorded(section, cfg),
-        "source": {"medusa_dir": os.path.abspath(medusa_dir)}})
-    checkpoints.close()
+    save_imported_head(MedusaObjective, section, params, base, workdir, _recorded(section, cfg),
+                       {"medusa_dir": os.path.abspath(medusa_dir)})
     return heads
 
 

@@ -1,0 +1,194 @@
+"""Feature heads from the command line: an EAGLE-3 head trained with train/train.py and
+decoded from its workdir, a head refused on other weights, and published EAGLE-3 heads
+imported with infer/convert.py against a reference forward written from EAGLE's `cnets.py`."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from specjax import model as M
+from specjax.config import ModelConfig
+from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.heads.eagle import EAGLE
+from specjax.heads.feature_head import unrolled_logits
+from specjax.io.checkpoint import Checkpointer
+from specjax.loading import load_model
+from specjax.training.heads.unrolled import base_features
+from tests.conftest import TINY_MODEL, damped_params, per_step_argmax, run_script
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+
+
+@pytest.mark.slow
+def test_a_head_trained_from_the_cli_decodes_from_its_workdir(trained_workdir, tmp_path):
+    """Catches a feature head's objective that is not reachable from its config, a checkpoint
+    that does not load for decoding (its exits), and a head decoded on weights it was not
+    trained on. (`mtp` trains through the same objective; test_mtp_joint decodes its modules
+    from the CLI.)"""
+    name, option = "eagle", "--config.eagle.unroll=2"
+    head = str(tmp_path / name)
+    result = run_script("train/train.py", "--config", f"configs/{name}.py",
+                        f"--config.base_workdir={trained_workdir}", "--workdir", head, option,
+                        "--config.train.total_steps=3", "--config.train.warmup_steps=1",
+                        "--config.train.eval_every=3", "--config.train.save_every=3",
+                        "--config.train.eval_batches=1", "--config.train.batch_size=4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "agree w/ base" in result.stdout
+    result = run_script("infer/generate.py", "--workdir", head, "--strategy", name,
+                        "--prompt", "def f(", "--max_new_tokens", "8", "--tree", "2,1")
+    assert result.returncode == 0 and "tau=" in result.stdout, result.stderr[-2000:]
+    other = str(tmp_path / "other")  # a model of the same shape with other weights
+    checkpoints = Checkpointer(other)
+    checkpoints.save(0, M.init_params(ModelConfig(**TINY_MODEL), jax.random.PRNGKey(9)), None,
+                     {"step": 0, "data_position": 0, "model": TINY_MODEL, "tokenizer": "bytes"})
+    checkpoints.close()
+    result = run_script("infer/generate.py", "--workdir", other, "--strategy", name,
+                        "--draft_workdir", head, "--prompt", "x", "--max_new_tokens", "4")
+    assert result.returncode == 1 and f"the {name} head in {head} was trained on the model in" \
+        in result.stderr, result.stderr[-2000:]
+
+
+def test_a_bad_eagle_layer_list_is_one_line_before_training(trained_workdir, tmp_path):
+    """Catches layers outside the model or not numbers reaching a traceback mid-run."""
+    for value, message in (("2,x", "eagle.layers='2,x' must be layer counts"),
+                           ("1,99", "eagle.layers=1,99: each must lie in [1, num_layers")):
+        result = run_script("train/train.py", "--config", "configs/eagle.py",
+                            f"--config.base_workdir={trained_workdir}", "--workdir",
+                            str(tmp_path / value), f"--config.eagle.layers={value}")
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x, positions, theta):
+    """Hugging Face Llama's rotary embedding (rotate_half) on x [T, heads, hd]."""
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+    angles = positions[:, None] * inv[None, :]
+    cos = np.cos(np.concatenate([angles, angles], -1))[:, None]
+    sin = np.sin(np.concatenate([angles, angles], -1))[:, None]
+    rotated = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    return x * cos + rotated * sin
+
+
+def _reference_eagle3(t, cfg, embed, hidden, ids):
+    """EAGLE-3's draft logits over the target vocabulary (-inf where the draft vocabulary has
+    no token), from the published tensors `t`, as cnets.py computes them: position i reads
+    the target's fused hidden states at i and the embedding of the token after it (`ids`)."""
+    steps, hd = len(ids), cfg.head_dim
+    h = hidden @ t["fc.weight"].T
+    x = np.concatenate([_rms(embed[ids], t["midlayer.input_layernorm.weight"], cfg.norm_eps),
+                        _rms(h, t["midlayer.hidden_norm.weight"], cfg.norm_eps)], -1)
+    positions = np.arange(steps, dtype=np.float64)
+    q = _rope((x @ t["midlayer.self_attn.q_proj.weight"].T).reshape(steps, -1, hd), positions,
+              cfg.rope_theta)
+    k = _rope((x @ t["midlayer.self_attn.k_proj.weight"].T).reshape(steps, -1, hd), positions,
+              cfg.rope_theta)
+    v = (x @ t["midlayer.self_attn.v_proj.weight"].T).reshape(steps, -1, hd)
+    group = q.shape[1] // k.shape[1]
+    heads = []
+    for head in range(q.shape[1]):
+        scores = q[:, head] @ k[:, head // group].T / np.sqrt(hd)
+        scores = np.where(np.tril(np.ones((steps, steps), bool)), scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        heads.append((probs / probs.sum(-1, keepdims=True)) @ v[:, head // group])
+    x = h + np.concatenate(heads, -1) @ t["midlayer.self_attn.o_proj.weight"].T
+    y = _rms(x, t["midlayer.post_attention_layernorm.weight"], cfg.norm_eps)
+    gate, up = y @ t["midlayer.mlp.gate_proj.weight"].T, y @ t["midlayer.mlp.up_proj.weight"].T
+    x = x + (gate / (1 + np.exp(-gate)) * up) @ t["midlayer.mlp.down_proj.weight"].T
+    draft = _rms(x, t["norm.weight"], cfg.norm_eps) @ t["lm_head.weight"].T
+    full = np.full((steps, cfg.vocab_size), -np.inf)
+    full[:, np.arange(draft.shape[1]) + t["d2t"]] = draft
+    return full
+
+
+def _published_eagle3(folder, cfg, layers, draft_vocab, seed=3, **config):
+    """A random EAGLE-3 head in EAGLE's and SpecForge's layout (PyTorch's out-by-in linear
+    weights, a reduced draft vocabulary mapped by d2t), and its tensors."""
+    rng = np.random.default_rng(seed)
+    d, hd, inner = cfg.d_model, cfg.head_dim, cfg.mlp_dim
+    shapes = {"fc.weight": (d, len(layers) * d),
+              "midlayer.self_attn.q_proj.weight": (cfg.num_heads * hd, 2 * d),
+              "midlayer.self_attn.k_proj.weight": (cfg.num_kv_heads * hd, 2 * d),
+              "midlayer.self_attn.v_proj.weight": (cfg.num_kv_heads * hd, 2 * d),
+              "midlayer.self_attn.o_proj.weight": (d, cfg.num_heads * hd),
+              "midlayer.mlp.gate_proj.weight": (inner, d),
+              "midlayer.mlp.up_proj.weight": (inner, d),
+              "midlayer.mlp.down_proj.weight": (d, inner), "lm_head.weight": (draft_vocab, d)}
+    tensors = {name: rng.normal(0, 0.3, shape).astype(np.float32)
+               for name, shape in shapes.items()}
+    for norm in ("midlayer.hidden_norm", "midlayer.input_layernorm",
+                 "midlayer.post_attention_layernorm", "norm"):
+        tensors[f"{norm}.weight"] = rng.uniform(0.5, 1.5, (d,)).astype(np.float32)
+    chosen = np.sort(rng.choice(cfg.vocab_size, draft_vocab, replace=False))
+    tensors["d2t"] = (chosen - np.arange(draft_vocab)).astype(np.int64)
+    tensors["t2d"] = np.isin(np.arange(cfg.vocab_size), chosen)
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": d,
+                   "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                   "intermediate_size": inner, "vocab_size": cfg.vocab_size,
+                   "draft_vocab_size": draft_vocab, "num_hidden_layers": 1,
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}, **config},
+                  f)
+    return tensors
+
+
+def test_a_published_eagle3_head_imports_and_matches_a_reference_forward(tmp_path):
+    """Catches an import that forgets PyTorch's out-by-in layout, swaps the embedding and the
+    feature halves of the attention's input (or their norms), maps the draft vocabulary
+    through d2t the wrong way, fuses the layers in another order or at other exits, or writes
+    a workdir decoding cannot load; and bad checkpoints (a size the base lacks, a model's
+    checkpoint, pickled weights only) reaching a traceback or a half-made workdir."""
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    base = str(tmp_path / "base")
+    checkpoints = Checkpointer(base)
+    checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
+                                       "tokenizer": "bytes"})
+    checkpoints.close()
+    layers = (3, 1, 2)
+    published = _published_eagle3(str(tmp_path / "hub"), CFG, layers, draft_vocab=64)
+    result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
+                        "--base_workdir", base, "--workdir", str(tmp_path / "head"))
+    assert result.returncode == 0 and "layers 3,1,2" in result.stdout, result.stderr[-2000:]
+    loaded = load_model(str(tmp_path / "head"))
+    head = loaded.draft_weights["eagle"].params
+    tokens = jnp.asarray([[5, 9, 2, 7, 1, 3, 200, 11]])
+    hidden, _ = base_features(params, CFG, layers, tokens[:, :-1])
+    ours = np.asarray(unrolled_logits(EAGLE, params, head, CFG, tokens, hidden, 1)[0, 0, 1:])
+    fused = np.concatenate([np.asarray(h[0], np.float64) for h in hidden], -1)
+    reference = _reference_eagle3({k: v.astype(np.float64) if v.dtype.kind == "f" else v
+                                   for k, v in published.items()}, CFG,
+                                  np.asarray(params["embed"], np.float64), fused[:-1],
+                                  np.asarray(tokens[0, 1:-1]))
+    drafted = np.isfinite(reference[0])
+    np.testing.assert_allclose(ours[:, drafted], reference[:, drafted], rtol=2e-4, atol=2e-4)
+    assert np.all(ours[:, ~drafted] < -1e8)
+    out = loaded.generator().generate(PROMPTS, max_new_tokens=8, strategy=make_strategy(
+        "eagle", DecodingConfig(num_draft=3)))
+    assert out.tokens == per_step_argmax(loaded.generator(), PROMPTS, 8)
+    _published_eagle3(str(tmp_path / "wide"), CFG, layers, 64, intermediate_size=99)
+    _published_eagle3(str(tmp_path / "far"), CFG, (1, 2, 9), 64)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    _published_eagle3(str(tmp_path / "pickled"), CFG, layers, 64)
+    pickled = tmp_path / "pickled"
+    os.rename(pickled / "model.safetensors", pickled / "pytorch_model.bin")
+    for folder, message in (("wide", "intermediate_size=99 but the base model"),
+                            ("far", "eagle_aux_hidden_state_layer_ids [1, 2, 9] must lie in"),
+                            ("model", "has no medusa_num_heads"),
+                            ("pickled", "has no model.safetensors (specjax reads safetensors")):
+        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
+                            "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / f"w_{folder}").exists()

@@ -9,17 +9,11 @@ data come from the base.
 
 import ml_collections
 
+from specjax.training.config import head_config
+
 
 def get_config() -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict()
-    config.base_workdir = ""  # required: the trained model's workdir
+    config = head_config()
     config.eagle = ml_collections.ConfigDict(dict(layers="", unroll=4, decay=0.8))
-    # Device mesh (data, fsdp, tensor): the base's weights and the head laid out as the rules say.
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-    config.train = ml_collections.ConfigDict(dict(
-        batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
-        weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
-        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
-        grad_accum=1, frozen=""))
     config.decoding = ml_collections.ConfigDict(dict(num_draft=4))
     return config

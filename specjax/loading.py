@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.engine import Generator
+from specjax.heads.mtp import MTP
 from specjax.io.calibrated_defaults import with_calibrated
 from specjax.io.checkpoint import (
     Checkpointer,
@@ -32,6 +33,8 @@ from specjax.io.checkpoint import (
 )
 from specjax.model import Params, unstack_layers
 from specjax.training.frozen_base import load_base, params_checksum
+from specjax.training.heads.mtp import MtpConfig
+from specjax.training.heads.unrolled import recorded
 from specjax.training.registry import HEADS
 
 
@@ -168,8 +171,8 @@ def own_drafters(params: Params, cfg: ModelConfig) -> dict[str, DraftWeights]:
     """The drafters a model trained with (its MTP modules: `--strategy mtp` on its workdir)."""
     if not cfg.mtp_depth:
         return {}
-    return {"mtp": DraftWeights(params["mtp"], settings={"exits": [cfg.num_layers],
-                                                         "depth": cfg.mtp_depth})}
+    settings = recorded(MTP, MtpConfig(depth=cfg.mtp_depth), cfg)
+    return {"mtp": DraftWeights(params["mtp"], settings=settings)}
 
 
 def _load_head(workdir: str, step: int | None, meta: dict[str, Any],

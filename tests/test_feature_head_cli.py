@@ -18,7 +18,7 @@ from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
 from specjax.io.checkpoint import Checkpointer
 from specjax.loading import load_model
-from specjax.training.heads.unrolled import base_features
+from specjax.training.frozen_base import base_features
 from tests.conftest import TINY_MODEL, damped_params, per_step_argmax, run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

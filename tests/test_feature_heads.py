@@ -30,7 +30,8 @@ from specjax.heads.feature_head import num_cells, unrolled_logits
 from specjax.heads.mtp import MTP
 from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
-from specjax.training.heads.unrolled import base_features, depth_sums
+from specjax.training.frozen_base import base_features
+from specjax.training.heads.unrolled import depth_sums
 from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})

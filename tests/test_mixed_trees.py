@@ -24,7 +24,7 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
 from specjax.heads.medusa import init_medusa
-from specjax.training.heads.unrolled import base_features
+from specjax.training.frozen_base import base_features
 from tests.conftest import check_eos_mid_draft, per_step_argmax
 from tests.test_feature_heads import (  # noqa: F401  (fixtures)
     CFG,

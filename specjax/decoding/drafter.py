@@ -195,6 +195,14 @@ class Stateless(FullVerification):
         return state
 
 
+def trained_head_hint(what: str, name: str) -> str:
+    """A `weights_hint` for weights trained on a frozen model by `configs/<name>.py`: `what`
+    they are ("an adapter")."""
+    return (f"train {what} (python train/train.py --config configs/{name}.py "
+            f"--config.base_workdir=<this model's workdir> --workdir runs/{name}) and decode "
+            "from its workdir, or add it with --draft_workdir")
+
+
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     """How the registry builds a drafter: `build(options)` from the decoding options, of which

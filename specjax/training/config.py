@@ -177,6 +177,22 @@ SECTIONS = ("model", "data", "train", "layerskip", "decoding", "distill", "mesh"
 SETTINGS = ("base_workdir",)  # top-level values, not sections
 
 
+def head_config(**train: Any) -> ml_collections.ConfigDict:
+    """The sections every config of a head on a frozen model shares: `base_workdir` (required:
+    the trained model's workdir), the device mesh (data, fsdp, tensor; the base's weights and
+    the head laid out as the rules say) and the train section, `train` replacing its
+    defaults. The config adds its head's section and its decoding defaults."""
+    config = ml_collections.ConfigDict()
+    config.base_workdir = ""
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    config.train = ml_collections.ConfigDict({**dict(
+        batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
+        weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
+        eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
+        grad_accum=1, frozen=""), **train})
+    return config
+
+
 def decoding_section(**defaults: Any) -> ml_collections.ConfigDict:
     """A config file's `decoding` section (the decoding defaults its checkpoints store): every
     registered drafter's option, so that any can be set with --config.decoding.<field> (an

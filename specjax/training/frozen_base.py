@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -101,13 +101,17 @@ def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any
     return out
 
 
-def base_pass(base: Params, cfg: ModelConfig, exit_layer: int,
-              inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The frozen base on `inputs` [B, T]: hidden states at exit E [B, T, D] and the final
-    layer's logits [B, T, V]."""
-    shallow = run_layers(base, cfg, embed(base, cfg, inputs), layers=(0, exit_layer))[-1]
-    final = run_layers(base, cfg, shallow, layers=(exit_layer, cfg.num_layers))[-1]
-    return shallow, exit_logits(base, cfg, final)
+def base_features(base: Params, cfg: ModelConfig, exits: Sequence[int],
+                  inputs: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+    """The frozen base on `inputs` [B, T]: its hidden states after each of `exits` layers
+    ([B, T, D] each, in the order given) and the final layer's logits [B, T, V]. The layers run
+    in ranges between the exits, so only those states are kept."""
+    hidden, start, kept = embed(base, cfg, inputs), 0, {}
+    for stop in sorted({*exits, cfg.num_layers}):
+        if stop > start:
+            hidden = run_layers(base, cfg, hidden, layers=(start, stop))[-1]
+        kept[stop], start = hidden, stop
+    return [kept[e] for e in exits], exit_logits(base, cfg, hidden)
 
 
 class HeadOnBase:

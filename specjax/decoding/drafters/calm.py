@@ -33,6 +33,7 @@ from specjax.decoding.drafter import (
     Prefilled,
     Round,
     Strategy,
+    trained_head_hint,
 )
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
@@ -73,10 +74,8 @@ class _EarlyExiting(DrafterBase):
 
     @property
     def weights_hint(self) -> str:
-        return ("train CALM's confidence classifier (python train/train.py --config "
-                "configs/calm.py --config.base_workdir=<this model's workdir> --workdir "
-                "runs/calm) and decode from its workdir, or add it with --draft_workdir; or use "
-                "--calm_measure softmax or state")
+        return (trained_head_hint("CALM's confidence classifier", "calm")
+                + "; or use --calm_measure softmax or state")
 
     def runtime_params(self, weights: Params | None) -> ExitParams:
         """The traced parameters: this strategy's threshold and decay, and `weights` (the

@@ -30,6 +30,7 @@ from specjax.decoding.drafter import (
     Prefilled,
     Round,
     Strategy,
+    trained_head_hint,
 )
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
@@ -63,9 +64,7 @@ class FeatureHead(FullVerification):
 
     @property
     def weights_hint(self) -> str:
-        return (f"train a {self.name} head (python train/train.py --config configs/"
-                f"{self.name}.py --config.base_workdir=<this model's workdir> --workdir "
-                f"runs/{self.name}) and decode from its workdir, or add it with --draft_workdir")
+        return trained_head_hint(f"a {self.name} head", self.name)
 
     @property
     def prefill_exits(self) -> tuple[int, ...]:

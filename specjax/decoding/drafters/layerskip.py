@@ -21,7 +21,13 @@ from typing import Any, ClassVar
 import jax
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, DraftWeights, Stateless, Strategy
+from specjax.decoding.drafter import (
+    DraftContext,
+    DraftWeights,
+    Stateless,
+    Strategy,
+    trained_head_hint,
+)
 from specjax.decoding.options import layer_list, option
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import AcceptModel, Chain
@@ -159,9 +165,7 @@ class HeadDrafter(SelfSpeculative):
 
     @property
     def weights_hint(self) -> str:
-        return (f"train {self.head_kind} (python train/train.py --config configs/{self.name}.py "
-                f"--config.base_workdir=<this model's workdir> --workdir runs/{self.name}) and "
-                "decode from its workdir, or add it with --draft_workdir")
+        return trained_head_hint(self.head_kind, self.name)
 
     def bind(self, weights: DraftWeights) -> HeadDrafter:
         """This drafter, checked against the head it is given."""

@@ -26,6 +26,7 @@ from specjax.decoding.drafter import (
     Prefilled,
     Round,
     Strategy,
+    trained_head_hint,
 )
 from specjax.decoding.proposal import Proposal, Shape, depth_step
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
@@ -43,10 +44,7 @@ class Medusa(FullVerification):
 
     name: ClassVar[str] = "medusa"
     needs_weights: ClassVar[bool] = True
-    weights_hint: ClassVar[str] = (
-        "train Medusa heads (python train/train.py --config configs/medusa.py "
-        "--config.base_workdir=<this model's workdir> --workdir runs/medusa) and decode from "
-        "their workdir, or add it with --draft_workdir")
+    weights_hint: ClassVar[str] = trained_head_hint("Medusa heads", "medusa")
 
     @property
     def prefill_exits(self) -> tuple[int, ...]:

@@ -129,20 +129,16 @@ def _head_params(tensors: dict[str, np.ndarray], cfg: ModelConfig, fused: int,
         return tensors[name]
 
     hd, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    names = {"{layer}": "midlayer.", "{mlp_norm}": "post_attention_layernorm.",
-             "{mlp}": "mlp."}
+    layout = {"layer": "midlayer.", "mlp_norm": "post_attention_layernorm.", "mlp": "mlp."}
     shapes = {"q_proj": (heads * hd, 2 * d), "k_proj": (kv_heads * hd, 2 * d),
               "v_proj": (kv_heads * hd, 2 * d), "o_proj": (d, heads * hd),
               "gate_proj": (cfg.mlp_dim, d), "up_proj": (cfg.mlp_dim, d),
               "down_proj": (d, cfg.mlp_dim), "post_attention_layernorm": (d,)}
 
     def leaf(hf_leaf) -> np.ndarray:
-        full = []
-        for name in hf_leaf.names:
-            for placeholder, value in names.items():
-                name = name.replace(placeholder, value)
-            full.append(get(name, next(s for key, s in shapes.items() if key in name)))
-        return hf_leaf.from_hf(cfg, *full)
+        names = [name.format(**layout) for name in hf_leaf.names]
+        return hf_leaf.from_hf(cfg, *(get(name, next(s for key, s in shapes.items()
+                                                     if key in name)) for name in names))
 
     by_path = {leaf_.path: leaf_ for leaf_ in ATTENTION_LEAVES + MLP_LEAVES}
     cell = {"attn": {"qkv": leaf(by_path["attn", "qkv"]), "out": leaf(by_path["attn", "out"])},

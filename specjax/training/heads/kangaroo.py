@@ -23,7 +23,7 @@ from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
 from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase, base_pass
+from specjax.training.frozen_base import HeadOnBase, base_features
 from specjax.training.train_step import TrainState
 
 DRAFTS = ("shared head", "adapter")
@@ -77,7 +77,7 @@ def make_adapter_step(cfg: ModelConfig, exit_layer: int,
 
     def train_step(state: TrainState, base: Params,
                    batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        hidden, final_logits = base_pass(base, cfg, exit_layer, batch[:, :-1])
+        (hidden,), final_logits = base_features(base, cfg, (exit_layer,), batch[:, :-1])
         teacher = jax.nn.softmax(final_logits)
 
         def loss_fn(adapter):
@@ -93,7 +93,7 @@ def make_adapter_eval_step(cfg: ModelConfig, exit_layer: int) -> Callable:
     """Returns eval_step(adapter, base, batch) -> sums over the batch, [2] each (head, adapter)."""
 
     def eval_step(adapter: Params, base: Params, batch: jax.Array) -> dict[str, jax.Array]:
-        hidden, final_logits = base_pass(base, cfg, exit_layer, batch[:, :-1])
+        (hidden,), final_logits = base_features(base, cfg, (exit_layer,), batch[:, :-1])
         teacher = jax.nn.softmax(final_logits)
         drafts = jnp.stack([exit_logits(base, cfg, hidden),
                             adapter_logits(base, adapter, cfg, hidden)])

@@ -23,10 +23,15 @@ from safetensors import safe_open
 from specjax.config import ModelConfig
 from specjax.convert.hf_config import read_config_json
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
-from specjax.model import Params, embed, exit_logits, run_layers
+from specjax.model import Params
 from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase, load_base, save_imported_head
+from specjax.training.frozen_base import (
+    HeadOnBase,
+    base_features,
+    load_base,
+    save_imported_head,
+)
 from specjax.training.train_step import TrainState
 
 
@@ -91,10 +96,6 @@ def head_losses(logits: jax.Array, labels: jax.Array,
             jnp.sum(valid & correct, axis=(0, 1)), jnp.sum(valid, axis=(0, 1)))
 
 
-def _last_hidden(base: Params, cfg: ModelConfig, inputs: jax.Array) -> jax.Array:
-    return run_layers(base, cfg, embed(base, cfg, inputs))[-1]
-
-
 def make_medusa_step(cfg: ModelConfig, settings: MedusaConfig,
                      optimizer: optax.GradientTransformation) -> Callable:
     """Returns train_step(state, base params, batch [B, T+1]) -> (state, metrics)."""
@@ -102,7 +103,7 @@ def make_medusa_step(cfg: ModelConfig, settings: MedusaConfig,
 
     def train_step(state: TrainState, base: Params,
                    batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        hidden = _last_hidden(base, cfg, batch[:, :-1])
+        (hidden,), _ = base_features(base, cfg, (cfg.num_layers,), batch[:, :-1])
         labels, valid = medusa_targets(batch, settings.num_heads)
 
         def loss_fn(heads):
@@ -121,10 +122,9 @@ def make_medusa_eval_step(cfg: ModelConfig, num_heads: int) -> Callable:
     head's cross-entropy, correct predictions and positions."""
 
     def eval_step(heads: Params, base: Params, batch: jax.Array) -> dict[str, jax.Array]:
-        hidden = _last_hidden(base, cfg, batch[:, :-1])
+        (hidden,), own = base_features(base, cfg, (cfg.num_layers,), batch[:, :-1])
         labels, valid = medusa_targets(batch, num_heads)
         ce, correct, count = head_losses(medusa_logits(base, heads, cfg, hidden), labels, valid)
-        own = exit_logits(base, cfg, hidden)
         return {"ce": ce, "correct": correct, "count": count,
                 "base_ce": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(
                     own, batch[:, 1:])),

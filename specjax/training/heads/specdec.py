@@ -33,7 +33,7 @@ from specjax.heads.acceptance_head import (
 )
 from specjax.model import Params, exit_logits
 from specjax.training.config import check
-from specjax.training.frozen_base import HeadOnBase, base_pass
+from specjax.training.frozen_base import HeadOnBase, base_features
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
@@ -112,7 +112,7 @@ def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
     distribution [B, T, V], a drawn draft token [B, T] and its acceptance probability [B, T];
     with `children` = k, q's top k tokens [B, T, k] and their labels [B, T, k], the hidden
     state and distribution repeated for each [B, T, k, ...]."""
-    hidden, final_logits = base_pass(base, cfg, exit_layer, inputs)
+    (hidden,), final_logits = base_features(base, cfg, (exit_layer,), inputs)
     draft_logits = exit_logits(base, cfg, hidden)
     if sampling is None:
         q, p = jax.nn.softmax(draft_logits, axis=-1), None

@@ -22,9 +22,9 @@ import optax
 
 from specjax.config import ModelConfig
 from specjax.heads.feature_head import FeatureHeadKind, unrolled_logits
-from specjax.model import Params, embed, exit_logits, init_params, run_layers
+from specjax.model import Params, init_params
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase
+from specjax.training.frozen_base import HeadOnBase, base_features
 from specjax.training.train_step import TrainState
 
 
@@ -46,14 +46,6 @@ class DepthReport:
     def to_dict(self) -> dict:
         return {"depth_loss": list(self.loss), "depth_agreement": list(self.agreement),
                 "tokens": self.tokens}
-
-
-def base_features(base: Params, cfg: ModelConfig, exits: Sequence[int],
-                  inputs: jax.Array) -> tuple[list[jax.Array], jax.Array]:
-    """The base on `inputs` [B, T]: its hidden states after each of `exits` layers [B, T, D]
-    and its logits [B, T, V]."""
-    hidden = run_layers(base, cfg, embed(base, cfg, inputs))   # [L, B, T, D]: after 1..L
-    return [hidden[e - 1] for e in exits], exit_logits(base, cfg, hidden[-1])
 
 
 def depth_sums(kind: FeatureHeadKind, base: Params, head: Params, cfg: ModelConfig,

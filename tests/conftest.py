@@ -240,6 +240,27 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
     return run(params, draft_params)
 
 
+def model_workdir(path: str, params, cfg: ModelConfig) -> str:
+    """A workdir holding `params` of `cfg` as step 0 (a base for imported heads)."""
+    from specjax.io.checkpoint import Checkpointer
+
+    checkpoints = Checkpointer(path)
+    checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": cfg.to_dict(),
+                                       "tokenizer": "bytes"})
+    checkpoints.close()
+    return path
+
+
+def check_import_refusals(tmp_path, base: str, cases) -> None:
+    """Each (folder under tmp_path, message) imported as a drafter on `base` with
+    infer/convert.py: one line holding the message, status 1, no workdir left."""
+    for folder, message in cases:
+        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
+                            "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert not (tmp_path / f"w_{folder}").exists()
+
+
 def check_eos_mid_draft(generator, prompts, strategy, max_new_tokens: int) -> None:
     """A token that first appears mid-output in row 0 becomes the EOS: `strategy` must end
     every row exactly where `ar` does (the EOS kept, nothing after it)."""

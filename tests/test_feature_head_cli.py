@@ -16,10 +16,16 @@ from specjax.config import ModelConfig
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
-from specjax.io.checkpoint import Checkpointer
 from specjax.loading import load_model
 from specjax.training.frozen_base import base_features
-from tests.conftest import TINY_MODEL, damped_params, per_step_argmax, run_script
+from tests.conftest import (
+    TINY_MODEL,
+    check_import_refusals,
+    damped_params,
+    model_workdir,
+    per_step_argmax,
+    run_script,
+)
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
@@ -43,11 +49,9 @@ def test_a_head_trained_from_the_cli_decodes_from_its_workdir(trained_workdir, t
     result = run_script("infer/generate.py", "--workdir", head, "--strategy", name,
                         "--prompt", "def f(", "--max_new_tokens", "8", "--tree", "2,1")
     assert result.returncode == 0 and "tau=" in result.stdout, result.stderr[-2000:]
-    other = str(tmp_path / "other")  # a model of the same shape with other weights
-    checkpoints = Checkpointer(other)
-    checkpoints.save(0, M.init_params(ModelConfig(**TINY_MODEL), jax.random.PRNGKey(9)), None,
-                     {"step": 0, "data_position": 0, "model": TINY_MODEL, "tokenizer": "bytes"})
-    checkpoints.close()
+    tiny = ModelConfig(**TINY_MODEL)  # a model of the same shape with other weights
+    other = model_workdir(str(tmp_path / "other"), M.init_params(tiny, jax.random.PRNGKey(9)),
+                          tiny)
     result = run_script("infer/generate.py", "--workdir", other, "--strategy", name,
                         "--draft_workdir", head, "--prompt", "x", "--max_new_tokens", "4")
     assert result.returncode == 1 and f"the {name} head in {head} was trained on the model in" \
@@ -151,11 +155,7 @@ def test_a_published_eagle3_head_imports_and_matches_a_reference_forward(tmp_pat
     a workdir decoding cannot load; and bad checkpoints (a size the base lacks, a model's
     checkpoint, pickled weights only) reaching a traceback or a half-made workdir."""
     params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
-    base = str(tmp_path / "base")
-    checkpoints = Checkpointer(base)
-    checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
-                                       "tokenizer": "bytes"})
-    checkpoints.close()
+    base = model_workdir(str(tmp_path / "base"), params, CFG)
     layers = (3, 1, 2)
     published = _published_eagle3(str(tmp_path / "hub"), CFG, layers, draft_vocab=64)
     result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
@@ -184,11 +184,9 @@ def test_a_published_eagle3_head_imports_and_matches_a_reference_forward(tmp_pat
     _published_eagle3(str(tmp_path / "pickled"), CFG, layers, 64)
     pickled = tmp_path / "pickled"
     os.rename(pickled / "model.safetensors", pickled / "pytorch_model.bin")
-    for folder, message in (("wide", "intermediate_size=99 but the base model"),
-                            ("far", "eagle_aux_hidden_state_layer_ids [1, 2, 9] must lie in"),
-                            ("model", "has no medusa_num_heads"),
-                            ("pickled", "has no model.safetensors (specjax reads safetensors")):
-        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
-                            "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
-        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
-        assert not (tmp_path / f"w_{folder}").exists()
+    check_import_refusals(tmp_path, base, (
+        ("wide", "intermediate_size=99 but the base model"),
+        ("far", "eagle_aux_hidden_state_layer_ids [1, 2, 9] must lie in"),
+        ("model", "has no medusa_num_heads"),
+        ("pickled", "has no model.safetensors (specjax reads safetensors"),
+    ))

@@ -27,7 +27,6 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.medusa import init_medusa, medusa_logits
-from specjax.io.checkpoint import Checkpointer
 from specjax.loading import load_model
 from specjax.training.config import parse_run_config
 from specjax.training.heads.medusa import MedusaConfig, make_medusa_step, medusa_targets
@@ -36,7 +35,9 @@ from specjax.training.train_step import TrainState
 from tests.conftest import (
     TINY_MODEL,
     check_eos_mid_draft,
+    check_import_refusals,
     damped_params,
+    model_workdir,
     per_step_argmax,
     run_script,
     tiny_run,
@@ -234,11 +235,7 @@ def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp
     reaching a traceback, a half-made workdir or a cryptic line. The reference applies Medusa's
     ResBlock + Linear to the base's final-normed hidden states in float64, with the published
     tensors as they are."""
-    base = str(tmp_path / "base")
-    checkpoints = Checkpointer(base)
-    checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": CFG.to_dict(),
-                                       "tokenizer": "bytes"})
-    checkpoints.close()
+    base = model_workdir(str(tmp_path / "base"), params, CFG)
     published = _published_medusa(str(tmp_path / "hub"), CFG, HEADS)
     result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
                         "--base_workdir", base, "--workdir", str(tmp_path / "heads"))
@@ -267,11 +264,9 @@ def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp
     (tmp_path / "model" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (tmp_path / "list").mkdir()
     (tmp_path / "list" / "config.json").write_text("[]")
-    for folder, message in (("deep", "medusa_num_layers=2; specjax's heads have one residual"),
-                            ("wide", "0.0.linear.weight is (48, 48), but the base model"),
-                            ("model", "has no medusa_num_heads: not a Medusa checkpoint"),
-                            ("list", "config.json holds no JSON object")):
-        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
-                            "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
-        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
-        assert not (tmp_path / f"w_{folder}").exists()
+    check_import_refusals(tmp_path, base, (
+        ("deep", "medusa_num_layers=2; specjax's heads have one residual"),
+        ("wide", "0.0.linear.weight is (48, 48), but the base model"),
+        ("model", "has no medusa_num_heads: not a Medusa checkpoint"),
+        ("list", "config.json holds no JSON object"),
+    ))

@@ -30,7 +30,9 @@ setup(
     extras_require={
         # nbclient, nbformat and ipykernel execute the notebooks (tests/test_notebooks.py).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.9",
-                 "ipykernel>=6.29", "tensorboardX>=2.6"],
+                 "ipykernel>=6.29", "tensorboardX>=2.6",
+                 # the docs/ site and its API reference (tests/test_api_reference.py)
+                 "mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
         # TensorBoard event files beside metrics.jsonl (specjax/training/metrics_log.py).
         "tensorboard": ["tensorboardX>=2.6"],
         # Parity tests and the peer benchmark against the reference implementation; never

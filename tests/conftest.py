@@ -240,6 +240,29 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
     return run(params, draft_params)
 
 
+def export_decode_loop(params, draft_params, cfg: ModelConfig, drafter, *, sampled: bool = True,
+                       max_new_tokens: int = 32, cache_len: int = 64) -> jax.export.Exported:
+    """`drafter`'s jitted decode loop on `params` and `draft_params`, exported for TPU and CUDA
+    from their shapes (2 prompts of 16 tokens, sampled or greedy), both platforms asserted:
+    host-side work in a drafter (a Python list, a numpy search, a callback) fails here."""
+    from specjax.decoding.loop import generate_tokens
+    from specjax.decoding.sampling import SamplingParams
+
+    def spec(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+                            tree)
+
+    fn = jax.jit(lambda p, d, prompts, lengths, key, sp, eos: generate_tokens(
+        p, d, prompts, lengths, key, sp, eos, cfg=cfg, drafter=drafter,
+        max_new_tokens=max_new_tokens, cache_len=cache_len))
+    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
+        spec(params), spec(draft_params), jax.ShapeDtypeStruct((2, 16), jnp.int32),
+        jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.uint32),
+        spec(SamplingParams.create()) if sampled else None, jax.ShapeDtypeStruct((), jnp.int32))
+    assert exported.platforms == ("tpu", "cuda")
+    return exported
+
+
 def model_workdir(path: str, params, cfg: ModelConfig) -> str:
     """A workdir holding `params` of `cfg` as step 0 (a base for imported heads)."""
     from specjax.io.checkpoint import Checkpointer

@@ -16,13 +16,18 @@ from specjax.decoding.drafters.calm import Calm, CalmDraft
 from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
-from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.nn.block import DecoderBlock
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import apply_rope, rope_tables
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
+from tests.conftest import (
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    decode_rounds,
+    export_decode_loop,
+)
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -216,18 +221,6 @@ def test_calm_refuses_what_it_cannot_run(generator):
 @pytest.mark.parametrize("strategy", [calm(), CalmDraft(EarlyExit(), LAMBDA, 4.0, Chain(4))],
                          ids=["calm", "calmdraft"])
 def test_calm_loops_export_for_tpu_and_cuda(generator, strategy):
-    def spec(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
-                            tree)
-
-    fn = jax.jit(lambda p, e, prompts, lengths, key, sp, eos: loop.generate_tokens(
-        p, e, prompts, lengths, key, sp, eos, cfg=CFG, drafter=strategy, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        spec(generator.params), spec(strategy.runtime_params(None)),
-        jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), spec(SamplingParams.create()),
-        jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    exported = export_decode_loop(generator.params, strategy.runtime_params(None), CFG, strategy)
     assert exported.mlir_module().count("stablehlo.case") >= 1  # the per-segment lax.cond
 

@@ -9,10 +9,9 @@ from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds, export_decode_loop
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-token prompt
@@ -212,15 +211,7 @@ def test_bad_requests_are_clear_errors(generator):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampling"])
 def test_generate_loop_exports_for_tpu_and_cuda(generator, sampled):
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
-    sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                             SamplingParams.create()) if sampled else None)
-    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
-        p, {}, prompts, lengths, key, sp, eos, cfg=CFG,
-        drafter=chain(2, 4, 0.5 if sampled else 0.0), max_new_tokens=32, cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    exported = export_decode_loop(generator.params, {}, CFG,
+                                  chain(2, 4, 0.5 if sampled else 0.0), sampled=sampled)
     module = exported.mlir_module()
     assert module.count("stablehlo.while") >= 2  # the decode loop and the draft loop

@@ -16,14 +16,13 @@ from specjax.decoding.drafter import DraftContext
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Proposal
-from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
 from specjax.nn.cache import LayerKV
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds
+from tests.conftest import TINY_MODEL, damped_params, decode_rounds, export_decode_loop
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -235,14 +234,6 @@ def test_a_chain_compiles_without_compaction(monkeypatch):
 @pytest.mark.parametrize("name", ["static 2,2,1,1", "dynamic T=8 k=2 D=3"])
 def test_tree_loops_export_for_tpu_and_cuda(name, sampled):
     generator = _generator()
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
-    sampling = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                             SamplingParams.create()) if sampled else None)
-    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: loop.generate_tokens(
-        p, {}, prompts, lengths, key, sp, eos, cfg=CFG,
-        drafter=SelfSpeculative(2, TREES[name]), max_new_tokens=32, cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    exported = export_decode_loop(generator.params, {}, CFG, SelfSpeculative(2, TREES[name]),
+                                  sampled=sampled)
     assert "stablehlo.while" in exported.mlir_module()

@@ -19,7 +19,6 @@ from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.feature_head import Eagle, Mtp
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
@@ -32,7 +31,13 @@ from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
 from specjax.training.frozen_base import base_features
 from specjax.training.heads.unrolled import depth_sums
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax
+from tests.conftest import (
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    export_decode_loop,
+    per_step_argmax,
+)
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
@@ -222,15 +227,5 @@ def test_the_feature_head_loop_exports_for_tpu_and_cuda(params, heads, name):
     """Catches host-side work in the drafter: the sampled tree loop must trace into one
     program that exports for both accelerators."""
     kind, cls, settings = KINDS[name]
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            (M.unstack_layers(params, CFG), heads[name]))
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
     drafter = cls(StaticTree.from_branching((2, 1)), exits=kind.exits(CFG, settings))
-    fn = jax.jit(lambda p, head, prompts, lengths, key, sp, eos: generate_tokens(
-        p, head, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        *abstract, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(M.unstack_layers(params, CFG), heads[name], CFG, drafter)

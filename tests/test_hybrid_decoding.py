@@ -18,13 +18,18 @@ from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.adapter import init_adapter
 from specjax.tools.skip_search import AcceptanceProbe
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds, first_layers
+from tests.conftest import (
+    TINY_MODEL,
+    damped_params,
+    decode_rounds,
+    export_decode_loop,
+    first_layers,
+)
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -114,15 +119,8 @@ def test_the_tree_decode_loop_with_ssm_layers_exports_for_tpu_and_cuda():
     """Catches an SSM layer's cached pass that only lowers for the CPU (a host callback, a
     CPU-only custom call, a shape known only at run time)."""
     cfg = CONFIGS["hybrid"]
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          generator("hybrid").params)
-    fn = jax.jit(lambda p, prompts, lengths, key, eos: generate_tokens(
-        p, {}, prompts, lengths, key, None, eos, cfg=cfg, drafter=SHAPES["static tree 2,2,1"],
-        max_new_tokens=16, cache_len=48))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(generator("hybrid").params, {}, cfg, SHAPES["static tree 2,2,1"],
+                       sampled=False, max_new_tokens=16, cache_len=48)
 
 
 def test_the_ssm_draft_models_cache_equals_it_run_alone_on_the_committed_tokens():

@@ -11,20 +11,24 @@ import pytest
 from specjax import model as M
 from specjax.cli.decoding import resolve_auto_tree
 from specjax.config import ModelConfig
-from specjax.decoding import loop
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig
-from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.adapter import init_adapter, run_adapter_cached
 from specjax.nn.cache import LayerKV
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, decode_rounds
+from tests.conftest import (
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    decode_rounds,
+    export_decode_loop,
+)
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -140,19 +144,8 @@ def test_kangaroo_needs_its_weights_for_its_exit(generator):
 
 
 def test_kangaroo_loop_exports_for_tpu_and_cuda(generator):
-    def spec(tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-    drafter = Kangaroo(1, StaticTree.from_branching((2, 1)))
-    fn = jax.jit(lambda p, a, prompts, lengths, key, sp, eos: loop.generate_tokens(
-        p, a, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        spec(generator.params), spec(generator.draft_weights["kangaroo"].params),
-        jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), spec(SamplingParams.create()),
-        jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(generator.params, generator.draft_weights["kangaroo"].params, CFG,
+                       Kangaroo(1, StaticTree.from_branching((2, 1))))
 
 
 def test_auto_trees_refuse_drafters_they_do_not_measure():

@@ -15,10 +15,8 @@ from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.drafter import DraftContext, Prefilled, Round
 from specjax.decoding.drafters.lookahead import Lookahead
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy
-from specjax.decoding.sampling import SamplingParams
-from tests.conftest import check_eos_mid_draft, damped_params, per_step_argmax
+from tests.conftest import check_eos_mid_draft, damped_params, export_decode_loop, per_step_argmax
 from tests.test_feature_heads import CFG, PROMPTS
 
 NEW, VOCAB = 30, 9
@@ -147,14 +145,4 @@ def test_lookahead_is_registered_and_bad_options_are_one_line():
 def test_the_lookahead_loop_exports_for_tpu_and_cuda(generator):
     """Catches host-side work: the sampled loop with its pool must trace into one program
     that exports for both accelerators."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
-    drafter = Lookahead(4, 3, 2, 16)
-    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
-        p, {}, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        abstract, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(generator.params, {}, CFG, Lookahead(4, 3, 2, 16))

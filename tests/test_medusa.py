@@ -20,9 +20,7 @@ from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.drafter import DraftWeights, Round
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy
-from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -37,6 +35,7 @@ from tests.conftest import (
     check_eos_mid_draft,
     check_import_refusals,
     damped_params,
+    export_decode_loop,
     model_workdir,
     per_step_argmax,
     run_script,
@@ -174,18 +173,9 @@ def test_medusa_is_registered_and_refuses_a_proposal_deeper_than_its_heads(param
 def test_the_medusa_loop_exports_for_tpu_and_cuda(params):
     """Catches host-side work in the drafter: the sampled tree loop must trace into one
     program that exports for both accelerators."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            (M.unstack_layers(params, CFG), init_medusa(params, CFG, HEADS)))
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
     drafter = Medusa(StaticTree.from_branching((2, 1)), exit_layer=CFG.num_layers)
-    fn = jax.jit(lambda p, heads, prompts, lengths, key, sp, eos: generate_tokens(
-        p, heads, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        *abstract, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(M.unstack_layers(params, CFG), init_medusa(params, CFG, HEADS), CFG,
+                       drafter)
 
 
 @pytest.mark.slow

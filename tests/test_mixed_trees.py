@@ -16,7 +16,6 @@ from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
 from specjax.decoding.drafters.prompt_lookup import PromptLookup
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
@@ -25,7 +24,7 @@ from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
 from specjax.heads.medusa import init_medusa
 from specjax.training.frozen_base import base_features
-from tests.conftest import check_eos_mid_draft, per_step_argmax
+from tests.conftest import check_eos_mid_draft, export_decode_loop, per_step_argmax
 from tests.test_feature_heads import (  # noqa: F401  (fixtures)
     CFG,
     KINDS,
@@ -132,14 +131,4 @@ def test_the_mixed_loop_exports_for_tpu_and_cuda(params, heads):  # noqa: F811
     """Catches host-side work in the composition: the sampled mixed loop must trace into one
     program that exports for both accelerators."""
     drafter = Mixed((Eagle(Chain(2), exits=EXITS), PromptLookup(2, 1, Chain(2))))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            (M.unstack_layers(params, CFG), (heads["eagle"], None)))
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
-    fn = jax.jit(lambda p, draft, prompts, lengths, key, sp, eos: generate_tokens(
-        p, draft, prompts, lengths, key, sp, eos, cfg=CFG, drafter=drafter, max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        *abstract, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(M.unstack_layers(params, CFG), (heads["eagle"], None), CFG, drafter)

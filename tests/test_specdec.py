@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding import loop
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters import specdec
 from specjax.decoding.drafters.layerskip import SelfSpeculative
@@ -28,7 +27,7 @@ from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.model import forward
 from specjax.training.heads.specdec import draft_labels
 from specjax.training.ranking import auc
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params
+from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, export_decode_loop
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt
@@ -221,16 +220,6 @@ def test_soft_label_auc_equals_counting_pairs():
 
 
 def test_specdec_loop_exports_for_tpu_and_cuda(generator):
-    params, head = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-                    for tree in (generator.params, random_head()))
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
-    fn = jax.jit(lambda p, h, prompts, lengths, key, sp, eos: loop.generate_tokens(
-        p, h, prompts, lengths, key, sp, eos, cfg=CFG,
-        drafter=SpecDecHead(1, Chain(6, 0.0, 0.5)), max_new_tokens=32, cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        params, head, jax.ShapeDtypeStruct((2, 16), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.uint32), sampling,
-        jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    exported = export_decode_loop(generator.params, random_head(), CFG,
+                                  SpecDecHead(1, Chain(6, 0.0, 0.5)))
     assert exported.mlir_module().count("stablehlo.while") >= 2

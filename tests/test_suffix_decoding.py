@@ -13,11 +13,15 @@ from specjax.cli.decoding import decoding_options
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.suffix import SuffixDecoding, next_counts, occurrences
 from specjax.decoding.engine import Generator
-from specjax.decoding.loop import generate_tokens
 from specjax.decoding.registry import DecodingConfig, make_strategy
-from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, per_step_argmax
+from tests.conftest import (
+    TINY_MODEL,
+    check_eos_mid_draft,
+    damped_params,
+    export_decode_loop,
+    per_step_argmax,
+)
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 # Repeating prompts and a row whose end recurs in another row (row 3 ends as row 0 begins).
@@ -127,13 +131,4 @@ def test_suffix_is_one_file_registered_flagged_and_checked():
 def test_the_suffix_loop_exports_for_tpu_and_cuda(generator):
     """Catches host-side state in the drafter: the sampled loop must trace into one program
     that exports for both accelerators."""
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), generator.params)
-    sampling = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            SamplingParams.create())
-    fn = jax.jit(lambda p, prompts, lengths, key, sp, eos: generate_tokens(
-        p, {}, prompts, lengths, key, sp, eos, cfg=CFG, drafter=SuffixDecoding(), max_new_tokens=32,
-        cache_len=64))
-    exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
-        params, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32),
-        jax.ShapeDtypeStruct((2,), jnp.uint32), sampling, jax.ShapeDtypeStruct((), jnp.int32))
-    assert exported.platforms == ("tpu", "cuda")
+    export_decode_loop(generator.params, {}, CFG, SuffixDecoding())

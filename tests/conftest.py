@@ -240,6 +240,18 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
     return run(params, draft_params)
 
 
+def reader_files(folder) -> None:
+    """The files a reader brings to the documented commands: `corpus.jsonl` (text to train
+    on) and `prompts.jsonl` (prompts to complete), in `folder`."""
+    import json
+
+    with open(os.path.join(folder, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n")
+    with open(os.path.join(folder, "prompts.jsonl"), "w", encoding="utf-8") as f:
+        f.write(json.dumps({"prompt": "def f("}) + "\n")
+
+
 def export_decode_loop(params, draft_params, cfg: ModelConfig, drafter, *, sampled: bool = True,
                        max_new_tokens: int = 32, cache_len: int = 64) -> jax.export.Exported:
     """`drafter`'s jitted decode loop on `params` and `draft_params`, exported for TPU and CUDA

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from specjax.cli.decoding import DECODING_FLAGS, LISTED_FLAGS
-from tests.conftest import ROOT, script_env
+from tests.conftest import ROOT, reader_files, script_env
 from tests.test_docs import _read, commands
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -191,15 +191,6 @@ for _doc in ALL_DOCS:
     for _command in commands(_read(_doc)):
         if makes(_command) and not any(key in " ".join(_command) for key in NOT_RUN):
             MAKERS.setdefault(makes(_command), _command)
-
-
-def reader_files(folder) -> None:
-    """The files a reader brings: the text to train on and prompts to complete."""
-    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for i in range(40):
-            f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n")
-    with open(folder / "prompts.jsonl", "w", encoding="utf-8") as f:
-        f.write(json.dumps({"prompt": "def f("}) + "\n")
 
 
 @pytest.fixture(scope="module")

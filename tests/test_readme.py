@@ -13,7 +13,7 @@ import pytest
 from specjax.decoding.registry import STRATEGIES
 from specjax.io.checkpoint import Checkpointer
 from specjax.training.trainer import Trainer
-from tests.conftest import ROOT, script_env, tiny_run
+from tests.conftest import ROOT, reader_files, script_env, tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -56,9 +56,7 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
                         r".*?--config\.data\.files=corpus\.jsonl)", _read("README.md"), flags=re.S)
     args = shlex.split(command.group(1).replace("\\\n", " "))
     os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")  # run as from the repo
-    with open(tmp_path / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for i in range(40):
-            f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n")
+    reader_files(tmp_path)  # corpus.jsonl, and prompts.jsonl for the next command
     tiny = ["--config.train.total_steps=2", "--config.train.warmup_steps=1",
             "--config.train.batch_size=2",
             "--config.train.eval_every=2", "--config.train.save_every=2",
@@ -75,8 +73,6 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
     assert meta["config"]["layerskip"]["p_max"] == 0.2
     # The recipe's next command decodes a prompts file from that workdir.
     generate = re.search(r"infer/generate\.py --workdir runs/x .*", _read("README.md")).group(0)
-    with open(tmp_path / "prompts.jsonl", "w", encoding="utf-8") as f:
-        f.write(json.dumps({"prompt": "def f("}) + "\n")
     result = subprocess.run([sys.executable, os.path.join(ROOT, "infer", "generate.py"),
                              *shlex.split(generate)[1:], "--max_new_tokens", "8"],
                             cwd=tmp_path, env=_env(), capture_output=True, text=True,

@@ -89,7 +89,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     # scale p_max=0.1 left every exit's agreement unchanged and cost 0.012 nats of final loss.
     config.layerskip = ml_collections.ConfigDict(dict(
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
-        curriculum="none", rotation_interval=1, e_scale_warmup=0, mtp_weight=0.3))
+        curriculum="none", rotation_interval=1, e_scale_warmup=0, mtp_weight=0.3,
+        exit_distill=0.0))
     # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
     config.decoding = decoding_section(exit_layer=1, num_draft=6)
     if variant == "draft":  # no early exits: it drafts with all of its layers

@@ -52,6 +52,7 @@ def test_diff_lists_changed_fields():
     ({"layerskip": {"curriculum": "zigzag"}}, "layerskip.curriculum='zigzag' must be one of"),
     ({"layerskip": {"rotation_interval": 0}}, "layerskip.rotation_interval=0"),
     ({"layerskip": {"exit_scale": "cubic"}}, "layerskip.exit_scale='cubic'"),
+    ({"layerskip": {"exit_distill": 1.5}}, r"layerskip.exit_distill=1.5 must lie in \[0, 1\]"),
     ({"data": {"source": "web"}}, "data.source='web' must be one of"),
     ({"data": {"seq_len": 1}}, "data.seq_len=1 must be >= 2"),
     ({"data": {"tokenizer": "bpe"}}, "no tokenizer at 'bpe'"),

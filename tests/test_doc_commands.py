@@ -68,6 +68,8 @@ NOT_RUN = {
                 "test_medusa.py and test_feature_head_cli.py",
     "--distributed": "one of two processes; test_sharding.py runs the pair",
     "gpu1b": "sized for a GPU (1.0B parameters, 2 GB of bf16 weights)",
+    "runs/c1500": "the recipe's stand-in after 1,500 steps of continual training on a GPU "
+                  "(docs/results/2026-11-26-bring-your-own-model.md)",
 }
 FIXTURE = "runs/tiny"  # made for every document that does not train it itself
 

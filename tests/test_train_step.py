@@ -30,12 +30,24 @@ def _schedule(drop_rates, weights):
                         exit_weights=jnp.asarray(weights, jnp.float32))
 
 
-def _truncated_loss(params, cfg, batch, num_layers):
-    """Cross-entropy of a model cut after `num_layers` layers, through `model.forward`."""
+def _truncated_logits(params, cfg, batch, num_layers):
+    """Logits of a model cut after `num_layers` layers, through `model.forward`."""
     cut = ModelConfig(**{**cfg.to_dict(), "num_layers": num_layers})
     cut_params = {**params, "layers": jax.tree.map(lambda w: w[:num_layers], params["layers"])}
-    logits = forward(cut_params, cut, batch[:, :-1])
+    return forward(cut_params, cut, batch[:, :-1])
+
+
+def _truncated_loss(params, cfg, batch, num_layers):
+    """Cross-entropy of a model cut after `num_layers` layers."""
+    logits = _truncated_logits(params, cfg, batch, num_layers)
     return float(optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean())
+
+
+def _layers_changed(new, old):
+    """Per layer: whether any of its weights differ between the two params."""
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b, axis=tuple(
+        range(1, a.ndim))), new["layers"], old["layers"]))
+    return np.any(changed, axis=0).tolist()
 
 
 def test_loss_is_the_weighted_sum_of_independent_exit_losses(tiny_cfg, setup):
@@ -53,9 +65,33 @@ def test_loss_is_the_weighted_sum_of_independent_exit_losses(tiny_cfg, setup):
     plain = init_train_state(tiny_cfg, sgd, jax.random.PRNGKey(0))
     new_state, _ = jax.jit(make_train_step(tiny_cfg, sgd))(
         plain, batch, jax.random.PRNGKey(2), _schedule(np.zeros(4), [1, 0, 0]))
-    changed = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b, axis=tuple(
-        range(1, a.ndim))), new_state.params["layers"], plain.params["layers"]))
-    assert np.any(changed, axis=0).tolist() == [True, False, False, False]
+    assert _layers_changed(new_state.params, plain.params) == [True, False, False, False]
+
+
+def test_self_distilled_exits_learn_the_last_layer_held_constant(tiny_cfg, setup):
+    """Catches `layerskip.exit_distill` computed wrongly: a mixture other than (1 - a) * next
+    token + a * the last layer's distribution, the last exit distilled into itself, or the
+    last layer's distribution not held constant (its gradient would pull the deep layers
+    toward the shallow exit, so weighting exit 1 alone would change layers 2..4)."""
+    optimizer, state, batch = setup
+    alpha, weights = 0.6, [0.5, 0.3, 0.2]
+    step = jax.jit(make_train_step(tiny_cfg, optimizer, exit_distill=alpha))
+    _, metrics = step(state, batch, jax.random.PRNGKey(2), _schedule(np.zeros(4), weights))
+    last = jax.nn.softmax(forward(state.params, tiny_cfg, batch[:, :-1]))
+    reference = []
+    for e in map(int, EXITS):
+        logits = _truncated_logits(state.params, tiny_cfg, batch, e)
+        hard = optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+        soft = optax.softmax_cross_entropy(logits, last).mean()
+        a = alpha if e < tiny_cfg.num_layers else 0.0
+        reference.append(float((1 - a) * hard + a * soft))
+    np.testing.assert_allclose(metrics["exit_ce"], reference, rtol=1e-5)
+    np.testing.assert_allclose(metrics["loss"], np.dot(weights, reference), rtol=1e-5)
+    sgd = optax.sgd(0.1)
+    plain = init_train_state(tiny_cfg, sgd, jax.random.PRNGKey(0))
+    new_state, _ = jax.jit(make_train_step(tiny_cfg, sgd, exit_distill=1.0))(
+        plain, batch, jax.random.PRNGKey(2), _schedule(np.zeros(4), [1, 0, 0]))
+    assert _layers_changed(new_state.params, plain.params) == [True, False, False, False]
 
 
 def _without_layer(params, index):

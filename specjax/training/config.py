@@ -97,6 +97,10 @@ class LayerSkipConfig:
     A model with multi-token-prediction modules (`model.mtp_depth`) adds `mtp_weight` times
     their mean cross-entropy (DeepSeek-V3's λ: 0.3, later 0.1); they then draft for it
     (`--strategy mtp` on its workdir).
+
+    Self-distillation of the exits: `exit_distill` = a in (0, 1] makes each early exit's target
+    (1 - a) * the next token + a * the last layer's distribution (held constant), since a draft
+    is accepted when it agrees with the last layer, right or wrong. 0 is the paper's loss.
     """
 
     p_max: float = 0.0
@@ -107,6 +111,7 @@ class LayerSkipConfig:
     rotation_interval: int = 1
     e_scale_warmup: int = 0
     mtp_weight: float = 0.3
+    exit_distill: float = 0.0
 
     def __post_init__(self) -> None:
         check(isinstance(self.e_scale_warmup, int) and self.e_scale_warmup >= 0,
@@ -123,6 +128,8 @@ class LayerSkipConfig:
                "layerskip.rotation_interval", self.rotation_interval, "must be an int >= 1")
         check(isinstance(self.mtp_weight, (int, float)) and self.mtp_weight >= 0,
               "layerskip.mtp_weight", self.mtp_weight, "must be a number >= 0")
+        check(isinstance(self.exit_distill, (int, float)) and 0 <= self.exit_distill <= 1,
+              "layerskip.exit_distill", self.exit_distill, "must lie in [0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)

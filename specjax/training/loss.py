@@ -31,17 +31,33 @@ def mtp_cross_entropies(params: Params, cfg: ModelConfig, last_hidden: jax.Array
 
 
 def exit_cross_entropies(params: Params, cfg: ModelConfig, per_layer: jax.Array,
-                         exit_layers: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean token cross-entropy [M] of each requested exit.
+                         exit_layers: jax.Array, targets: jax.Array,
+                         distill: float = 0.0) -> jax.Array:
+    """Mean cross-entropy [M] of each requested exit against its target.
+
+    The target is the next token; with `distill` = a > 0, an early exit's target is the mixture
+    (1 - a) * next token + a * the last layer's distribution, held constant (self-distillation:
+    a draft from exit e is accepted when it agrees with the last layer, not with the corpus).
+    The last exit always learns the next token alone.
 
     Args:
       per_layer: [L, B, T, D] hidden state after each layer (exit e is per_layer[e - 1]).
       exit_layers: [M] exit numbers in 1..L.
       targets: [B, T] next-token ids (packed sequences have no padding).
-    The head runs one exit at a time (`lax.map`) so only one [B, T, V] logits tensor is live.
+    The head runs one exit at a time (`lax.map`) so only one [B, T, V] logits tensor is live
+    (two with `distill`: the last layer's distribution stays live across the exits).
     """
+    teacher = None
+    if distill:
+        teacher = jax.lax.stop_gradient(jax.nn.softmax(
+            exit_logits(params, cfg, per_layer[-1]).astype(jnp.float32)))
+
     def one_exit(layer):
         logits = exit_logits(params, cfg, per_layer[layer - 1])
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        if teacher is not None:
+            weight = jnp.where(layer == cfg.num_layers, 0.0, distill)
+            ce = (1 - weight) * ce + weight * optax.softmax_cross_entropy(logits, teacher)
+        return jnp.mean(ce)
 
     return jax.lax.map(one_exit, exit_layers)

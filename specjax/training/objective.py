@@ -109,7 +109,8 @@ class LayerSkip:
         self.jitted_step = jax.jit(  # public for export, so its inputs' layouts are explicit
             make_train_step(run.model, self.optimizer, remat=run.train.remat,
                             grad_accum=run.train.grad_accum,
-                            mtp_weight=run.layerskip.mtp_weight),
+                            mtp_weight=run.layerskip.mtp_weight,
+                            exit_distill=run.layerskip.exit_distill),
             in_shardings=(shardings, batch_sharding(self.mesh), None, None),
             out_shardings=(shardings, None), donate_argnums=0)
         self._compiled_step: jax.stages.Compiled | None = None

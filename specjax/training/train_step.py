@@ -59,18 +59,21 @@ def init_train_state(cfg: ModelConfig, optimizer: optax.GradientTransformation,
 
 def make_train_step(cfg: ModelConfig, optimizer: optax.GradientTransformation, *,
                     remat: str = "none", grad_accum: int = 1,
-                    mtp_weight: float = 0.0) -> Callable:
+                    mtp_weight: float = 0.0, exit_distill: float = 0.0) -> Callable:
     """Returns train_step(state, batch [B, T+1], key, schedule) -> (state, metrics).
 
     `grad_accum` = k splits the batch into k micro-batches of B/k rows run one after another
     (`lax.scan`), their gradients summed in float32: the same update as one batch of B (the
     layer-dropout masks are drawn for the whole batch) with a k-th of the activations live.
     A model with MTP modules (`cfg.mtp_depth`) adds `mtp_weight` times their mean
-    cross-entropy over the depths (DeepSeek-V3's λ), its gradient reaching the model too."""
+    cross-entropy over the depths (DeepSeek-V3's λ), its gradient reaching the model too.
+    `exit_distill` > 0 mixes the last layer's distribution into the early exits' targets
+    (`loss.exit_cross_entropies`)."""
 
     def loss_fn(params, inputs, targets, keep, schedule):
         per_layer = run_layers(params, cfg, embed(params, cfg, inputs), keep=keep, remat=remat)
-        ce = exit_cross_entropies(params, cfg, per_layer, schedule.exit_layers, targets)
+        ce = exit_cross_entropies(params, cfg, per_layer, schedule.exit_layers, targets,
+                                  exit_distill)
         loss = jnp.sum(ce * schedule.exit_weights)
         mtp = jnp.zeros((cfg.mtp_depth,))
         if cfg.mtp_depth:

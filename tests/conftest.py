@@ -4,8 +4,10 @@ import copy
 import dataclasses
 import gc
 import importlib.util
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,13 +61,46 @@ def script_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+class _ScriptServer:
+    """This test process's `tests.script_runner --serve`, started at the first script run."""
+
+    process: subprocess.Popen | None = None
+
+    @classmethod
+    def run(cls, request: dict) -> int:
+        if cls.process is None or cls.process.poll() is not None:
+            cls.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.script_runner", "--serve"], cwd=ROOT,
+                env=script_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        cls.process.stdin.write(json.dumps(request) + "\n")
+        cls.process.stdin.flush()
+        return json.loads(cls.process.stdout.readline())["status"]
+
+
 def run_script(script: str, *args: str, env: dict[str, str] | None = None,
+               cwd: str | os.PathLike | None = None,
                timeout: int = 300) -> subprocess.CompletedProcess:
     """`python <script> args` as a user runs it (`script` relative to the repository, e.g.
-    "infer/generate.py"), output captured as text; `env`: variables added."""
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
-                          env=script_env(**(env or {})), capture_output=True, text=True,
-                          timeout=timeout)
+    "infer/generate.py") in `cwd` (default: this one), output captured as text, in this
+    process's environment with `env`'s variables added. The process is
+    forked from one that has imported JAX and specjax already (`tests.script_runner`), which
+    saves their start-up; a JAX_ variable, read when JAX is imported, gets a fresh
+    interpreter."""
+    command = [sys.executable, os.path.join(ROOT, script), *args]
+    env = env or {}
+    if any(name.startswith("JAX_") for name in env):
+        return subprocess.run(command, env=script_env(**env), cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        status = _ScriptServer.run(dict(script=script, args=list(args), cwd=str(cwd or os.getcwd()),
+                                        stdout=out, stderr=err, env=script_env(**env),
+                                        timeout=timeout))
+        if status == -signal.SIGALRM:
+            raise subprocess.TimeoutExpired(command, timeout)
+        with open(out, encoding="utf-8", errors="replace") as f_out, \
+                open(err, encoding="utf-8", errors="replace") as f_err:
+            return subprocess.CompletedProcess(command, status, f_out.read(), f_err.read())
 
 
 TINY_MODEL = dict(vocab_size=259, d_model=32, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -340,3 +375,17 @@ def pytest_sessionstart(session):
     if missing:
         pytest.exit(f"missing {', '.join(missing)}: their tests would be skipped; install them "
                     "or set SPECJAX_ALLOW_SKIPS=1", returncode=3)
+
+
+# The files that take longest, longest first: `--dist loadfile` hands files to the two workers
+# in collection order, so starting these first keeps one worker from running a long file alone
+# at the end.
+SLOWEST_FILES = ("test_decoding_sampling.py", "test_notebooks.py", "test_sharding.py",
+                 "test_infer_cli.py", "test_notebooks_training.py", "test_calm_cli.py",
+                 "test_recipe.py", "test_feature_head_cli.py", "test_hf_interop.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Runs SLOWEST_FILES first, each file's tests in their order."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

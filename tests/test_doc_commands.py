@@ -210,7 +210,7 @@ def _run(cwd: str, sequence: list[list[str]], env: dict | None = None) -> list[d
     plan = os.path.join(cwd, ".plan.json")
     with open(plan, "w", encoding="utf-8") as f:
         json.dump({"cwd": cwd, "commands": sequence}, f)
-    result = subprocess.run([sys.executable, "-m", "tests.doc_runner", plan], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "tests.script_runner", plan], cwd=ROOT,
                             env=script_env(**(env or {})), capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -5,12 +5,10 @@ models: test_notebooks_training.py)."""
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, script_env
+from tests.conftest import ROOT, run_script
 from tests.notebook_runner import run_notebook
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -31,9 +29,7 @@ def smoke_run(tmp_path_factory) -> str:
     os.symlink(os.path.join(ROOT, "configs"), folder / "configs")
     for command in _readme_smoke_commands():
         assert command[0] == ".venv/bin/python"
-        result = subprocess.run([sys.executable, os.path.join(ROOT, command[1]), *command[2:]],
-                                cwd=folder, env=script_env(), capture_output=True, text=True,
-                                timeout=300)
+        result = run_script(*command[1:], cwd=folder)
         assert result.returncode == 0, result.stderr[-2000:]
     assert "--- tau=" in result.stdout  # generate.py printed a completion and its statistics
     return str(folder / "runs" / "smoke")

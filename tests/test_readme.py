@@ -13,7 +13,7 @@ import pytest
 from specjax.decoding.registry import STRATEGIES
 from specjax.io.checkpoint import Checkpointer
 from specjax.training.trainer import Trainer
-from tests.conftest import ROOT, reader_files, script_env, tiny_run
+from tests.conftest import ROOT, reader_files, run_script, script_env, tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -63,9 +63,7 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
             "--config.train.eval_batches=1", "--config.data.seq_len=32",
             "--config.model.d_model=32", "--config.model.mlp_dim=64",
             "--config.model.num_layers=2", "--config.model.exit_layers=(1, 2)"]
-    result = subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:], *tiny],
-                            cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                            timeout=300)
+    result = run_script(*args, *tiny, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     meta = Checkpointer(str(tmp_path / "runs" / "x")).read_meta()
     assert meta["config"]["data"]["source"] == "files"
@@ -73,9 +71,7 @@ def test_the_readme_local_files_command_trains_on_those_files(tmp_path):
     assert meta["config"]["layerskip"]["p_max"] == 0.2
     # The recipe's next command decodes a prompts file from that workdir.
     generate = re.search(r"infer/generate\.py --workdir runs/x .*", _read("README.md")).group(0)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "infer", "generate.py"),
-                             *shlex.split(generate)[1:], "--max_new_tokens", "8"],
-                            cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                            timeout=300)
+    result = run_script("infer/generate.py", *shlex.split(generate)[1:], "--max_new_tokens", "8",
+                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "out.jsonl").read_text())["prompt"] == "def f("

@@ -8,8 +8,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from specjax import model as M  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
-from tests.conftest import ROOT, script_env  # noqa: E402
+from tests.conftest import ROOT, run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -55,9 +53,10 @@ def recipe_commands() -> list[list[str]]:
 
 
 def _smoke(args: list[str]) -> list[str]:
+    """The command's script and arguments, its smoke sizes added."""
     script = args[1]
     key = f"{script} {args[3].rsplit(':', 1)[-1]}" if script == "train/train.py" else script
-    return [sys.executable, os.path.join(ROOT, script), *args[2:], *SMOKE[key]]
+    return [script, *args[2:], *SMOKE[key]]
 
 
 def test_the_readme_recipe_runs_from_a_stand_in_to_a_self_drafting_export(tmp_path):
@@ -70,10 +69,8 @@ def test_the_readme_recipe_runs_from_a_stand_in_to_a_self_drafting_export(tmp_pa
         "infer/exits.py", "train/train.py", "infer/exits.py", "infer/bench.py",
         "infer/convert.py"]
     os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
-    env = script_env()
     for args in commands:
-        result = subprocess.run(_smoke(args), cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=300)
+        result = run_script(*_smoke(args), cwd=tmp_path)
         assert result.returncode == 0, (args, result.stderr[-2000:])
     runs = tmp_path / "runs"
     meta = load_params(str(runs / "continual"))[2]

@@ -11,19 +11,18 @@ import pytest
 
 from specjax.io.checkpoint import Checkpointer
 from specjax.io.workdir import exclusive_workdir
-from tests.conftest import ROOT, script_env
+from tests.conftest import ROOT, run_script, script_env
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
 
-def _command(workdir, *overrides):
-    return [sys.executable, os.path.join(ROOT, "train", "train.py"),
-            "--config", os.path.join(ROOT, "tests", "configs", "tiny.py"),
+def _args(workdir, *overrides):
+    return ["--config", os.path.join(ROOT, "tests", "configs", "tiny.py"),
             "--workdir", str(workdir), *overrides]
 
 
-def _env():
-    return script_env()
+def _train(*args):
+    return run_script("train/train.py", *args)
 
 
 def _train_steps(workdir):
@@ -40,7 +39,8 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
     run that exits 0 like a finished one (a scheduler could not tell them apart)."""
     overrides = ["--config.train.total_steps=300", "--config.train.log_every=1",
                  "--config.train.save_every=10000", "--config.train.eval_every=10000"]
-    proc = subprocess.Popen(_command(tmp_path, *overrides), env=_env(),
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train", "train.py"),
+                             *_args(tmp_path, *overrides)], env=script_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while len(_train_steps(tmp_path)) < 3:
@@ -57,10 +57,8 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
     assert checkpoints.read_meta(stopped)["data_position"] == stopped * batch_size
     assert f"interrupted at step {stopped}" in output
 
-    finish = subprocess.run(_command(tmp_path, *overrides[:1], "--config.train.log_every=500",
-                                     "--config.train.save_every=10000",
-                                     "--config.train.eval_every=10000"),
-                            env=_env(), capture_output=True, text=True, timeout=300)
+    finish = _train(*_args(tmp_path, *overrides[:1], "--config.train.log_every=500",
+                           "--config.train.save_every=10000", "--config.train.eval_every=10000"))
     assert finish.returncode == 0, finish.stderr[-2000:]
     assert f"resuming {tmp_path} from step {stopped}" in finish.stdout
     assert "finished step 300" in finish.stdout
@@ -75,8 +73,7 @@ def test_sigterm_saves_then_resume_continues(tmp_path):
     ("--config.model.num_kv_heads=3", "error: ModelConfig.num_kv_heads=3 must divide"),
 ])
 def test_invalid_config_is_one_clear_line(tmp_path, override, message):
-    result = subprocess.run(_command(tmp_path, override), env=_env(), capture_output=True,
-                            text=True, timeout=120)
+    result = _train(*_args(tmp_path, override))
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -90,14 +87,13 @@ def test_config_file_errors_are_one_line(tmp_path):
     cases = [
         (["--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path)],
          f"error: --config {tmp_path / 'nope.py'}: no such file\n"),
-        (_command(tmp_path, "--config.train.totl_steps=3")[2:],
+        (_args(tmp_path, "--config.train.totl_steps=3"),
          'Did you mean "total_steps" instead of "totl_steps"?'),
         (["--config", os.path.join(ROOT, "configs", "kangaroo.py"), "--workdir", str(tmp_path),
           "--config.layerskip.p_max=0.1"], "the config file has no field or section 'layerskip'"),
     ]
     for args, message in cases:
-        result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), *args],
-                                env=_env(), capture_output=True, text=True, timeout=120)
+        result = _train(*args)
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
@@ -106,16 +102,14 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path):
     """Catches two trainings in one workdir both running (checkpoints and metrics of two runs
     interleaved): while the lock is held, a second run exits 1 with one line."""
     with exclusive_workdir(str(tmp_path)):
-        result = subprocess.run(_command(tmp_path), env=_env(), capture_output=True, text=True,
-                                timeout=120)
+        result = _train(*_args(tmp_path))
     assert result.returncode == 1 and "is in use by another training run" in result.stderr
     assert f"pid {os.getpid()}" in result.stderr
 
 
 def test_help_lists_every_config_field():
     """Catches `train.py --help` saying nothing of the config fields one can override."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train", "train.py"), "--help"],
-                            env=_env(), capture_output=True, text=True, timeout=120)
+    result = _train("--help")
     for section in ("model: vocab_size (required)", "data: source='stdlib', files=()",
                     "train: batch_size=16", "layerskip: p_max=0.0", "decoding: num_draft=4"):
         assert section in result.stdout, result.stdout[-3000:]

@@ -61,41 +61,64 @@ def script_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+# Variables a process reads only as it starts (Python's, JAX's at import, the C libraries'):
+# a script run whose environment differs from the server's in one of them gets a fresh
+# interpreter.
+STARTUP_VARIABLES = ("JAX_", "PYTHON", "TMPDIR", "LANG", "LC_", "OMP_", "OPENBLAS_")
+
+
 class _ScriptServer:
     """This test process's `tests.script_runner --serve`, started at the first script run."""
 
     process: subprocess.Popen | None = None
+    env: dict[str, str] = {}
+
+    @classmethod
+    def startup_differs(cls, env: dict[str, str]) -> bool:
+        """Whether `env` changes a start-up variable of the server (or of a server to come)."""
+        started = cls.env if cls.process is not None else script_env()
+        return any(env.get(name) != started.get(name) for name in {*env, *started}
+                   if name.startswith(STARTUP_VARIABLES))
 
     @classmethod
     def run(cls, request: dict) -> int:
         if cls.process is None or cls.process.poll() is not None:
+            cls.env = script_env()
             cls.process = subprocess.Popen(
                 [sys.executable, "-m", "tests.script_runner", "--serve"], cwd=ROOT,
-                env=script_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        cls.process.stdin.write(json.dumps(request) + "\n")
-        cls.process.stdin.flush()
-        return json.loads(cls.process.stdout.readline())["status"]
+                env=cls.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            cls.process.stdin.write(json.dumps(request) + "\n")
+            cls.process.stdin.flush()
+            reply = cls.process.stdout.readline()
+            if not reply:
+                raise RuntimeError(f"the script server stopped (status {cls.process.wait()})")
+            return json.loads(reply)["status"]
+        except BaseException:  # an interrupted request leaves no reply behind for the next
+            cls.process.kill()
+            cls.process.wait()
+            cls.process = None
+            raise
 
 
 def run_script(script: str, *args: str, env: dict[str, str] | None = None,
-               cwd: str | os.PathLike | None = None,
-               timeout: int = 300) -> subprocess.CompletedProcess:
+               cwd: str | os.PathLike | None = None, timeout: int = 300,
+               fresh: bool = False) -> subprocess.CompletedProcess:
     """`python <script> args` as a user runs it (`script` relative to the repository, e.g.
     "infer/generate.py") in `cwd` (default: this one), output captured as text, in this
-    process's environment with `env`'s variables added. The process is
-    forked from one that has imported JAX and specjax already (`tests.script_runner`), which
-    saves their start-up; a JAX_ variable, read when JAX is imported, gets a fresh
-    interpreter."""
+    process's environment with `env`'s variables added. The process is forked from one that
+    has imported JAX and specjax already (`tests.script_runner`), which saves their start-up;
+    `fresh`, or a changed start-up variable (STARTUP_VARIABLES), gets a new interpreter."""
     command = [sys.executable, os.path.join(ROOT, script), *args]
-    env = env or {}
-    if any(name.startswith("JAX_") for name in env):
-        return subprocess.run(command, env=script_env(**env), cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout)
+    full_env = script_env(**(env or {}))
+    if fresh or _ScriptServer.startup_differs(full_env):
+        return subprocess.run(command, env=full_env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        status = _ScriptServer.run(dict(script=script, args=list(args), cwd=str(cwd or os.getcwd()),
-                                        stdout=out, stderr=err, env=script_env(**env),
-                                        timeout=timeout))
+        status = _ScriptServer.run(dict(script=script, args=list(args),
+                                        cwd=str(cwd or os.getcwd()), stdout=out, stderr=err,
+                                        env=full_env, timeout=timeout))
         if status == -signal.SIGALRM:
             raise subprocess.TimeoutExpired(command, timeout)
         with open(out, encoding="utf-8", errors="replace") as f_out, \

@@ -1,7 +1,9 @@
 """Runs entry-point scripts as a user would, each in its own process, without paying for Python
 and JAX's start-up (about 2.3 s) each time: this process imports what the scripts import (no
-device is touched, no thread is started), then forks one child per command, which runs the
-script as `__main__` with the command's argv, environment and working directory.
+device is touched, no backend starts), then forks one child per command, which runs the
+script as `__main__` with the command's argv, environment and working directory, and ends as
+the interpreter would (its threads joined, then its exit handlers). What a fork cannot show,
+the scripts' own imports in a fresh interpreter, `tests/test_entrypoint.py` checks.
 
     python -m tests.script_runner PLAN.json   the documented commands of one document, in order
         (PLAN: {"cwd": dir, "commands": [[script, arg...]]}); prints one JSON line: per command
@@ -17,6 +19,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -67,11 +70,16 @@ def run_one(script: str, args: list[str], cwd: str, stdout: str, stderr: str | N
             if timeout:
                 signal.alarm(int(timeout))
             status = _run_as_main(os.path.join(ROOT, script), args)
-            atexit._run_exitfuncs()  # what the interpreter runs at exit
+            for thread in threading.enumerate():  # what the interpreter waits for at exit
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join()
+            atexit._run_exitfuncs()
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(status & 0xFF)  # as the C exit() truncates it
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 

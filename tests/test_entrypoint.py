@@ -23,8 +23,9 @@ def test_help_exits_zero_and_lists_every_flag(script):
     would read it as a failure), a help that hides the decoding flags a script takes from
     `specjax.cli.decoding` (absl lists only the main module's own flags unless adopted), and
     calibrate.py or calm_bench.py offering `--ngram_max` and the like, options of strategies
-    they cannot run (the third and fourth probes)."""
-    result = run_script(script, "--help")
+    they cannot run (the third and fourth probes). A fresh interpreter, not the tests' forked
+    one, so an import the script misses (but the test runner has made) fails here too."""
+    result = run_script(script, "--help", fresh=True)
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "--workdir" in text
     with open(os.path.join(ROOT, script), encoding="utf-8") as f:

@@ -43,3 +43,15 @@ def test_a_forked_script_run_matches_a_fresh_interpreter(tmp_path, monkeypatch, 
     assert forked.stdout == fresh.stdout and os.path.realpath(folder) in forked.stdout
     assert forked.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1]
     assert forked.stderr.startswith("to stderr\n")
+
+
+def test_a_changed_start_up_variable_gets_a_fresh_interpreter(tmp_path, monkeypatch):
+    """Catches a runner that forks from its server even when the test changed a variable read
+    only at start-up (JAX's at import): the script would run under the server's JAX settings."""
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys\n"
+                      "print('jax' in sys.modules, os.environ.get('JAX_PROBE'))\n")
+    assert run_script(str(script)).stdout == "True None\n"  # forked: JAX imported already
+    monkeypatch.setenv("JAX_PROBE", "one")
+    assert run_script(str(script)).stdout == "False one\n"
+    assert run_script(str(script), env={"JAX_PROBE": "two"}).stdout == "False two\n"

@@ -38,26 +38,32 @@ def exit_cross_entropies(params: Params, cfg: ModelConfig, per_layer: jax.Array,
     The target is the next token; with `distill` = a > 0, an early exit's target is the mixture
     (1 - a) * next token + a * the last layer's distribution, held constant (self-distillation:
     a draft from exit e is accepted when it agrees with the last layer, not with the corpus).
-    The last exit always learns the next token alone.
+    The last exit always learns the next token alone. Under layer dropout the last layer's
+    distribution is that of each sample's sub-network, as the early exits' own are.
 
     Args:
       per_layer: [L, B, T, D] hidden state after each layer (exit e is per_layer[e - 1]).
       exit_layers: [M] exit numbers in 1..L.
       targets: [B, T] next-token ids (packed sequences have no padding).
     The head runs one exit at a time (`lax.map`) so only one [B, T, V] logits tensor is live
-    (two with `distill`: the last layer's distribution stays live across the exits).
+    (with `distill`, the last layer's distribution too; both terms share one log-softmax).
     """
-    teacher = None
-    if distill:
-        teacher = jax.lax.stop_gradient(jax.nn.softmax(
-            exit_logits(params, cfg, per_layer[-1]).astype(jnp.float32)))
+    if not distill:
+        def one_exit(layer):
+            logits = exit_logits(params, cfg, per_layer[layer - 1])
+            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
-    def one_exit(layer):
-        logits = exit_logits(params, cfg, per_layer[layer - 1])
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        if teacher is not None:
-            weight = jnp.where(layer == cfg.num_layers, 0.0, distill)
-            ce = (1 - weight) * ce + weight * optax.softmax_cross_entropy(logits, teacher)
-        return jnp.mean(ce)
+        return jax.lax.map(one_exit, exit_layers)
 
-    return jax.lax.map(one_exit, exit_layers)
+    teacher = jax.lax.stop_gradient(jax.nn.softmax(
+        exit_logits(params, cfg, per_layer[-1]).astype(jnp.float32)))
+
+    def one_distilled_exit(layer):
+        log_probs = jax.nn.log_softmax(
+            exit_logits(params, cfg, per_layer[layer - 1]).astype(jnp.float32))
+        hard = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+        soft = -jnp.sum(teacher * log_probs, axis=-1)
+        weight = jnp.where(layer == cfg.num_layers, 0.0, distill)
+        return jnp.mean((1 - weight) * hard + weight * soft)
+
+    return jax.lax.map(one_distilled_exit, exit_layers)

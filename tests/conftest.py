@@ -301,8 +301,6 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
 def reader_files(folder) -> None:
     """The files a reader brings to the documented commands: `corpus.jsonl` (text to train
     on) and `prompts.jsonl` (prompts to complete), in `folder`."""
-    import json
-
     with open(os.path.join(folder, "corpus.jsonl"), "w", encoding="utf-8") as f:
         for i in range(40):
             f.write(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n")

@@ -70,6 +70,9 @@ NOT_RUN = {
     "gpu1b": "sized for a GPU (1.0B parameters, 2 GB of bf16 weights)",
     "runs/c1500": "the recipe's stand-in after 1,500 steps of continual training on a GPU "
                   "(docs/results/2026-11-26-bring-your-own-model.md)",
+    "runs/sb512": "a second stand-in trained for 33 minutes and continued for 15 on 2 cores "
+                  "(docs/results/2026-11-27-cpu-stand-in.md); test_recipe.py runs the same "
+                  "commands at smoke size",
 }
 FIXTURE = "runs/tiny"  # made for every document that does not train it itself
 

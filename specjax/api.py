@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from specjax.chat import check_messages
 from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
@@ -41,6 +42,7 @@ from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.loading import LoadedModel, load_model
+from specjax.prompt_sets import PromptInput, encode_prompts, load_prompt_set, prompt_text
 from specjax.tokenizer import Tokenizer, get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report
@@ -157,71 +159,85 @@ class LanguageModel:
             lambda: auto_tree_prompts(self.meta, self.tokenizer, list(prompts)), sampling,
             workdir=self.workdir, step=self.step, strategies=[name])
 
-    def generate(self, prompts: str | Sequence[str], *, max_new_tokens: int = 128,
+    def generate(self, prompts: str | Sequence[str] | None = None, *,
+                 messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]]
+                 | None = None, chat: bool = False, max_new_tokens: int = 128,
                  strategy: str | Drafter = "selfspec", temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  **options: Any) -> Completion | list[Completion]:
         """Completes one prompt (returns a `Completion`) or several (a list, decoded as one
-        batch), stopping at the tokenizer's end-of-sequence id.
+        batch), stopping at the ids that end a generation (generation_config.json's EOS ids).
+
+        A prompt is encoded as the model's tokenizer encodes it (transformers'
+        `tokenizer(prompt)`: its BOS only where it adds one). `messages`, instead: a
+        conversation ([{"role": "user", "content": ...}, ...]) or a list of them, rendered with
+        the model's chat template as `apply_chat_template(..., add_generation_prompt=True)`
+        renders it; `chat=True` makes each prompt a user's first message.
 
         Greedy at temperature 0 (the same text whatever the strategy); otherwise sampled, with
         exactly the model's distribution. `strategy` is a name from `strategies()` built from
         the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...,
         tree="auto") overriding them, or a `Drafter`.
         """
-        texts = ([prompts] if isinstance(prompts, str) else
-                 list(prompts) if isinstance(prompts, (list, tuple)) else [])
-        wrong = [text for text in texts if not isinstance(text, str)]
-        if not texts or wrong:
-            raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
-                             f"{type(prompts).__name__}"
-                             + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
+        inputs, single = _prompt_inputs(prompts, messages)
+        encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        encoded = [self.tokenizer.encode(text, add_bos=True) for text in texts]
         strategy = self._drafter(strategy, sampling, encoded, options)
         self._loaded.warn_long_prompts([len(ids) for ids in encoded])
         out = self.generator.generate(
             encoded,
             max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
-            eos_id=self.tokenizer.eos_id)
-        completions = [Completion(text, self.tokenizer.decode(tokens), stats, trace, tokens)
-                       for text, tokens, stats, trace in zip(texts, out.tokens, out.stats,
-                                                             out.trace, strict=True)]
-        return completions[0] if isinstance(prompts, str) else completions
+            eos_id=self.tokenizer.stop_ids)
+        completions = [Completion(prompt_text(prompt), self.tokenizer.decode(tokens), stats,
+                                  trace, tokens)
+                       for prompt, tokens, stats, trace in zip(inputs, out.tokens, out.stats,
+                                                               out.trace, strict=True)]
+        return completions[0] if single else completions
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 128,
-               strategy: str | Drafter = "selfspec", temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, **options: Any) -> Iterator[str]:
-        """`generate` for one prompt, yielding its text as each decoding round commits tokens
-        (a round's accepted drafts and the target's token arrive together); joined, the pieces
-        are `generate(prompt).text`. A character whose bytes straddle two rounds waits for its
-        last byte."""
-        if not isinstance(prompt, str):
+    def stream(self, prompt: str | None = None, *,
+               messages: Sequence[Mapping[str, Any]] | None = None, chat: bool = False,
+               max_new_tokens: int = 128, strategy: str | Drafter = "selfspec",
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               **options: Any) -> Iterator[str]:
+        """`generate` for one prompt (or one conversation, `messages`), yielding its text as
+        each decoding round commits tokens (a round's accepted drafts and the target's token
+        arrive together); joined, the pieces are `generate(prompt).text`. A character whose
+        bytes straddle two rounds waits for its last byte."""
+        if prompt is not None and not isinstance(prompt, str):
             raise ValueError(f"stream takes one prompt string, not {type(prompt).__name__}")
+        inputs, single = _prompt_inputs(prompt, messages)
+        if not single:
+            raise ValueError("stream takes one conversation, not a list of them")
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        encoded = [self.tokenizer.encode(prompt, add_bos=True)]
+        encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
         strategy = self._drafter(strategy, sampling, encoded, options)
         self._loaded.warn_long_prompts([len(encoded[0])])
         rounds = self.generator.stream(encoded, max_new_tokens=max_new_tokens,
                                        strategy=strategy, sampling=sampling, seed=seed,
-                                       eos_id=self.tokenizer.eos_id)
+                                       eos_id=self.tokenizer.stop_ids)
         yield from text_pieces(self.tokenizer, (rows[0] for rows in rounds))
 
     def benchmark(self, settings: Mapping[str, Mapping[str, Any]],
-                  prompts: Sequence[str] | None = None, *, max_new_tokens: int = 128,
+                  prompts: Sequence[str] | None = None, *, prompt_set: str | None = None,
+                  max_new_tokens: int = 128,
                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                   repeats: int = 3, num_prompts: int = 8, prompt_len: int = 128,
                   seeds: int = 1) -> list[dict[str, Any]]:
         """Times `ar` and each labelled setting ({label: {"strategy": name (default
         selfspec), option: value...}}) on the same prompts, batch 1, in this process after a
-        warm-up (`infer/bench.py`'s machinery); default prompts: `num_prompts` held-out
+        warm-up (`infer/bench.py`'s machinery) on `prompts`, or the first `num_prompts` of
+        `prompt_set` ("humaneval", "chat": `prompt_sets`), by default `num_prompts` held-out
         windows of `prompt_len` tokens. One dict per setting, `ar` first: name,
         tokens_per_second, speedup over ar, tau, acceptance_rate, compile_seconds,
         identical_to_ar (greedy; None when sampling)."""
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        encoded = ([self.tokenizer.encode(text, add_bos=True) for text in prompts] if prompts
-                   else workdir_heldout_prompts(self.meta, self.tokenizer, num_prompts,
-                                                prompt_len))
+        if prompts and prompt_set:
+            raise ValueError("give prompts or a prompt_set, not both")
+        encoded = (encode_prompts(self.tokenizer, prompts) if prompts else
+                   encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
+                                                                  num_prompts))
+                   if prompt_set else
+                   workdir_heldout_prompts(self.meta, self.tokenizer, num_prompts, prompt_len))
         if encoded is None:
             raise ValueError(f"{self.workdir} names no training data to take held-out prompts "
                              "from: pass prompts")
@@ -252,6 +268,28 @@ class LanguageModel:
                                  self.meta, texts, **options)
 
 
+def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput], bool]:
+    """`generate`'s prompts as a list, and whether one was given alone: a string, a list of
+    strings, one conversation or a list of conversations."""
+    if (prompts is None) == (messages is None):
+        raise ValueError("give prompts or messages (a conversation, or a list of them), not "
+                         "both and not neither")
+    if messages is not None:
+        single = bool(messages) and isinstance(messages[0], Mapping)
+        conversations = [messages] if single else list(messages)
+        if not conversations:
+            raise ValueError("messages is an empty list")
+        return [check_messages(c) for c in conversations], single
+    texts = ([prompts] if isinstance(prompts, str) else
+             list(prompts) if isinstance(prompts, (list, tuple)) else [])
+    wrong = [text for text in texts if not isinstance(text, str)]
+    if not texts or wrong:
+        raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
+                         f"{type(prompts).__name__}"
+                         + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
+    return texts, isinstance(prompts, str)
+
+
 def load(workdir: str, step: int | None = None,
          draft_workdir: str | Sequence[str] | None = None) -> LanguageModel:
     """The model of a training or import workdir: its latest checkpoint (or `step`), falling
@@ -267,14 +305,17 @@ def bench(workdir: str, settings: Mapping[str, Mapping[str, Any]],
     return load(workdir).benchmark(settings, **options)
 
 
-def import_hf(hf_dir: str, workdir: str, *, dtype: str | None = None,
-              tokenizer: str | None = None) -> LanguageModel:
+def import_hf(hf_dir: str | None = None, workdir: str | None = None, *, gguf: str | None = None,
+              dtype: str | None = None, tokenizer: str | None = None) -> LanguageModel:
     """Imports a Hugging Face checkpoint directory (Llama, Mistral, Qwen2, Mamba-2, Bamba:
-    config.json and safetensors) into a new workdir, as `infer/convert.py` does, and loads it;
-    its tokenizer.json comes along (`tokenizer="bytes"`: specjax's byte tokenizer instead)."""
+    config.json and safetensors) or a Llama-family GGUF file into a new workdir, as
+    `infer/convert.py` does, and loads it; its tokenizer comes along, with its conventions
+    and chat template (`tokenizer="bytes"`: specjax's byte tokenizer instead)."""
     from specjax.convert.hf import import_checkpoint
 
-    import_checkpoint(hf_dir, workdir, dtype=dtype, tokenizer=tokenizer)
+    if (hf_dir is None) == (gguf is None) or workdir is None:
+        raise ValueError("import_hf takes a Hugging Face folder or gguf=FILE, and a workdir")
+    import_checkpoint(gguf or hf_dir, workdir, dtype=dtype, tokenizer=tokenizer)
     return load(workdir)
 
 

@@ -45,7 +45,10 @@ class DataConfig:
     """Where the text comes from, how it is tokenized and cut into training sequences.
 
     `tokenizer`: "bytes", or a tokenizer.json (or a folder holding one; a run on `init.source`
-    takes the source's); `bos_id` / `eos_id` >= 0 override the ids found beside it.
+    takes the source's), each document encoded as the tokenizer encodes a text (its own special
+    tokens: a BOS where its post-processor or `add_bos_token` adds one) and ended with its EOS;
+    `bos_id` >= 0 starts every document with that id instead, `eos_id` >= 0 ends it with
+    that one.
     `cache_dir`: where tokenized corpora are kept (default $SPECJAX_CACHE, else
     ~/.cache/specjax)."""
 

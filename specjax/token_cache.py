@@ -76,7 +76,7 @@ def _build(folder: str, documents: Iterable[tuple[str, str]],
         files = {name: open(os.path.join(staging, f"{name}.bin"), "wb") for name in STREAMS}
         try:
             for keys, texts in _batches(documents):
-                encoded = tokenizer.encode_batch(texts, add_bos=True, add_eos=True)
+                encoded = tokenizer.encode_batch(texts, add_special_tokens=True, add_eos=True)
                 for key, ids in zip(keys, encoded, strict=True):
                     name = STREAMS[1] if is_validation(key) else STREAMS[0]
                     files[name].write(ids.astype(dtype).tobytes())

@@ -11,7 +11,7 @@ from specjax.tokenizer import ByteTokenizer, get_tokenizer
 def test_byte_tokenizer_round_trips_unicode():
     tok = ByteTokenizer()
     text = "def f(x):\n    return 'é→λ'\n"
-    ids = tok.encode(text, add_bos=True, add_eos=True)
+    ids = tok.encode(text, add_special_tokens=True, add_eos=True)
     assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
     assert tok.decode(ids) == text
     assert tok.vocab_size == 259 and max(ids) < tok.vocab_size

@@ -85,7 +85,8 @@ def test_generate_sampling_with_a_single_prompt(workdir):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prompt", "x", "--prompts_file", "p.jsonl"], "exactly one of --prompt and --prompts_file"),
+    (["--prompt", "x", "--prompts_file", "p.jsonl"],
+         "exactly one of --prompt, --prompts_file and --prompt_set"),
     (["--prompt", "x", "--exit_layer", "4"], "exit_layer=4 must lie in"),
     (["--prompt", "x", "--exit_layer", "0"], "exit_layer=0 must lie in"),
     (["--prompt", "x", "--tree", "2,x"], "expected children per depth"),

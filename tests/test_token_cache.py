@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from specjax import data as D
 from specjax.tokenizer import HFTokenizer, load_tokenizer
@@ -18,8 +18,9 @@ TEXTS = [f"def function_{i}(value):\n    return value * {i} + 'é→λ'\n" * (i 
 
 
 def write_bpe_tokenizer(folder, vocab_size: int = 300) -> HFTokenizer:
-    """A byte-level BPE tokenizer.json trained on `TEXTS` (ids 0 and 1: <s> and </s>) with a
-    tokenizer_config.json naming them, as Hugging Face checkpoints ship; returns it loaded."""
+    """A byte-level BPE tokenizer.json trained on `TEXTS` (ids 0 and 1: <s> and </s>) whose
+    post-processor puts a BOS before every text, with a tokenizer_config.json naming them, as
+    Llama's Hugging Face checkpoints ship; returns it loaded."""
     os.makedirs(folder, exist_ok=True)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -27,6 +28,8 @@ def write_bpe_tokenizer(folder, vocab_size: int = 300) -> HFTokenizer:
     bpe.train_from_iterator(TEXTS, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])
     bpe.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"bos_token": "<s>", "eos_token": {"content": "</s>"}}, f)
@@ -48,7 +51,7 @@ def test_bpe_round_trips_and_finds_bos_eos_beside_it(bpe):
     the tokenizer's own template or loses text."""
     assert (bpe.bos_id, bpe.eos_id, bpe.vocab_size) == (0, 1, 300)
     for text in TEXTS[:5]:
-        ids = bpe.encode(text, add_bos=True, add_eos=True)
+        ids = bpe.encode(text, add_special_tokens=True, add_eos=True)
         assert ids[0] == 0 and ids[-1] == 1 and 0 not in ids[1:-1]
         assert bpe.decode(ids[1:-1]) == text
     assert [list(x) for x in bpe.encode_batch(TEXTS[:3])] == [list(bpe.encode(t))
@@ -67,7 +70,7 @@ def test_streams_pack_documents_between_bos_and_eos_and_keep_the_split(bpe, tmp_
     for packed, validation in ((corpus.train, False), (corpus.validation, True)):
         expected = [int(t) for i, text in enumerate(TEXTS)
                     if D.is_validation_key(f"{path}:{i}", 0.3) == validation
-                    for t in bpe.encode(text, add_bos=True, add_eos=True)]
+                    for t in bpe.encode(text, add_special_tokens=True, add_eos=True)]
         assert np.asarray(packed).ravel().tolist() == expected[:packed.size]
 
 

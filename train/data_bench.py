@@ -44,8 +44,11 @@ def bench(config, repeats: int) -> None:
     data = DataConfig.from_dict(config.data)
     tokenizer = data.make_tokenizer()
     texts = [text for _, text in iter_documents(data)]
-    tokens = sum(len(ids) for ids in tokenizer.encode_batch(texts, add_bos=True, add_eos=True))
-    library = best(lambda: tokenizer.encode_batch(texts, add_bos=True, add_eos=True), repeats)
+    def encode():
+        return tokenizer.encode_batch(texts, add_special_tokens=True, add_eos=True)
+
+    tokens = sum(len(ids) for ids in encode())
+    library = best(encode, repeats)
     build = best(lambda: Corpus.build(DataConfig.from_dict(
         {**config.data, "cache_dir": tempfile.mkdtemp()}), tokenizer), repeats)
     cached = tempfile.mkdtemp()

@@ -6,7 +6,8 @@ documents, as a model of your own would ship one.
 
 Only the training split is read (the validation documents stay unseen). Ids 0 and 1 are the
 special tokens <s> (BOS) and </s> (EOS); a tokenizer_config.json beside tokenizer.json names
-them, so `data.tokenizer=runs/bpe` finds them as it does in a Hugging Face checkpoint. Writes
+them, and tokenizer.json's post-processor starts every text with BOS (as Llama's does), so
+`data.tokenizer=runs/bpe` finds them as it does in a Hugging Face checkpoint. Writes
 into a new (or empty) --output_dir only.
 """
 
@@ -19,7 +20,7 @@ import os
 
 from absl import app, flags
 from ml_collections import config_flags
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.data import DataConfig, is_validation_key, iter_documents
@@ -52,6 +53,9 @@ def train_tokenizer(data: DataConfig, vocab_size: int, output_dir: str) -> int:
     bpe.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIAL[0]} $A", pair=f"{SPECIAL[0]} $A {SPECIAL[0]} $B",
+        special_tokens=[(SPECIAL[0], bpe.token_to_id(SPECIAL[0]))])
     with staged_dir(output_dir) as staging:
         bpe.save(os.path.join(staging, "tokenizer.json"))
         with open(os.path.join(staging, "tokenizer_config.json"), "w", encoding="utf-8") as f:

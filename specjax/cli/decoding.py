@@ -13,6 +13,7 @@ import jax
 from absl import flags
 from jax.sharding import Mesh
 
+from specjax.chat import check_messages
 from specjax.cli.entrypoint import run_cli
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.data import DataConfig, heldout_prompts
@@ -22,6 +23,7 @@ from specjax.decoding.options import kind_phrase
 from specjax.decoding.registry import DecodingConfig, declared_options, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
+from specjax.prompt_sets import PromptInput
 from specjax.sharding import MeshConfig, make_mesh
 from specjax.tokenizer import Tokenizer
 from specjax.tools.tree_search import Measurements, TreePlan, measure
@@ -153,8 +155,9 @@ def whole_numbers_flag(name: str, minimum: int) -> list[int]:
     return numbers
 
 
-def read_prompts_file(path: str) -> list[str]:
-    """One JSON object per line with a "prompt" field."""
+def read_prompts_file(path: str) -> list[PromptInput]:
+    """One JSON object per line with a "prompt" string, or a "messages" conversation (a list of
+    {"role", "content"} objects, rendered with the model's chat template)."""
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a directory, not a JSONL file of prompts")
     if not os.path.exists(path):
@@ -172,8 +175,15 @@ def read_prompts_file(path: str) -> list[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
+            if isinstance(record, dict) and "messages" in record:
+                try:
+                    prompts.append(check_messages(record["messages"]))
+                except ValueError as error:
+                    raise ValueError(f"{path}:{number}: {error}") from None
+                continue
             if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ValueError(f"{path}:{number}: expected an object with a string 'prompt'")
+                raise ValueError(f"{path}:{number}: expected an object with a string 'prompt' "
+                                 "or a 'messages' list")
             prompts.append(record["prompt"])
     if not prompts:
         raise ValueError(f"{path}: no prompts")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import sys
 from typing import Any
 
 import jax
 
 from specjax.config import ModelConfig
+from specjax.convert.gguf import GgufCheckpoint, is_gguf
 from specjax.convert.hf_config import (
     ConversionError,
     architecture,
@@ -20,21 +20,56 @@ from specjax.convert.hf_config import (
     model_config_from_hf,
     read_hf_config,
 )
-from specjax.convert.hf_weights import load_hf_params, save_hf_params
+from specjax.convert.hf_weights import SafetensorsReader, load_hf_params, save_hf_params
 from specjax.decoding.registry import DecodingConfig
 from specjax.io.checkpoint import Checkpointer, load_params
 from specjax.outputs import staged_dir
-from specjax.tokenizer import TOKENIZER_FILE, get_tokenizer
+from specjax.tokenizer import (
+    TOKENIZER_FILE,
+    TokenizerSource,
+    get_tokenizer,
+    read_tokenizer_folder,
+)
 
 TOKENIZER_KEY = "specjax_tokenizer"  # extra config.json key naming a non-HF tokenizer
 
 
-def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
+class HfFolder:
+    """A Hugging Face checkpoint folder: config.json, safetensors, tokenizer files."""
+
+    def __init__(self, hf_dir: str):
+        self.path = hf_dir
+        self.config = read_hf_config(hf_dir)
+
+    def hf_config(self) -> dict[str, Any]:
+        return self.config
+
+    def tensors(self) -> SafetensorsReader:
+        return SafetensorsReader(self.path)
+
+    def tokenizer(self) -> TokenizerSource | None:
+        return read_tokenizer_folder(self.path)
+
+    def tokenizer_problem(self) -> str:
+        return f"it has no {TOKENIZER_FILE}"
+
+    def summary(self) -> dict[str, Any]:
+        return {"hf_dir": os.path.abspath(self.path), "architecture": architecture(self.config)}
+
+
+def open_checkpoint(path: str) -> HfFolder | GgufCheckpoint:
+    """A checkpoint to import: a GGUF file, else a Hugging Face folder."""
+    return GgufCheckpoint(path) if is_gguf(path) else HfFolder(path)
+
+
+def import_checkpoint(source: str, workdir: str, *, dtype: str | None = None,
                       tokenizer: str | None = None) -> ModelConfig:
-    """Writes a specjax checkpoint (weights only, step 0) of an HF checkpoint into `workdir`,
-    with its tokenizer.json copied beside it; `tokenizer="bytes"` records specjax's byte
-    tokenizer instead (a checkpoint without tokenizer.json needs one to decode text)."""
-    hf = read_hf_config(hf_dir)
+    """Writes a specjax checkpoint (weights only, step 0) of a Hugging Face folder or a GGUF
+    file into `workdir`, with the checkpoint's tokenizer files beside it (`HFTokenizer.
+    save_files`); `tokenizer="bytes"` records specjax's byte tokenizer instead (a checkpoint
+    without a tokenizer needs one to decode text)."""
+    checkpoint = open_checkpoint(source)
+    hf = checkpoint.hf_config()
     cfg = model_config_from_hf(hf, dtype=dtype)
     ids = get_tokenizer(tokenizer).vocab_size if tokenizer is not None else 0
     if ids > cfg.vocab_size:
@@ -43,17 +78,30 @@ def import_checkpoint(hf_dir: str, workdir: str, *, dtype: str | None = None,
     if (os.path.isdir(os.path.join(workdir, "checkpoints"))
             and Checkpointer(workdir, create=False).latest_step() is not None):
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
-    params = load_hf_params(hf_dir, cfg, architecture(hf), hf=hf)  # all read before writing
+    params = load_hf_params(checkpoint.tensors(), cfg, architecture(hf), hf=hf)  # read first
+    found = None if tokenizer is not None else checkpoint.tokenizer()
     checkpoints = Checkpointer(workdir)
     decoding = DecodingConfig(exit_layer=max(1, cfg.num_layers // 4))
     decoding.check(cfg)
     checkpoints.save(0, params, None, {
         "step": 0, "data_position": 0, "model": cfg.to_dict(),
-        "tokenizer": tokenizer or _import_tokenizer(hf_dir, workdir, hf),
+        "tokenizer": tokenizer or (found.save(workdir).spec() if found is not None
+                                   else _no_tokenizer(checkpoint, hf)),
         "config": {"decoding": dataclasses.asdict(decoding)},
-        "source": {"hf_dir": os.path.abspath(hf_dir), "architecture": architecture(hf)}})
+        "source": checkpoint.summary()})
     checkpoints.close()
     return cfg
+
+
+def _no_tokenizer(checkpoint: HfFolder | GgufCheckpoint, hf: dict[str, Any]) -> str | None:
+    """The tokenizer a checkpoint without tokenizer files names (an export of a byte-level
+    model's), else None, with a warning that the model cannot decode text yet."""
+    if hf.get(TOKENIZER_KEY) is None:
+        print(f"warning: {checkpoint.path}: {checkpoint.tokenizer_problem()}: the imported model "
+              "cannot decode text until it has a tokenizer (import again with --tokenizer bytes "
+              f"for specjax's byte tokenizer, or copy a {TOKENIZER_FILE} into a Hugging Face "
+              "folder of it first)", file=sys.stderr)
+    return hf.get(TOKENIZER_KEY)
 
 
 def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2**30,
@@ -87,8 +135,7 @@ def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str,
     config = hf_config_from_model(cfg)
     tokenizer = meta.get("tokenizer")
     if isinstance(tokenizer, dict):
-        shutil.copy(os.path.join(workdir, tokenizer["file"]), os.path.join(out_dir, TOKENIZER_FILE))
-        files.append(TOKENIZER_FILE)
+        files += get_tokenizer(tokenizer, workdir).save_files(out_dir)
         config.update(bos_token_id=tokenizer.get("bos_id"), eos_token_id=tokenizer.get("eos_id"))
     elif tokenizer is not None:
         byte = get_tokenizer(tokenizer)
@@ -97,18 +144,3 @@ def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str,
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     return files + ["config.json"]
-
-
-def _import_tokenizer(hf_dir: str, workdir: str, hf: dict[str, Any]) -> str | dict | None:
-    """The tokenizer spec for the checkpoint metadata (copying tokenizer.json if any)."""
-    source = os.path.join(hf_dir, TOKENIZER_FILE)
-    if os.path.isfile(source):
-        shutil.copy(source, os.path.join(workdir, TOKENIZER_FILE))
-        eos = hf.get("eos_token_id")
-        return {"kind": "hf", "file": TOKENIZER_FILE, "bos_id": hf.get("bos_token_id"),
-                "eos_id": eos[0] if isinstance(eos, list) else eos}
-    if hf.get(TOKENIZER_KEY) is None:
-        print(f"warning: {hf_dir} has no {TOKENIZER_FILE}: the imported model cannot decode text "
-              "until it has a tokenizer (import again with --tokenizer bytes for specjax's byte "
-              f"tokenizer, or copy a {TOKENIZER_FILE} into the source first)", file=sys.stderr)
-    return hf.get(TOKENIZER_KEY)

@@ -19,7 +19,8 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,14 @@ def _global_leaves(cfg: ModelConfig) -> tuple[HfLeaf, ...]:
     return _GLOBAL_LEAVES + (() if cfg.tie_embeddings else (_UNEMBED,))
 
 
+class TensorReader(Protocol):
+    """Named tensors of a checkpoint in transformers' names and layout."""
+
+    files: Mapping[str, str]  # every tensor's name -> where it is stored
+
+    def get(self, name: str) -> np.ndarray: ...
+
+
 class SafetensorsReader:
     """Reads named tensors from a checkpoint's one or many safetensors files, lazily."""
 
@@ -140,12 +149,13 @@ def _readable(path: str):
                               f"empty?): {str(error).splitlines()[0]}") from None
 
 
-def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str, *,
+def load_hf_params(source: str | TensorReader, cfg: ModelConfig, arch: str, *,
                    hf: dict | None = None) -> Params:
-    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`;
-    a tensor whose shape the config does not give is a one-line `ConversionError`, which names
-    the config.json field (of `hf`, the config `cfg` was made from) that disagrees."""
-    reader = SafetensorsReader(hf_dir)
+    """Stacked specjax parameters (in cfg.param_dtype) from a checkpoint directory of `arch`
+    (or another reader of its tensors under their HF names: a GGUF file); a tensor whose shape
+    the config does not give is a one-line `ConversionError`, which names the config.json
+    field (of `hf`, the config `cfg` was made from) that disagrees."""
+    reader = SafetensorsReader(source) if isinstance(source, str) else source
     _check_layer_count(reader, cfg, arch)
     dtype = jnp.dtype(cfg.weight_dtype)
     expected = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
@@ -179,7 +189,7 @@ def load_hf_params(hf_dir: str, cfg: ModelConfig, arch: str, *,
     return params
 
 
-def _check_layer_count(reader: SafetensorsReader, cfg: ModelConfig, arch: str) -> None:
+def _check_layer_count(reader: TensorReader, cfg: ModelConfig, arch: str) -> None:
     """One line when the weights hold another number of decoder layers than the config (fewer
     would fail on a missing tensor; more would be dropped without a word)."""
     prefix = re.escape(_layout(arch).layer).replace(re.escape("{i}"), r"(\d+)")

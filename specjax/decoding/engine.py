@@ -24,6 +24,7 @@ from specjax.model import Params, unstack_layers
 from specjax.sharding import place_batch, tree_shardings
 
 PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
+MAX_STOP_IDS = 8  # the ids that can end a row (generation_config.json lists up to 3 today)
 AUTOREGRESSIVE = Autoregressive()
 
 
@@ -136,7 +137,7 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
-                 seed: int = 0, eos_id: int | None = None,
+                 seed: int = 0, eos_id: int | Sequence[int] | None = None,
                  draft_params: Any = None) -> Generation:
         """Decodes every prompt; greedy when `sampling` is None."""
         return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
@@ -145,7 +146,7 @@ class Generator:
 
     def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
-               seed: int = 0, eos_id: int | None = None,
+               seed: int = 0, eos_id: int | Sequence[int] | None = None,
                draft_params: Any = None) -> Iterator[list[list[int]]]:
         """Like `generate`, but yields each row's new tokens as the loop commits them: the
         prefill's token, then one list per row after every round ([] for a row already done).
@@ -178,7 +179,8 @@ class Generator:
 
     def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
-            seed: int = 0, eos_id: int | None = None, draft_params: Any = None) -> DecodeOutput:
+            seed: int = 0, eos_id: int | Sequence[int] | None = None,
+            draft_params: Any = None) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
                                     draft_params)
@@ -198,13 +200,13 @@ class Generator:
             program = generate_tokens.lower(*args, **static).compile()
 
         def decode(batch: Sequence[Sequence[int]], seed: int = 0,
-                   eos_id: int | None = None) -> DecodeOutput:
+                   eos_id: int | Sequence[int] | None = None) -> DecodeOutput:
             return program(*self._inputs(batch, max_new_tokens, strategy, sampling, seed, eos_id,
                                          draft_params)[0])
         return decode
 
     def _inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, strategy: Drafter,
-                sampling: SamplingParams | None, seed: int, eos_id: int | None,
+                sampling: SamplingParams | None, seed: int, eos_id: int | Sequence[int] | None,
                 draft_params: Any) -> tuple[tuple, dict[str, Any]]:
         """`generate_tokens`' array arguments and static options, checked."""
         if max_new_tokens < 1:
@@ -214,7 +216,7 @@ class Generator:
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
-                jax.random.PRNGKey(seed), sampling, jnp.int32(-1 if eos_id is None else eos_id))
+                jax.random.PRNGKey(seed), sampling, stop_ids(eos_id))
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
                           cache_len=cache_len)
 
@@ -268,6 +270,16 @@ class Generator:
                    for i in range(len(counts))],
             trace=[{name: values[i, :counts[i]].tolist() for name, values in trace.items()}
                    for i in range(len(counts))])
+
+
+def stop_ids(eos_id: int | Sequence[int] | None) -> jax.Array:
+    """The loop's EOS argument: the ids that end a row, padded with -1 to `MAX_STOP_IDS` so
+    that any set of them runs the same program."""
+    ids = [] if eos_id is None else [eos_id] if isinstance(eos_id, (int, np.integer)) else list(
+        eos_id)
+    if len(ids) > MAX_STOP_IDS:
+        raise ValueError(f"{len(ids)} EOS ids given; at most {MAX_STOP_IDS} end a row")
+    return jnp.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), jnp.int32)
 
 
 def _round_up(value: int, multiple: int) -> int:

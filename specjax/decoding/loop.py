@@ -83,7 +83,8 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
       draft_params: the drafter's own parameters (an empty dict for LayerSkip).
       prompt_lengths: [B] true prompt lengths (>= 1); padding after them is ignored.
       sampling: None for greedy decoding, else the sampling distribution's parameters.
-      eos_id: scalar token id that ends a row (-1 for none); it is included in the output.
+      eos_id: the token ids that end a row, a scalar or a vector (-1: none); the one that
+        ends it is included in the output.
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
       stream: hand each round's committed tokens to the host as it finishes
         (`streaming.emit`; a separate program, so the default one has no host round-trip).
@@ -137,7 +138,7 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         cache=cache, drafter=draft_state, pending=first,
         tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
-        done=(first == eos_id) | (max_new_tokens <= 1),
+        done=is_stop(first, eos_id) | (max_new_tokens <= 1),
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
@@ -223,12 +224,18 @@ def _pick(key: jax.Array, logits: jax.Array, sampling: SamplingParams | None) ->
     return sample(key, probabilities(logits, sampling))
 
 
+def is_stop(tokens: jax.Array, eos_id: jax.Array) -> jax.Array:
+    """Whether each token is one of the ids that end a row (a scalar id or a vector of them;
+    -1 matches no token)."""
+    return jnp.any(tokens[..., None] == jnp.atleast_1d(eos_id), axis=-1)
+
+
 def _emitted_count(emitted: jax.Array, num_accepted: jax.Array, eos_id: jax.Array,
                    room: jax.Array) -> tuple[jax.Array, jax.Array]:
     """How many of this round's tokens a row keeps: the accepted drafts plus one, cut after the
     first EOS and at the remaining budget `room`; and whether an EOS was kept."""
     positions = jnp.arange(emitted.shape[1])[None, :]
-    is_eos = (emitted == eos_id) & (positions <= num_accepted[:, None])
+    is_eos = is_stop(emitted, eos_id) & (positions <= num_accepted[:, None])
     first_eos = jnp.argmax(is_eos, axis=1)
     hit = jnp.any(is_eos, axis=1) & (first_eos < room)
     count = jnp.where(hit, first_eos + 1, num_accepted + 1)

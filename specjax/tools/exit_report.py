@@ -167,7 +167,8 @@ class DraftExitReport:
 
 def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,
                   max_tokens: int) -> np.ndarray:
-    """[N, seq_len + 1] int32: the texts encoded as [BOS] text [EOS], concatenated and cut into
+    """[N, seq_len + 1] int32: the texts encoded as training documents are (the tokenizer's
+    special tokens around each, then EOS), concatenated and cut into
     consecutive windows (inputs window[:-1], targets window[1:]), at most max_tokens // seq_len
     of them (so at most `max_tokens` predicted tokens); texts past those are not encoded."""
     if seq_len < 1 or max_tokens < seq_len:
@@ -176,7 +177,7 @@ def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,
     wanted = max_tokens // seq_len
     parts, total = [], 0
     for text in texts:
-        parts.append(np.asarray(tokenizer.encode(text, add_bos=True, add_eos=True), np.int32))
+        parts.append(tokenizer.encode(text, add_special_tokens=True, add_eos=True))
         total += len(parts[-1])
         if total >= wanted * (seq_len + 1):
             break

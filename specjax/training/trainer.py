@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -134,13 +133,14 @@ class Trainer:
                if self.run.init.source else {})})
 
     def _tokenizer_spec(self) -> str | dict:
-        """The checkpoint's record of the data's tokenizer; a tokenizer.json is copied into
-        the workdir first, so the workdir decodes text on its own."""
+        """The checkpoint's record of the data's tokenizer; its files (tokenizer.json, its
+        conventions and chat template) are written into the workdir first, so the workdir
+        decodes text on its own."""
         if not isinstance(self.tokenizer, HFTokenizer):
             return self.tokenizer.name
         copy = os.path.join(self.workdir, TOKENIZER_FILE)
         if not os.path.isfile(copy) or not os.path.samefile(copy, self.tokenizer.path):
-            shutil.copyfile(self.tokenizer.path, copy)
+            self.tokenizer.save_files(self.workdir)
         return self.tokenizer.spec()
 
     def evaluate(self, state: TrainState) -> Report:

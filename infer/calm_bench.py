@@ -89,13 +89,12 @@ def run(plot: str | None) -> list[dict]:
     timed = {r.name: r for r in run_benchmark(
         generator, strategies, prompts, max_new_tokens=FLAGS.max_new_tokens, repeats=FLAGS.repeats,
         progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))}
-    baseline = timed["ar"].tokens_per_second
     rows = [{"threshold": q.threshold, "mean_exit": q.mean_exit,
              "tokens_per_second": timed[f"{q.threshold:g}"].tokens_per_second,
-             "speedup": timed[f"{q.threshold:g}"].tokens_per_second / baseline,
+             "speedup": timed[f"{q.threshold:g}"].speedup,
              "agreement": q.agreement, "log_loss": q.log_loss} for q in qualities]
     print(f"{calm.early_exit.label()}, {len(prompts)} held-out prompts x {FLAGS.max_new_tokens} "
-          f"tokens, batch 1; ar {baseline:.0f} tok/s")
+          f"tokens, batch 1; ar {timed['ar'].tokens_per_second:.0f} tok/s")
     print(f"{'lambda':>6} {'exit':>5} {'tok/s':>7} {'speed-up':>8} {'ROUGE-L':>7} {'loss':>6}")
     for row in rows:
         print(f"{row['threshold']:6.2f} {row['mean_exit']:5.2f} {row['tokens_per_second']:7.0f} "

@@ -130,7 +130,7 @@ def _drafter(target: LoadedModel, target_checksum: Callable[[], str],
         raise ValueError(f"the draft model in {workdir} has tokenizer {tokenizers[1]!r} "
                          f"with {cfg.vocab_size} ids, the target {tokenizers[0]!r} with "
                          f"{target.cfg.vocab_size}: a draft model must share the target's")
-    return {"draft": DraftWeights(unstack_layers(params, cfg), cfg=cfg)}, meta
+    return {"draft": DraftWeights(unstack_layers(params, cfg), cfg=cfg, workdir=workdir)}, meta
 
 
 def _read_meta(workdir: str, step: int | None) -> dict[str, Any]:

@@ -4,8 +4,9 @@ XLA:CPU's JIT maps each compiled program in many pieces (on the default model ab
 greedy `selfspec` decode loop, 1,700 for a sampled SpecDec++ one), and Linux allows a process
 `vm.max_map_count` mappings (65,530 by default). Past the limit compilation fails with "LLVM
 compilation error: Cannot allocate memory" and the process crashes: a sampled sweep of 19
-strategies (two programs each) did, after ten minutes of work. `MappingBudget` projects a
-sweep's need from the work done so far and refuses it before it gets there.
+strategies (two programs each) did, after ten minutes of work. `MappingBudget` projects the
+next unit's need from the work done so far, so that a sweep can time and release what it
+compiled before it gets there.
 """
 
 from __future__ import annotations
@@ -37,28 +38,36 @@ def mapping_limit() -> int | None:
 
 
 class MappingBudget:
-    """Counts the mappings from its creation; `check(done, total, what)`, called after each
-    unit of work (`what`: "strategies", each compiling its programs), raises a one-line
-    ValueError when the `total - done` units left, each mapping as much as the largest so far,
-    would take the process past `MARGIN` of the limit. Where /proc does not say, it never
-    raises."""
+    """Counts the mappings each unit of work adds (a strategy's programs: `compiled()` after
+    each) and says whether one more, mapping as much as the largest so far, stays within
+    `MARGIN` of the limit (`room_for_another`); after work's programs are released,
+    `released()` counts from what is left. Where /proc does not say, there is always room."""
 
     def __init__(self) -> None:
         self.last = mappings()
         self.largest = 0
 
-    def check(self, done: int, total: int, what: str) -> None:
+    def compiled(self) -> None:
+        now = mappings()
+        if self.last is not None and now is not None:
+            self.largest = max(self.largest, now - self.last)
+        self.last = now
+
+    def released(self) -> None:
+        self.last = mappings()
+
+    def room_for_another(self) -> bool:
         now, limit = mappings(), mapping_limit()
-        if self.last is None or now is None or limit is None:
-            return
-        self.largest, self.last = max(self.largest, now - self.last), now
-        projected = now + self.largest * (total - done)
-        if done < total and projected > MARGIN * limit:
-            raise ValueError(
-                f"compiling all {total} {what} would leave this process about "
-                f"{projected:,.0f} memory mappings, more than {MARGIN:.0%} of the {limit:,} "
-                f"the machine allows (vm.max_map_count; XLA:CPU maps each program in pieces, "
-                f"and past the limit the process crashes): sweep fewer, or raise it with "
+        return now is None or limit is None or now + self.largest <= MARGIN * limit
+
+    def refusal(self, what: str) -> str:
+        """The one-line error when even `what` (the smallest unit left) does not fit."""
+        now, limit = mappings() or 0, mapping_limit() or 0
+        projected = now + self.largest
+        return (f"compiling {what} would leave this process about {projected:,.0f} memory "
+                f"mappings, more than {MARGIN:.0%} of the {limit:,} the machine allows "
+                f"(vm.max_map_count; XLA:CPU maps each program in pieces, and past the limit "
+                f"the process crashes): raise it with "
                 f"'sudo sysctl -w vm.max_map_count={suggested_limit(projected)}'")
 
 

@@ -4,7 +4,6 @@ Q/K row permutation, transformers' own logits and its GGUF tokenizer), and bad f
 in one line with nothing written."""
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -210,7 +209,8 @@ def test_tokenizer_metadata_round_trip_matches_transformers(tmp_path, add_bos):
         messages, add_generation_prompt=True, tokenize=False)
     assert ours.stop_ids == (2,)
     exported = theirs.__class__.from_pretrained(str(tmp_path / "w"))  # the workdir's own files
-    assert exported(TEXTS[0])["input_ids"] == ours.encode(TEXTS[0], add_special_tokens=True).tolist()
+    ids = ours.encode(TEXTS[0], add_special_tokens=True).tolist()
+    assert exported(TEXTS[0])["input_ids"] == ids
 
 
 def test_bad_files_are_one_line_errors_and_write_nothing(tmp_path):

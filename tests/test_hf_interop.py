@@ -180,15 +180,20 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     prompts, report = tmp_path / "prompts.jsonl", tmp_path / "bench.json"
     prompts.write_text('{"prompt": "def x"}\n{"prompt": "import os"}\n')
     cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts), "--max_new_tokens",
-        "24", "--repeats", "1", "--bandwidth_mb", "16", "--strategies", "ar,selfspec,ngram",
-        "--compare_hf", "--output_json",
+        "24", "--repeats", "1", "--bandwidth_mb", "16", "--strategies",
+        "ar,selfspec,ngram,draft", "--draft_workdir", workdir, "--compare_hf", "--output_json",
         str(report))
     peers = json.loads(report.read_text())["hf_peers"]
     assert [p["strategy"] for p in peers] == [
         "hf greedy", "hf assistant_early_exit=1 (HF's policy)", "hf selfspec E=1 K=4",
-        "hf ngram n=1..3 K=4"]
+        "hf ngram n=1..3 K=4", "hf draft K=4"]  # the draft: assisted generation, same model
     for peer in peers:
         assert peer["identical_to_specjax"] and peer["tokens_per_s"] > 0
+    # A variant projected past the budget is skipped and said so, not run for an hour.
+    output = cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts),
+                 "--max_new_tokens", "8", "--repeats", "1", "--bandwidth_mb", "16",
+                 "--strategies", "ar", "--compare_hf", "--hf_budget_s", "1e-9")
+    assert "hf greedy: skipped (one prompt took" in output and "past the 0 min budget" in output
     cli("convert.py", "--to_hf", "--workdir", workdir, "--hf_dir", exported)
     assert os.path.exists(os.path.join(exported, "tokenizer.json"))
     with open(os.path.join(exported, "config.json")) as f:

@@ -52,6 +52,7 @@ class DraftWeights:
     exit_layer: int | None = None
     cfg: ModelConfig | None = None
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    workdir: str | None = None  # where a draft model was loaded from (its HF peer exports it)
 
 
 @flax.struct.dataclass

@@ -1,12 +1,14 @@
 """Decoding benchmark: strategies x prompts on the same weights, cache code and process.
 
-Protocol: every strategy is compiled and run once (its compile time is the first call minus a
-warm call), for every padded batch shape, so that no compile lands in a timed call; then, for
-each repeat, every prompt batch is decoded by every strategy in turn (interleaved, so drift in
-machine speed hits all strategies alike). A strategy's time on a batch is the median over
-repeats; tokens/s is total tokens over the summed medians. A sweep whose programs would take
-the process past the machine's limit on memory mappings is refused as soon as the strategies
-compiled so far project it there (`mappings.MappingBudget`), not left to crash at the limit.
+Protocol: every strategy's programs (for every padded batch shape, full length and one token)
+are compiled ahead of time and run once (its compile time is the full program's), so that no
+compile lands in a timed call; then, for each repeat, every prompt batch is decoded by every
+strategy in turn (interleaved, so drift in machine speed hits all strategies alike). A
+strategy's time on a batch is the median over repeats; tokens/s is total tokens over the
+summed medians. XLA:CPU maps each compiled program in pieces, and a process past the machine's
+limit on memory mappings crashes (`mappings`): strategies are compiled in groups that fit, each
+group timed with the baseline and released before the next compiles, so a strategy's speed-up
+is always over the baseline timed in turn with it (`StrategyResult.speedup`).
 
 The memory-bandwidth limit of batch-1 decoding is bandwidth / bytes read per token (weights plus
 the live KV cache); `read_bandwidth` measures the machine's bandwidth in the same process.
@@ -15,9 +17,11 @@ the live KV cache); `read_bandwidth` measures the machine's bandwidth in the sam
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +56,16 @@ class StrategyResult:
     generated: list[list[int]]
     distinct_4grams: float
     identical_to_baseline: bool | None  # None when sampling: outputs differ by design
+    # The baseline's tokens/s in the repeats timed in turn with this strategy (None: no
+    # baseline among the strategies).
+    baseline_tokens_per_second: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        """Tokens/s over the baseline's, timed in the same interleaved repeats."""
+        if self.baseline_tokens_per_second is None:
+            return None
+        return self.tokens_per_second / self.baseline_tokens_per_second
 
     @property
     def tokens_per_second(self) -> float:
@@ -159,48 +173,98 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
     progress = progress or (lambda line: None)
     batches = [(prompts[i:i + batch_size], seed) for seed in range(seeds)
                for i in range(0, len(prompts), batch_size)]
-    def run(name, batch, new=max_new_tokens):
-        rows, seed = batch
-        return jax.block_until_ready(generator.run(rows, max_new_tokens=new, seed=seed,
-                                                   strategy=strategies[name], sampling=sampling))
+    shapes = [generator.pad(rows)[0].shape for rows, _ in batches]
+    programs: dict[str, dict] = {}
+    compile_seconds: dict[str, float] = {}
 
-    shapes = {}  # a batch of each padded shape (rows, width): each compiles programs of its own
-    for index, (rows, _) in enumerate(batches):
-        shapes.setdefault(generator.pad(rows)[0].shape, index)
-    compile_seconds, budget = {}, MappingBudget()
-    started = time.perf_counter()
-    for done, name in enumerate(strategies, 1):
-        run(name, batches[0], 1)
-        first = timed(run, name, batches[0])
-        compile_seconds[name] = max(first - timed(run, name, batches[0]), 0.0)
-        for index in set(shapes.values()) - {0}:
-            run(name, batches[index], 1)
-            run(name, batches[index])
-        progress(f"compiled {name} ({compile_seconds[name]:.1f} s; {done}/{len(strategies)}, "
-                 f"{time_left(started, done, len(strategies))})")
-        budget.check(done, len(strategies), "strategies")
-    calls = {}
-    for name in strategies:  # each strategy's one-token (prefill) call just before its full one
-        calls[name, "prefill"] = lambda index, name=name: run(name, batches[index], 1)
-        calls[name] = lambda index, name=name: run(name, batches[index])
-    started = time.perf_counter()
-    times, outputs = time_interleaved(
-        calls, len(batches), repeats,
-        lambda done: progress(f"timed repeat {done}/{repeats} of {len(strategies)} strategies "
-                              f"({time_left(started, done, repeats)})"))
+    def compile_programs(name: str) -> None:
+        """The strategy's programs for every padded batch shape, at full length and for one
+        token (the prefill call), compiled ahead of time and run once."""
+        programs[name] = {}
+        for index in sorted({shape: i for i, shape in reversed(list(enumerate(shapes)))}.values()):
+            rows, seed = batches[index]
+            for new in (max_new_tokens, 1):
+                started = time.perf_counter()
+                program = generator.compile(rows, max_new_tokens=new,
+                                            strategy=strategies[name], sampling=sampling)
+                if index == 0 and new == max_new_tokens:
+                    compile_seconds.setdefault(name, time.perf_counter() - started)
+                jax.block_until_ready(program(rows, seed=seed))
+                programs[name][shapes[index], new] = program
+
+    def calls(group: list[str]) -> dict:
+        """Each strategy's one-token (prefill) call just before its full one."""
+        def call(name: str, new: int) -> Callable[[int], Any]:
+            return lambda index: jax.block_until_ready(
+                programs[name][shapes[index], new](batches[index][0], seed=batches[index][1]))
+        return {key: function for name in group for key, function in
+                (((name, "prefill"), call(name, 1)), (name, call(name, max_new_tokens)))}
+
+    timed: dict[str, list[tuple[dict, dict]]] = {name: [] for name in strategies}
+
+    def time_group(group: list[str]) -> None:
+        started = time.perf_counter()
+        seconds, outputs = time_interleaved(
+            calls(group), len(batches), repeats,
+            lambda done: progress(f"timed repeat {done}/{repeats} of {len(group)} strategies "
+                                  f"({time_left(started, done, repeats)})"))
+        for name in group:
+            timed[name].append((seconds, outputs))
+
+    # Strategies are compiled (the baseline first) until one more would take the process near
+    # its limit on memory mappings; that group is timed, every compiled program released
+    # (XLA:CPU unmaps a program only when JAX's caches let go of it), and the next group
+    # compiles the baseline again, so that each strategy is timed in turn with it.
+    names = sorted(strategies, key=lambda name: name != baseline)
+    kept = names[:1] if names[0] == baseline else []
+    budget, started, group = MappingBudget(), time.perf_counter(), []
+    for done, name in enumerate(names, 1):
+        if len(group) > len(kept) and not budget.room_for_another():
+            time_group(group)
+            programs.clear()
+            jax.clear_caches()
+            gc.collect()
+            budget.released()
+            group = []
+            for again in kept:
+                compile_programs(again)
+                group.append(again)
+                budget.compiled()
+        if group and not budget.room_for_another():
+            raise ValueError(budget.refusal("a strategy beside the baseline"))
+        compile_programs(name)
+        group.append(name)
+        budget.compiled()
+        progress(f"compiled {name} ({compile_seconds[name]:.1f} s; {done}/{len(names)}, "
+                 f"{time_left(started, done, len(names))})")
+    time_group(group)
     results = []
-    unpacked = {name: [generator.unpack(o) for o in outputs[name]] for name in strategies}
+    unpacked = {name: [generator.unpack(o) for o in runs[-1][1][name]]
+                for name, runs in timed.items()}
+    base_tokens = (sum(len(t) for g in unpacked[baseline] for t in g.tokens)
+                   if baseline in strategies else None)
     for name in strategies:
         merged = _merge(unpacked[name])
         reference = _merge(unpacked.get(baseline, unpacked[name]))
         results.append(StrategyResult(
             name=name, tokens=sum(len(t) for t in merged.tokens), rows=len(merged.tokens),
-            seconds=sum(statistics.median(ts) for ts in times[name]),
-            prefill_seconds=sum(min(ts) for ts in times[name, "prefill"]),
+            seconds=_per_batch(timed[name], name, statistics.median),
+            prefill_seconds=_per_batch(timed[name], (name, "prefill"), min),
             compile_seconds=compile_seconds[name], stats=merged.total, generated=merged.tokens,
             distinct_4grams=distinct_ngram_fraction(merged.tokens),
-            identical_to_baseline=None if sampling else merged.tokens == reference.tokens))
+            identical_to_baseline=None if sampling else merged.tokens == reference.tokens,
+            baseline_tokens_per_second=None if base_tokens is None else base_tokens / _per_batch(
+                [run for run in timed[baseline] if name in run[0]], baseline,
+                statistics.median)))
     return results
+
+
+def _per_batch(runs: list[tuple[dict, dict]], key: Any,
+               reduce: Callable[[list[float]], float]) -> float:
+    """Over the timed groups `runs`, each batch's times under `key` reduced (the median, the
+    fastest), summed over batches."""
+    per_batch = zip(*[seconds[key] for seconds, _ in runs], strict=True)
+    return sum(reduce([t for times in batch for t in times]) for batch in per_batch)
 
 
 def _merge(generations: Sequence[Generation]) -> Generation:

@@ -9,7 +9,6 @@ import copy
 import dataclasses
 import hashlib
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -21,7 +20,7 @@ from jax.sharding import Mesh
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.tokenizer import NO_TOKENIZER, TOKENIZER_FILE, data_fields
+from specjax.tokenizer import NO_TOKENIZER, data_fields, get_tokenizer
 from specjax.training.config import RunConfig
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
@@ -257,8 +256,7 @@ def save_imported_head(objective: type[HeadOnBase], section: Any, params: Params
         raise ValueError(f"{workdir!r} already holds checkpoints; import into a new workdir")
     tokenizer = base.meta.get("tokenizer", "bytes")
     if isinstance(tokenizer, dict):  # the workdir decodes text on its own, as a trained one
-        shutil.copyfile(os.path.join(base.workdir, TOKENIZER_FILE),
-                        os.path.join(workdir, TOKENIZER_FILE))
+        get_tokenizer(tokenizer, base.workdir).save_files(workdir)
     config = objective.on_base({
         "decoding": dict(base.meta.get("config", {}).get("decoding") or {}),
         objective.name: dataclasses.asdict(section)})

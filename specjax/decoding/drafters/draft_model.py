@@ -13,7 +13,7 @@ its state. Nothing of the target is reused: verification runs every layer.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,8 @@ from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.model import allocate_cache, embed, exit_logits, prefill_cached, run_layers_cached
 from specjax.nn.cache import Cache
+
+ASSISTANT = "the draft model"  # hf_options' stand-in for the assistant model object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,15 @@ class DraftModel(FullVerification):
 
     def label(self) -> str:
         return f"{self.name} {self.shape.label()}"
+
+    def hf_options(self) -> dict[str, Any] | None:
+        """transformers' assisted generation with the same draft model (`ASSISTANT`: the peer
+        benchmark loads it) drafting the same constant number of tokens (chains only)."""
+        if not self.shape.is_chain:
+            return None
+        return {"assistant_model": ASSISTANT, "num_assistant_tokens": self.shape.num_draft,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": self.shape.stop_below}
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Cache:
         batch = prefilled.prompts.shape[0]

@@ -38,6 +38,19 @@ beside the last, their loss warmed up over the first 50 steps.
     python train/train.py --config configs/tiny_code.py:continual \
         --config.init.source=runs/standin_hf --workdir runs/continual
 
+Variant `smollm2`: LayerSkip continual training of SmolLM2-135M-Instruct (30 layers, imported
+from its GGUF into runs/smollm2, docs/guide/real-checkpoint.md) on the embedded corpus: exits 4
+and 8 supervised beside the last, each early exit's target mostly the last layer's distribution
+(self-distilled, `layerskip.exit_distill`), a learning rate low enough to keep the last layer's
+loss near the checkpoint's; 80 steps of 8 x 256 tokens (about an hour on 2 cores).
+`smollm2_gpu`: the same at a GPU's size (2,000 steps of 32 x 1,024 tokens, bfloat16 compute).
+    python train/train.py --config configs/tiny_code.py:smollm2 --workdir runs/smollm2_ls
+
+Variant `smollm2_draft`: a draft model for SmolLM2 (4 layers of width 256 on its 49,152-id
+tokenizer, 16M parameters: a draft token costs about a ninth of a SmolLM2 token) distilled
+from it (DistillSpec) on the embedded corpus.
+    python train/train.py --config configs/tiny_code.py:smollm2_draft --workdir runs/smollm2_draft
+
 Variant `gpu1b`: a 1.0B-parameter Llama (22 layers of width 2048, GQA 16:8) in bfloat16 for one
 GPU: the train step's model-FLOPs utilisation, then a short run whose early exits draft.
     python train/step_bench.py --config configs/tiny_code.py:gpu1b
@@ -48,7 +61,9 @@ import ml_collections
 
 from specjax.training.config import decoding_section
 
-VARIANTS = ("", "smoke", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b")
+VARIANTS = ("", "smoke", "peer25m", "draft", "hybrid", "mamba2", "standin", "continual", "gpu1b",
+            "smollm2", "smollm2_gpu", "smollm2_draft")
+SMOLLM2 = "runs/smollm2"  # SmolLM2-135M-Instruct imported from its GGUF
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -128,6 +143,27 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.train.update(batch_size=32, total_steps=500, learning_rate=5e-4,
                             warmup_steps=50, eval_every=250, save_every=250, log_every=50)
         config.layerskip.update(e_scale_warmup=50)
+    if variant in ("smollm2", "smollm2_gpu"):
+        config.init.source = SMOLLM2
+        config.model.update(exit_layers=(4, 8, 30))
+        config.layerskip.update(exit_distill=0.8)
+        config.train.update(batch_size=8, total_steps=80, learning_rate=5e-5, warmup_steps=8,
+                            weight_decay=0.0, eval_every=40, eval_batches=4, save_every=20,
+                            log_every=5)
+        config.decoding.update(exit_layer=8, num_draft=4)
+    if variant == "smollm2_gpu":
+        config.model.update(dtype="bfloat16")
+        config.data.update(seq_len=1024)
+        config.train.update(batch_size=32, total_steps=2000, learning_rate=1e-4,
+                            warmup_steps=100, eval_every=250, eval_batches=8, save_every=250,
+                            log_every=50)
+    if variant == "smollm2_draft":
+        config.model.update(vocab_size=49152, exit_layers=(4,), num_layers=4)
+        config.data.update(tokenizer=SMOLLM2)
+        config.distill = ml_collections.ConfigDict(dict(teacher_workdir=SMOLLM2))
+        config.train.update(batch_size=8, total_steps=250, warmup_steps=25, eval_every=125,
+                            eval_batches=4, save_every=50, log_every=10)
+        config.decoding.update(exit_layer=1, num_draft=4)
     if variant == "smoke":
         config.model.update(d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=176,
                             exit_layers=(1, 2, 4))

@@ -192,16 +192,14 @@ class GgufCheckpoint:
                    for name in ("bos", "eos")}
         add = {name: bool(self.value(f"tokenizer.ggml.add_{name}_token", False))
                for name in ("bos", "eos")}
+        prefix = [special["bos"]] if add["bos"] else []
+        suffix = [special["eos"]] if add["eos"] else []
         return TokenizerSource(
             json=byte_level_bpe(tokens, self.value("tokenizer.ggml.merges") or [],
                                 self.value("tokenizer.ggml.token_type") or [],
-                                self.value("tokenizer.ggml.pre", "default"),
-                                prefix=[special["bos"]] if add["bos"] else [],
-                                suffix=[special["eos"]] if add["eos"] else []),
+                                self.value("tokenizer.ggml.pre", "default")),
             bos_id=special["bos"], eos_id=special["eos"], stop_ids=[special["eos"]],
-            prefix=[special["bos"]] if add["bos"] else [],
-            suffix=[special["eos"]] if add["eos"] else [],
-            chat_template=self.value("tokenizer.chat_template"))
+            prefix=prefix, suffix=suffix, chat_template=self.value("tokenizer.chat_template"))
 
     def tokenizer_problem(self) -> str:
         """Why `tokenizer` is None."""
@@ -217,21 +215,12 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str, *,
-                   prefix: list[int], suffix: list[int]) -> str:
+def byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str) -> str:
     """A tokenizer.json of a byte-level BPE vocabulary as GGUF stores it: `tokens` spelled in
     GPT-2's byte alphabet, `merges` as "a b", control tokens (type 3) special and never split,
-    user-defined ones (type 4) never split; `pre` picks the text-splitting expression;
-    `prefix` / `suffix`: the ids the post-processor puts around a text."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
+    user-defined ones (type 4) never split; `pre` picks the text-splitting expression. The ids
+    around a text are the `TokenizerSource`'s (`HFTokenizer.save_files` writes them)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: index for index, token in enumerate(tokens)}
     bpe = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges]))
@@ -246,8 +235,4 @@ def byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: 
                             for i, kind in kinds.items() if kind == CONTROL])
     bpe.add_tokens([AddedToken(tokens[i], normalized=False)
                     for i, kind in kinds.items() if kind == USER_DEFINED])
-    around = [f"{tokens[i]}:0" for i in prefix] + ["$A:0"] + [f"{tokens[i]}:0" for i in suffix]
-    bpe.post_processor = processors.TemplateProcessing(
-        single=" ".join(around), pair=" ".join(around + ["$B:1"]),
-        special_tokens=[(tokens[i], i) for i in dict.fromkeys(prefix + suffix)])
     return bpe.to_str()

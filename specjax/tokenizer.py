@@ -56,10 +56,14 @@ def _around(ids: Sequence[int] | np.ndarray, tokenizer: Tokenizer, add_special_t
             add_eos: bool) -> np.ndarray:
     """`ids` with the tokenizer's prefix and suffix (`add_special_tokens`), then its EOS unless
     they already end with it (`add_eos`)."""
-    parts = [*tokenizer.prefix, *ids, *tokenizer.suffix] if add_special_tokens else list(ids)
-    if add_eos and tokenizer.eos_id is not None and (not parts or parts[-1] != tokenizer.eos_id):
-        parts.append(tokenizer.eos_id)
-    return np.asarray(parts, np.int32)
+    parts = [np.asarray(ids, np.int32)]
+    if add_special_tokens:
+        parts = [np.asarray(tokenizer.prefix, np.int32), *parts,
+                 np.asarray(tokenizer.suffix, np.int32)]
+    out = np.concatenate(parts)
+    if add_eos and tokenizer.eos_id is not None and not (len(out) and out[-1] == tokenizer.eos_id):
+        out = np.append(out, np.int32(tokenizer.eos_id))
+    return out
 
 
 class HFTokenizer:

@@ -121,8 +121,6 @@ class GgufCheckpoint:
             "rope_theta": self._arch("rope.freq_base", 10000.0), "hidden_act": "silu",
             "tie_word_embeddings": "output.weight" not in {t.name for t in
                                                             self._reader.tensors},
-            "bos_token_id": self.value("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": self.value("tokenizer.ggml.eos_token_id"),
             "torch_dtype": "float32"}
 
     def _hf_names(self) -> dict[str, str]:

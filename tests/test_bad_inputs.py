@@ -283,15 +283,18 @@ def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, threshold
     assert result.stderr.strip().endswith("each must lie in [0, 1]")
 
 
-def test_compare_hf_without_a_peer_strategy_is_refused_before_timing(model_workdir, tmp_path):
-    """Catches `bench.py --compare_hf --strategies ar` refusing only after every strategy was
-    timed (a second probe: about 9 s of work on the tiny model, minutes on a real one)."""
+def test_compare_hf_settings_are_refused_before_timing(model_workdir, tmp_path):
+    """Catches a bad transformers budget (`--hf_budget_s 0`, or one given without
+    --compare_hf, which would be ignored) refused only after every strategy was timed (about
+    9 s of work on the tiny model, minutes on a real one)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f("}\n')
-    result = run_script("infer/bench.py", "--workdir", model_workdir, "--strategies", "ar",
-                        "--compare_hf", "--prompts_file", str(prompts))
-    assert result.returncode == 1 and "[bench]" not in result.stderr
-    assert result.stderr.strip().endswith("(a selfspec chain, ngram) in --strategies")
+    for args, message in ((["--compare_hf", "--hf_budget_s", "0"], "--hf_budget_s=0 must be > 0"),
+                          (["--hf_budget_s", "60"], "give --compare_hf too")):
+        result = run_script("infer/bench.py", "--workdir", model_workdir, "--strategies", "ar",
+                            "--prompts_file", str(prompts), *args)
+        assert result.returncode == 1 and "[bench]" not in result.stderr
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):

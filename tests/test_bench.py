@@ -130,6 +130,38 @@ def test_a_sweep_past_the_mapping_limit_runs_in_groups_each_timed_with_the_basel
     assert ar.speedup == pytest.approx(1.0, rel=0.5)  # its own rate over both groups' ar
 
 
+def test_speedups_medians_and_prefill_minimums_from_scripted_times(tiny_cfg, tiny_params,
+                                                                    monkeypatch):
+    """Scripted times for the two groups of a sweep (the arithmetic is the reference): a
+    strategy's speed-up is over the baseline of its own group (2.0 for `chain` in the first,
+    where ar's median is 2; over ar pooled from both groups it would be 3.0), a time is the
+    median of the repeats (a mean would count the outliers) and the prefill the fastest. Catches
+    a speed-up over the pooled baseline or inverted, a mean for a median, a median for a
+    minimum."""
+    generator = Generator(tiny_params, tiny_cfg)
+    strategies = {"ar": AUTOREGRESSIVE, "chain": SelfSpeculative(1, Chain(2)),
+                  "chain3": SelfSpeculative(1, Chain(3))}
+    _FakeMappings(monkeypatch, per=100, limit=1000 + 4 * 100 + 50)
+    scripted = iter([
+        {"ar": [2, 2, 10], ("ar", "prefill"): [0.5, 0.3, 0.9],
+         "chain": [1, 1, 5], ("chain", "prefill"): [0.2, 0.6, 0.6]},
+        {"ar": [3, 3, 3], ("ar", "prefill"): [0.4, 0.4, 0.4],
+         "chain3": [1, 8, 2], ("chain3", "prefill"): [0.3, 0.2, 0.1]}])
+
+    def scripted_times(calls, items, repeats, progress=None):
+        _, outputs = time_interleaved(calls, items, 1)
+        times = next(scripted)
+        return {key: [list(map(float, times[key]))] for key in calls}, outputs
+
+    monkeypatch.setattr(bench, "time_interleaved", scripted_times)
+    ar, chain, chain3 = run_benchmark(generator, strategies, [[1, 2, 3]], max_new_tokens=5,
+                                      repeats=3)
+    assert (ar.seconds, chain.seconds, chain3.seconds) == (3.0, 1.0, 2.0)
+    assert (ar.prefill_seconds, chain.prefill_seconds, chain3.prefill_seconds) == (0.3, 0.2, 0.1)
+    assert chain.speedup == pytest.approx(2.0) and chain3.speedup == pytest.approx(1.5)
+    assert ar.speedup == pytest.approx(1.0)
+
+
 def test_a_strategy_that_cannot_fit_beside_the_baseline_is_refused(tiny_cfg, tiny_params,
                                                                    monkeypatch):
     """With room for the baseline only, the sweep is refused after the baseline compiles,

@@ -3,6 +3,7 @@ token-for-token identical to it."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specjax import model as M
@@ -215,3 +216,18 @@ def test_generate_loop_exports_for_tpu_and_cuda(generator, sampled):
                                   chain(2, 4, 0.5 if sampled else 0.0), sampled=sampled)
     module = exported.mlir_module()
     assert module.count("stablehlo.while") >= 2  # the decode loop and the draft loop
+
+
+def test_exactly_the_given_eos_ids_end_a_row():
+    """Catches the loop's EOS slots padded with an id a model can emit (padded with 0, every
+    row emitting token 0 would end there) and a listed id ignored: over the whole
+    vocabulary, exactly the given ids are stops, and more than the slots hold is refused."""
+    from specjax.decoding.engine import MAX_STOP_IDS, stop_ids
+    from specjax.decoding.loop import is_stop
+
+    vocab = jnp.arange(300)
+    for ids in (None, 5, [], [5], [0, 7, 299]):
+        given = [] if ids is None else [ids] if isinstance(ids, int) else ids
+        assert np.flatnonzero(is_stop(vocab, stop_ids(ids))).tolist() == sorted(given)
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_IDS} end a row"):
+        stop_ids(list(range(MAX_STOP_IDS + 1)))

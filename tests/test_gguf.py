@@ -84,7 +84,7 @@ def bpe_vocabulary():
 
 
 def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=TEMPLATE,
-               tokenizer=True):
+               tokenizer=True, pre="default"):
     """`hf_model`'s weights as llama.cpp writes them (names, permuted Q/K, `types` per
     tensor kind), with a byte-level BPE tokenizer in the metadata; returns {GGUF name: (type,
     raw bytes as stored, shape)}."""
@@ -102,10 +102,10 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
     if tokenizer:
         tokens, merges = bpe_vocabulary()
         writer.add_string("tokenizer.ggml.model", "gpt2")
-        writer.add_string("tokenizer.ggml.pre", "default")
+        writer.add_string("tokenizer.ggml.pre", pre)
         writer.add_token_list(tokens)
         writer.add_token_merges(merges)
-        writer.add_token_types([3 if t.startswith("<|") else 1 for t in tokens])
+        writer.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
         writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
         writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
         writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
@@ -211,6 +211,25 @@ def test_tokenizer_metadata_round_trip_matches_transformers(tmp_path, add_bos):
     exported = theirs.__class__.from_pretrained(str(tmp_path / "w"))  # the workdir's own files
     ids = ours.encode(TEXTS[0], add_special_tokens=True).tolist()
     assert exported(TEXTS[0])["input_ids"] == ids
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_each_pre_tokenizer_splits_text_as_transformers_does(tmp_path, pre):
+    """Catches a text-splitting expression taken for another `tokenizer.ggml.pre` (Llama-3's
+    groups digits by three, Qwen2's splits every digit) and control tokens not marked special
+    (swapped with user-defined ones): encodings and the special ids equal those of
+    transformers' GGUF tokenizer."""
+    write_gguf(tmp_path / "t.gguf", hf_llama(), {}, pre=pre)
+    import_checkpoint(str(tmp_path / "t.gguf"), str(tmp_path / "w"))
+    _, _, meta = load_params(str(tmp_path / "w"))
+    ours = get_tokenizer(meta["tokenizer"], str(tmp_path / "w"))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="t.gguf")
+    for text in [*TEXTS, "x = 12345678 + 90\n\n  y", "I'm 123 years'll"]:
+        assert ours.encode(text, add_special_tokens=True).tolist() == theirs(text)["input_ids"]
+    with open(tmp_path / "w" / "tokenizer.json", encoding="utf-8") as f:
+        special = {t["id"] for t in json.load(f)["added_tokens"] if t["special"]}
+    added = theirs.backend_tokenizer.get_added_tokens_decoder()
+    assert special == {i for i, token in added.items() if token.special} == {0, 1, 2}
 
 
 def test_bad_files_are_one_line_errors_and_write_nothing(tmp_path):

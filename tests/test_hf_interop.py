@@ -187,8 +187,12 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     assert [p["strategy"] for p in peers] == [
         "hf greedy", "hf assistant_early_exit=1 (HF's policy)", "hf selfspec E=1 K=4",
         "hf ngram n=1..3 K=4", "hf draft K=4"]  # the draft: assisted generation, same model
+    rates = {row["strategy"]: row["tokens_per_s"] for row in json.loads(
+        report.read_text())["results"]}
     for peer in peers:
         assert peer["identical_to_specjax"] and peer["tokens_per_s"] > 0
+        assert peer["specjax_speedup"] == pytest.approx(
+            rates[peer["specjax_strategy"]] / peer["tokens_per_s"])
     # A variant projected past the budget is skipped and said so, not run for an hour.
     output = cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts),
                  "--max_new_tokens", "8", "--repeats", "1", "--bandwidth_mb", "16",
@@ -198,6 +202,37 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     assert os.path.exists(os.path.join(exported, "tokenizer.json"))
     with open(os.path.join(exported, "config.json")) as f:
         assert json.load(f)["eos_token_id"] == 1
+
+
+def test_the_peer_projects_its_budget_and_assists_with_the_draft_model(tmp_path, monkeypatch):
+    """Catches the peer's budget compared with one prompt's time instead of the projection over
+    every prompt and repeat (a variant taking an hour would run), and assisted generation
+    given the target instead of the draft model as its assistant (as lossless, so only the
+    exported folders tell)."""
+    from specjax.decoding.drafters.draft_model import DraftModel
+    from specjax.decoding.shapes.chain import Chain
+    from specjax.tools import hf_peer
+
+    workdirs = []
+    for name, seed in (("target", 0), ("draft", 1)):
+        workdirs.append(str(tmp_path / name))
+        import_checkpoint(_saved(_hf_model("llama-gqa-untied", seed=seed, initializer_range=0.2),
+                                 tmp_path / f"{name}_hf"), workdirs[-1])
+    exported = []
+    export = hf_peer._exported
+    monkeypatch.setattr(hf_peer, "_exported", lambda path, *a: exported.append(path) or
+                        export(path, *a))
+    prompts = [[5, 17, 3], [9, 8]]
+    [greedy, assisted] = hf_peer.hf_peer_benchmark(
+        workdirs[0], prompts, max_new_tokens=6, repeats=2, draft_workdir=workdirs[1],
+        strategies={"draft K=2": DraftModel(Chain(2))})
+    assert exported == workdirs and assisted.name == "hf draft K=2"
+    assert assisted.generated == greedy.generated and not assisted.skipped
+    monkeypatch.setattr(hf_peer, "_timed", lambda *args: 1.0)  # 4 s over 2 prompts x 2 repeats
+    for budget, skipped in ((3.0, True), (5.0, False)):
+        [peer] = hf_peer.hf_peer_benchmark(workdirs[0], prompts, max_new_tokens=6, repeats=2,
+                                           strategies={}, budget_seconds=budget)
+        assert bool(peer.skipped) == skipped and (peer.tokens_per_second is None) == skipped
 
 
 def test_export_never_clobbers_and_a_missing_tokenizer_is_explained(tmp_path, capsys):

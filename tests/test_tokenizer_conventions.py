@@ -130,6 +130,31 @@ def test_generation_ends_at_any_of_generation_configs_eos_ids(tmp_path):
     assert model.tokenizer.stop_ids == (1, stop)
     for strategy in ("ar", "ngram", "selfspec"):
         assert model.generate(TEXTS[1], strategy=strategy, max_new_tokens=24).tokens == expected
+    streamed = "".join(model.stream(TEXTS[1], strategy="ar", max_new_tokens=24))
+    assert streamed == model.tokenizer.decode(expected)  # the stream ends there too
+
+
+def test_the_generate_cli_takes_a_prompt_sets_first_prompts_with_or_without_specials(tmp_path):
+    """Catches generate.py's --num_prompts ignored with --prompt_set (every prompt of the set
+    decoded) and --noadd_special_tokens ignored (the tokenizer's BOS added anyway): the rows
+    are the set's first two, completed from their ids without the BOS."""
+    from specjax.prompt_sets import load_prompt_set
+
+    model = specjax.import_hf(checkpoint(tmp_path / "hf", bos=True), str(tmp_path / "w"))
+    out = tmp_path / "out.jsonl"
+    result = run_script("infer/generate.py", "--workdir", str(tmp_path / "w"), "--prompt_set",
+                        "chat", "--num_prompts", "2", "--noadd_special_tokens", "--strategy",
+                        "ar", "--max_new_tokens", "6", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    prompts = load_prompt_set("chat", model.tokenizer, 2)  # plain text: no chat template
+    completions = {flag: model.generator.generate(
+        [model.tokenizer.encode(p, add_special_tokens=flag) for p in prompts],
+        max_new_tokens=6, eos_id=model.tokenizer.stop_ids).tokens for flag in (False, True)}
+    assert completions[False] != completions[True]
+    assert [r["prompt"] for r in records] == prompts
+    assert [r["completion"] for r in records] == [model.tokenizer.decode(t)
+                                                  for t in completions[False]]
 
 
 def test_the_workdir_and_its_export_keep_the_conventions(tmp_path):
@@ -154,3 +179,106 @@ def test_the_workdir_and_its_export_keep_the_conventions(tmp_path):
     assert reloaded.tokenizer.stop_ids == (1, 3) and reloaded.tokenizer.prefix == ()
     np.testing.assert_array_equal(reloaded.tokenizer.encode(TEXTS[0], add_special_tokens=True),
                                   original(TEXTS[0])["input_ids"])
+
+
+def tokenizer_folder(folder, *, template: str | None = None, suffix: bool = False,
+                     settings: dict | None = None) -> str:
+    """The tokenizer files of `checkpoint` alone (no model): a BOS before every text, with
+    `suffix` an EOS after it too, a chat template in tokenizer_config.json, `settings` added."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TEXTS * 30, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    around = "<s> $A </s>" if suffix else "<s> $A"
+    bpe.post_processor = processors.TemplateProcessing(
+        single=around, pair=f"{around} $B", special_tokens=[("<s>", 0), ("</s>", 1)])
+    os.makedirs(folder, exist_ok=True)
+    bpe.save(os.path.join(folder, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+              "eos_token": "</s>", **({"chat_template": template} if template else {}),
+              **(settings or {})}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return str(folder)
+
+
+def test_a_suffix_and_a_documents_eos_come_as_transformers_puts_them(tmp_path):
+    """Catches a post-processor's suffix misread (its first id dropped: the probe's slice off
+    by one) and a training document given a second EOS after a suffix that ends with one."""
+    from specjax.tokenizer import load_tokenizer
+
+    folder = tokenizer_folder(tmp_path, suffix=True)
+    ours, theirs = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    assert (ours.prefix, ours.suffix) == ((0,), (1,))
+    for text in TEXTS:
+        ids = theirs(text)["input_ids"]
+        assert ours.encode(text, add_special_tokens=True).tolist() == ids and ids[-1] == 1
+        document = ours.encode(text, add_special_tokens=True, add_eos=True).tolist()
+        assert document == ids  # one EOS, the suffix's
+    assert ours.encode("x", add_eos=True).tolist()[-1] == 1
+
+
+def test_the_chat_template_is_read_where_transformers_reads_it(tmp_path):
+    """Catches tokenizer_config.json's template preferred to chat_template.jinja (transformers
+    reads the file first) and the first of a list of named templates taken instead of
+    "default"."""
+    from specjax.tokenizer import load_tokenizer
+
+    messages = [{"role": "user", "content": "hi"}]
+    both = tokenizer_folder(tmp_path / "both", template="CONFIG{{ messages[0]['content'] }}")
+    with open(os.path.join(both, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write("FILE{{ messages[0]['content'] }}")
+    named = tokenizer_folder(tmp_path / "named", settings={"chat_template": [
+        {"name": "tool_use", "template": "TOOL{{ messages[0]['content'] }}"},
+        {"name": "default", "template": "DEFAULT{{ messages[0]['content'] }}"}]})
+    for folder, expected in ((both, "FILEhi"), (named, "DEFAULThi")):
+        theirs = transformers.AutoTokenizer.from_pretrained(folder)
+        assert theirs.apply_chat_template(messages, tokenize=False) == expected
+        assert render_chat(load_tokenizer(folder), messages,
+                           add_generation_prompt=False) == expected
+
+
+def test_templates_render_whitespace_eos_and_json_as_transformers_does(tmp_path):
+    """Catches a jinja environment unlike transformers': blocks not trimmed (a newline after
+    each tag) or not left-stripped (indentation kept), `eos_token` unset, and a `tojson` that
+    escapes non-ASCII text."""
+    from specjax.tokenizer import load_tokenizer
+
+    template = ("{% for message in messages %}\n"
+                "    {% if message['role'] == 'user' %}\n"
+                "<|im_start|>user {{ message['content'] }}{{ eos_token }}\n"
+                "    {% else %}\n"
+                "{{ message | tojson }}\n"
+                "    {% endif %}\n"
+                "{% endfor %}\n"
+                "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+    folder = tokenizer_folder(tmp_path, template=template)
+    messages = [{"role": "system", "content": "Réponds en français, s'il te plaît — 日本"},
+                {"role": "user", "content": "héllo"}]
+    expected = transformers.AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False)
+    assert "日本" in expected and "</s>" in expected
+    assert render_chat(load_tokenizer(folder), messages) == expected
+
+
+def test_data_and_older_workdirs_keep_their_conventions(tmp_path):
+    """Catches training data given a BOS its tokenizer does not add (a data config naming a
+    BOS-less tokenizer), a workdir's empty prefix turned into its BOS for the data, a workdir
+    written before conventions were recorded losing the BOS its model was trained with, and a
+    token cache shared by two conventions of one tokenizer.json (the fingerprint leaves them
+    out)."""
+    from specjax.tokenizer import UNSET_ID, data_fields, get_tokenizer, load_tokenizer
+
+    folder = checkpoint(tmp_path / "hf", bos=False)
+    bare = load_tokenizer(folder)
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    assert bare.encode(TEXTS[0], add_special_tokens=True).tolist() == reference(
+        TEXTS[0])["input_ids"] and bare.prefix == ()
+    spec = {"kind": "hf", "file": "tokenizer.json", "bos_id": 0, "eos_id": 1}
+    assert data_fields({**spec, "prefix": []}, folder)["bos_id"] == UNSET_ID
+    assert data_fields({**spec, "prefix": [0]}, folder)["bos_id"] == 0
+    legacy = get_tokenizer(spec, folder)  # no "prefix": written before conventions were kept
+    assert legacy.prefix == (0,) and legacy.stop_ids == (1,)
+    assert get_tokenizer({**spec, "prefix": []}, folder).fingerprint() != legacy.fingerprint()

@@ -40,8 +40,9 @@ def mapping_limit() -> int | None:
 class MappingBudget:
     """Counts the mappings each unit of work adds (a strategy's programs: `compiled()` after
     each) and says whether one more, mapping as much as the largest so far, stays within
-    `MARGIN` of the limit (`room_for_another`); after work's programs are released,
-    `released()` counts from what is left. Where /proc does not say, there is always room."""
+    `MARGIN` of the limit (`room_for_another`). A release in between only makes one unit's
+    count negative, which the largest ignores. Where /proc does not say, there is always
+    room."""
 
     def __init__(self) -> None:
         self.last = mappings()
@@ -52,9 +53,6 @@ class MappingBudget:
         if self.last is not None and now is not None:
             self.largest = max(self.largest, now - self.last)
         self.last = now
-
-    def released(self) -> None:
-        self.last = mappings()
 
     def room_for_another(self) -> bool:
         now, limit = mappings(), mapping_limit()

@@ -224,7 +224,6 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
             programs.clear()
             jax.clear_caches()
             gc.collect()
-            budget.released()
             group = []
             for again in kept:
                 compile_programs(again)

@@ -161,7 +161,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         config.model.update(vocab_size=49152, exit_layers=(4,), num_layers=4)
         config.data.update(tokenizer=SMOLLM2)
         config.distill = ml_collections.ConfigDict(dict(teacher_workdir=SMOLLM2))
-        config.train.update(batch_size=8, total_steps=250, warmup_steps=25, eval_every=125,
+        config.train.update(batch_size=8, total_steps=500, warmup_steps=50, eval_every=250,
                             eval_batches=4, save_every=50, log_every=10)
         config.decoding.update(exit_layer=1, num_draft=4)
     if variant == "smoke":

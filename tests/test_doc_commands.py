@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this fil
 
 GUIDES = ["README.md", "docs/guide/training.md", "docs/guide/decoding.md",
           "docs/guide/drafters.md", "docs/guide/calm.md", "docs/guide/ssm.md",
-          "docs/guide/meshes.md", "docs/guide/huggingface.md", "docs/benchmarks.md"]
+          "docs/guide/meshes.md", "docs/guide/huggingface.md", "docs/guide/real-checkpoint.md",
+          "docs/benchmarks.md"]
 RESULTS = [name for name in sorted(os.path.relpath(path, ROOT) for path in
                                    glob.glob(os.path.join(ROOT, "docs", "results", "*.md")))
            if commands(_read(name))]
@@ -70,6 +71,14 @@ NOT_RUN = {
     "gpu1b": "sized for a GPU (1.0B parameters, 2 GB of bf16 weights)",
     "runs/c1500": "the recipe's stand-in after 1,500 steps of continual training on a GPU "
                   "(docs/results/2026-11-26-bring-your-own-model.md)",
+    "runs/smollm2": "the real checkpoint, SmolLM2-135M-Instruct (30 layers of width 576): "
+                    "tests/test_smollm2.py imports its GGUF in CI and checks it against "
+                    "transformers; its drafters train for up to an hour each on 2 cores "
+                    "(docs/results/2026-11-27-smollm2.md)",
+    "tiny_code.py:smollm2": "LayerSkip continual training of SmolLM2 and a draft model "
+                            "distilled from it, up to an hour each on 2 cores "
+                            "(docs/results/2026-11-27-smollm2.md); test_recipe.py runs "
+                            "continual training and test_distill.py distillation at smoke size",
     "runs/sb512": "a second stand-in trained for 33 minutes and continued for 15 on 2 cores "
                   "(docs/results/2026-11-27-cpu-stand-in.md); test_recipe.py runs the same "
                   "commands at smoke size",

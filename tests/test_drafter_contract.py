@@ -102,7 +102,7 @@ def test_every_registered_strategy_has_the_optional_hooks(name):
     strategy = make_strategy(name, DecodingConfig(skip_layers="1"))
     assert isinstance(strategy, DrafterBase) and strategy.name == name
     assert isinstance(strategy.needs_weights, bool) and isinstance(strategy.verify_from, int)
-    assert strategy.hf_options() is None or name in {"selfspec", "ngram"}
+    assert strategy.hf_options() is None or name in {"selfspec", "ngram", "draft"}
 
 
 @pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 2, 1)),

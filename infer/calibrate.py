@@ -44,6 +44,7 @@ from specjax.decoding.registry import make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import load_model
+from specjax.outputs import check_writable
 from specjax.prompt_sets import PROMPT_SETS, encode_prompts, load_prompt_set
 from specjax.timing import progress_bar
 from specjax.tokenizer import get_tokenizer
@@ -110,6 +111,9 @@ def run() -> dict:
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
     if FLAGS.strategy != "calm":
         refuse_flags(("consistency", "draft_workdir"), "--strategy calm")
+    if FLAGS.write:
+        check_writable(FLAGS.workdir, f"the calibrated defaults into --workdir {FLAGS.workdir} "
+                       "(--nowrite only reports them)")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"
@@ -123,8 +127,9 @@ def run() -> dict:
     if FLAGS.strategy == "selfspec":  # eta stops a chain: a stored default tree is not used
         options = dataclasses.replace(options, tree="")
     generator = loaded.generator()
-    prompts, references = _prompts(loaded.meta, tokenizer, generator)
     strategy = make_strategy(FLAGS.strategy, options)
+    generator.with_weights(strategy, None)  # a classifier it lacks: refused before the prompts
+    prompts, references = _prompts(loaded.meta, tokenizer, generator)
     print(f"calibrating {strategy.label()} on {len(prompts)} prompts (delta {FLAGS.delta:g}, "
           f"epsilon {FLAGS.epsilon:g}) ...", flush=True)
     sweep = (_calm(generator, strategy, grid, prompts, references)

@@ -31,7 +31,7 @@ from specjax.decoding.registry import make_strategy
 from specjax.io.calibrated_defaults import read_calibrated
 from specjax.loading import load_model
 from specjax.outputs import staged
-from specjax.plots import calm_curve
+from specjax.plots import calm_curve, image_format
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import heldout_continuations, measure_quality
@@ -44,7 +44,8 @@ flags.DEFINE_integer("num_prompts", 8, "Held-out prompts (one per document, as i
 flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated (and reference tokens scored).")
 flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
-flags.DEFINE_string("plot", None, "Write the quality-versus-speed curve here (PNG).")
+flags.DEFINE_string("plot", None, "Write the quality-versus-speed curve here (PNG, or the "
+                    "format its extension names: .svg, .pdf...).")
 flags.DEFINE_string("output_json", None, "Also write the results here.")
 define_decoding_flags(strategies=("calm",))
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
@@ -60,12 +61,14 @@ def main(argv):
 
 
 def run_with_plot(path: str | None) -> list[dict]:
-    """`run`, its curve written to `path` whole or not at all (a bad path fails first)."""
+    """`run`, its curve written to `path` whole or not at all (a bad path or image format fails
+    first)."""
+    plot_format = image_format(path) if path else "png"
     with staged(path) as partial:
-        return run(partial)
+        return run(partial, plot_format)
 
 
-def run(plot: str | None) -> list[dict]:
+def run(plot: str | None, plot_format: str = "png") -> list[dict]:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "repeats")
     try:
         thresholds = [float(t) for t in FLAGS.thresholds]
@@ -79,9 +82,10 @@ def run(plot: str | None) -> list[dict]:
         raise ValueError("--calm_threshold: the bench sweeps --thresholds instead; drop it")
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, ["calm"])
     calm = make_strategy("calm", options)
+    generator = loaded.generator()
+    generator.with_weights(calm, None)  # a classifier it lacks: refused before the prompts
     prompts, references = heldout_continuations(loaded.meta, tokenizer, FLAGS.num_prompts,
                                                 FLAGS.prompt_len, FLAGS.max_new_tokens)
-    generator = loaded.generator()
     print("measuring quality ...", file=sys.stderr, flush=True)
     qualities = measure_quality(generator, calm, thresholds, prompts, references)
     strategies = {"ar": AUTOREGRESSIVE,
@@ -102,7 +106,7 @@ def run(plot: str | None) -> list[dict]:
     if plot:
         calm_curve(rows, loaded.cfg.num_layers, calm.early_exit.label(),
                    read_calibrated(FLAGS.workdir).get("decoding", {}).get("calm_threshold")
-                   ).savefig(plot, dpi=120, format="png")
+                   ).savefig(plot, dpi=120, format=plot_format)
         print(f"wrote {FLAGS.plot}")
     return rows
 

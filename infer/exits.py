@@ -26,9 +26,11 @@ from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
 flags.DEFINE_string("texts_file", None, "Held-out text: a .jsonl file, one {\"text\": ...} per "
-                    "line, a .parquet file (column text), or any other file as one plain-text "
-                    "document (default: the validation documents of the workdir's data, else "
-                    "of the embedded corpus).")
+                    "line, a .parquet file (column text; see --text_field), or any other file as "
+                    "one plain-text document (default: the validation documents of the "
+                    "workdir's data, else of the embedded corpus).")
+flags.DEFINE_string("text_field", "text", "The field (.jsonl) or column (.parquet) of "
+                    "--texts_file holding the text.")
 flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
 flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are predicted.")
 flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
@@ -36,7 +38,8 @@ flags.DEFINE_integer("batch_size", 4, "Windows evaluated together.")
 flags.DEFINE_integer("context", 256, "Cached tokens behind the timed layers.")
 flags.DEFINE_integer("repeats", 7, "Timed repeats per layer cost (median is used).")
 flags.DEFINE_string("output_json", None, "Also write one record per exit here (JSON list).")
-flags.DEFINE_string("plot", None, "Also write agreement and predicted speed-up by exit here (PNG).")
+flags.DEFINE_string("plot", None, "Also write agreement and predicted speed-up by exit here "
+                    "(PNG, or the format its extension names: .svg, .pdf...).")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -53,8 +56,12 @@ def run() -> None:
     num_drafts = whole_numbers_flag("num_drafts", 1)
     check_destinations({"--output_json": FLAGS.output_json, "--plot": FLAGS.plot},
                        {"--workdir": FLAGS.workdir, "--texts_file": FLAGS.texts_file})
+    if FLAGS.plot:
+        from specjax import plots  # matplotlib only when a plot is asked for
+
+        plot_format = plots.image_format(FLAGS.plot)
     with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
-        texts = read_texts_file(FLAGS.texts_file) if FLAGS.texts_file else None
+        texts = read_texts_file(FLAGS.texts_file, FLAGS.text_field) if FLAGS.texts_file else None
         loaded = load_model(FLAGS.workdir)
         tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
         report = model_exit_report(
@@ -66,18 +73,17 @@ def run() -> None:
             with open(json_path, "w", encoding="utf-8") as f:
                 json.dump(report.to_records(), f, indent=1)
         if plot_path:
-            from specjax import plots  # matplotlib only when a plot is asked for
-
-            plots.exit_report(report).savefig(plot_path, format="png", dpi=120)
+            plots.exit_report(report).savefig(plot_path, format=plot_format, dpi=120)
     for path in (FLAGS.output_json, FLAGS.plot):
         if path:
             print(f"wrote {path}")
 
 
-def read_texts_file(path: str) -> list[str]:
-    """The documents of a data file (.jsonl/.json rows with "text", .parquet, or plain text:
-    `specjax.data`'s readers, with their one-line errors)."""
-    return [text for _, text in iter_documents(DataConfig(source="files", files=(path,)))]
+def read_texts_file(path: str, field: str) -> list[str]:
+    """The documents of a data file (.jsonl/.json rows with `field`, .parquet, or plain text:
+    `specjax.data`'s readers, with their one-line errors naming --text_field)."""
+    data = DataConfig(source="files", files=(path,), text_field=field)
+    return [text for _, text in iter_documents(data, "--text_field")]
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -30,7 +29,7 @@ from specjax.cli.decoding import (
     resolve_auto_tree,
     workdir_heldout_prompts,
 )
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, load_config_file, require_kind
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -133,6 +132,9 @@ class LanguageModel:
         as given (options then have nothing to apply to)."""
         if isinstance(strategy, str):
             return self.strategy(strategy, sampling, encoded, **options)
+        if not hasattr(strategy, "with_weights"):  # a Protocol: no isinstance
+            raise ValueError("strategy must be a name from strategies() or a Drafter, not "
+                             f"{type(strategy).__name__}")
         if options:
             raise ValueError(f"options {sorted(options)} apply to a strategy name, not to a "
                              "Drafter (build it with them instead)")
@@ -179,6 +181,8 @@ class LanguageModel:
         the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...,
         tree="auto") overriding them, or a `Drafter`.
         """
+        _require_counts(max_new_tokens=max_new_tokens)
+        require_kind("seed", seed, int)
         inputs, single = _prompt_inputs(prompts, messages)
         encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
         sampling = sampling_or_greedy(temperature, top_k, top_p)
@@ -205,6 +209,8 @@ class LanguageModel:
         bytes straddle two rounds waits for its last byte."""
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError(f"stream takes one prompt string, not {type(prompt).__name__}")
+        _require_counts(max_new_tokens=max_new_tokens)
+        require_kind("seed", seed, int)
         inputs, single = _prompt_inputs(prompt, messages)
         if not single:
             raise ValueError("stream takes one conversation, not a list of them")
@@ -230,10 +236,13 @@ class LanguageModel:
         windows of `prompt_len` tokens. One dict per setting, `ar` first: name,
         tokens_per_second, speedup over ar, tau, acceptance_rate, compile_seconds,
         identical_to_ar (greedy; None when sampling)."""
+        _check_settings(settings)
+        _require_counts(max_new_tokens=max_new_tokens, repeats=repeats, num_prompts=num_prompts,
+                        prompt_len=prompt_len, seeds=seeds)
         sampling = sampling_or_greedy(temperature, top_k, top_p)
         if prompts and prompt_set:
             raise ValueError("give prompts or a prompt_set, not both")
-        encoded = (encode_prompts(self.tokenizer, prompts) if prompts else
+        encoded = (encode_prompts(self.tokenizer, _prompt_inputs(prompts, None)[0]) if prompts else
                    encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
                                                                   num_prompts))
                    if prompt_set else
@@ -263,8 +272,44 @@ class LanguageModel:
         measures). `texts`: held-out documents (default: the validation documents of the
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
         num_drafts=, costs=...). The same report as `infer/exits.py`."""
+        if isinstance(texts, str):
+            raise ValueError("texts must be a list of documents, not one string")
+        _require_counts(**{name: options[name] for name in _EXIT_REPORT_COUNTS
+                           if options.get(name) is not None})
         return model_exit_report(self._loaded.params, self.config, self.tokenizer,
                                  self.meta, texts, **options)
+
+
+_EXIT_REPORT_COUNTS = ("seq_len", "max_tokens", "batch_size", "context", "repeats")
+
+
+def _require_counts(**counts: Any) -> None:
+    """A one-line error for the first keyword that is not an int >= 1 (`max_new_tokens="8"`;
+    the command line's integer flags refuse the same)."""
+    for name, value in counts.items():
+        require_kind(name, value, int)
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+
+
+def _check_settings(settings: Any) -> None:
+    """`benchmark`'s settings must map labels to option dicts; a one-line error naming what
+    is not one."""
+    if not isinstance(settings, Mapping):
+        got = type(settings).__name__
+    else:
+        got = next((f"{type(options).__name__} for {label!r}"
+                    for label, options in settings.items() if not isinstance(options, Mapping)),
+                   None)
+    if got:
+        raise ValueError("settings must map labels to option dicts, e.g. {'K=4': "
+                         f"{{'num_draft': 4}}}}; got {got}")
+
+
+def _require_path(name: str, value: Any) -> None:
+    """A one-line error when a path argument is not a path (`train(None, ...)`)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a path (a string), not {type(value).__name__}")
 
 
 def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput], bool]:
@@ -294,6 +339,9 @@ def load(workdir: str, step: int | None = None,
     """The model of a training or import workdir: its latest checkpoint (or `step`), falling
     back to the newest readable one; `draft_workdir`, one or several workdirs of drafters for
     it: a model (strategy "draft") or heads trained on it ("kangaroo", "specdec")."""
+    _require_path("workdir", workdir)
+    if step is not None:
+        require_kind("step", step, int)
     return LanguageModel(load_model(workdir, step, draft_workdir))
 
 
@@ -314,6 +362,9 @@ def import_hf(hf_dir: str | None = None, workdir: str | None = None, *, gguf: st
 
     if (hf_dir is None) == (gguf is None) or workdir is None:
         raise ValueError("import_hf takes a Hugging Face folder or gguf=FILE, and a workdir")
+    for name, path in (("hf_dir", hf_dir), ("gguf", gguf), ("workdir", workdir)):
+        if path is not None:
+            _require_path(name, path)
     import_checkpoint(gguf or hf_dir, workdir, dtype=dtype, tokenizer=tokenizer)
     return load(workdir)
 
@@ -326,6 +377,10 @@ def train(config: str | Mapping[str, Any], workdir: str,
     ({"train.total_steps": 50}), which must exist in the config, as on the command line."""
     from specjax.training.trainer import train_and_evaluate  # training stays out of `load`
 
+    _require_path("workdir", workdir)
+    if not isinstance(overrides, (Mapping, type(None))):
+        raise ValueError("overrides must be a dict of dotted fields ({'train.total_steps': 50}), "
+                         f"not {type(overrides).__name__}")
     sections = read_config(config)
     for field, value in (overrides or {}).items():
         *path, leaf = field.split(".")
@@ -348,15 +403,14 @@ def train(config: str | Mapping[str, Any], workdir: str,
 def read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
     """A config's sections as a fresh dict: a config file's `get_config(variant)`
     ("configs/tiny_code.py:smoke", as `train/train.py` takes it) or a copy of a dict."""
-    if not isinstance(config, str):
-        return copy.deepcopy(dict(config))
-    path, _, variant = config.partition(":")
-    if not os.path.isfile(path):
-        raise ValueError(f"config file {path!r} not found")
-    spec = importlib.util.spec_from_file_location("specjax_user_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return (module.get_config(variant) if variant else module.get_config()).to_dict()
+    if isinstance(config, str):
+        config = load_config_file(config)
+    if hasattr(config, "to_dict"):  # an ml_collections.ConfigDict
+        return config.to_dict()
+    if not isinstance(config, Mapping):
+        raise ValueError("config must be a config file ('configs/tiny_code.py:smoke') or a dict "
+                         f"of sections, not {type(config).__name__}")
+    return copy.deepcopy(dict(config))
 
 
 def strategies() -> list[str]:

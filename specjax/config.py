@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.machinery
+import importlib.util
+import numbers
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -227,6 +231,79 @@ def dataclass_from_mapping(cls: type, values: Mapping[str, Any], section: str) -
                                                                      if hints else "")
                          + f"; known fields: {sorted(known)}")
     return cls(**values)
+
+
+SETTING_KINDS = {int: "an int", float: "a number", str: "a string"}
+
+
+def kind_phrase(kind: type) -> str:
+    """How messages name a setting's type (`SETTING_KINDS`): "an int", "a number"..."""
+    return SETTING_KINDS[kind]
+
+
+def kind_problem(value: Any, kind: type) -> str | None:
+    """"must be an int" (or "a number", "a string") when `value` is not of the setting type
+    `kind`, else None: an int is a number too, a bool is neither, and 2.7 is no int (truncated,
+    it would be another setting than the one asked for)."""
+    accepted = {int: numbers.Integral, float: numbers.Real}.get(kind, kind)
+    if isinstance(value, bool) or not isinstance(value, accepted):
+        return f"must be {kind_phrase(kind)}"
+    return None
+
+
+def check_number_fields(settings: Any, section: str) -> None:
+    """A one-line error ("train.total_steps=25.5 must be an int") for the first int or float
+    field of the dataclass `settings` holding a value of another type: a dict or an API
+    override reaches a config unparsed, where a command-line flag is parsed by its type."""
+    for field in dataclasses.fields(settings):
+        if type(field.default) in (int, float):
+            require_kind(f"{section}.{field.name}", getattr(settings, field.name),
+                         type(field.default))
+
+
+def require_kind(name: str, value: Any, kind: type) -> None:
+    """A one-line error ("seed='s' must be an int") when `value` is not of the setting type
+    `kind` (`kind_problem`)."""
+    problem = kind_problem(value, kind)
+    if problem:
+        raise ValueError(f"{name}={value!r} {problem}")
+
+
+def load_config_file(spec: str, name: str = "config file") -> Any:
+    """`get_config(variant)` of the config file `spec` ("configs/tiny_code.py:smoke", as
+    `train/train.py` takes it): a ConfigDict or a mapping of sections. A one-line error
+    naming `name` and the file for a missing file, one that is not Python or fails to run, one
+    without get_config() and one whose get_config() returns no config."""
+    path, _, variant = spec.partition(":")
+    where = f"{name} {path}"
+    if not os.path.isfile(path):
+        raise ValueError(f"{where}: no such file")
+    loader = importlib.machinery.SourceFileLoader("specjax_user_config", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    try:
+        loader.exec_module(module)
+    except SyntaxError as error:
+        raise ValueError(f"{where}: not a Python config file ({error.msg} at line "
+                         f"{error.lineno})") from None
+    except Exception as error:  # whatever the file's code raises
+        raise ValueError(f"{where}: running it raised {_first_line(error)}") from None
+    if not callable(getattr(module, "get_config", None)):
+        raise ValueError(f"{where}: defines no get_config() returning the config")
+    call = f"get_config({variant!r})" if variant else "get_config()"
+    try:
+        config = module.get_config(variant) if variant else module.get_config()
+    except Exception as error:  # an unknown variant, or the function's own bug
+        raise ValueError(f"{where}: {call} raised {_first_line(error)}") from None
+    if not isinstance(config, Mapping) and not hasattr(config, "to_dict"):
+        raise ValueError(f"{where}: {call} returned {type(config).__name__}, not a config (an "
+                         "ml_collections.ConfigDict or a dict of sections)")
+    return config
+
+
+def _first_line(error: Exception) -> str:
+    """An exception as "Type: its message's first line"."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _require(ok: bool, field: str, value: Any, why: str) -> None:

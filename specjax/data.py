@@ -31,8 +31,9 @@ from typing import Any
 
 import datasets
 import numpy as np
+from absl import logging
 
-from specjax.config import dataclass_from_mapping
+from specjax.config import check_number_fields, dataclass_from_mapping
 from specjax.token_cache import token_streams
 from specjax.tokenizer import UNSET_ID, Tokenizer, load_tokenizer
 
@@ -67,8 +68,14 @@ class DataConfig:
     cache_dir: str = ""
 
     def __post_init__(self) -> None:
+        check_number_fields(self, "data")
         if self.source not in SOURCES:
             raise ValueError(f"data.source={self.source!r} must be one of {list(SOURCES)}")
+        for field, source in (("files", "files"), ("hub_name", "hub")):
+            if getattr(self, field) and self.source != source:
+                raise ValueError(f"data.{field} is read only with data.source={source!r} (it is "
+                                 f"{self.source!r}): set data.source={source!r} too, or drop "
+                                 f"data.{field}")
         if self.source == "files" and not self.files:
             raise ValueError("data.files must list at least one file when data.source='files'")
         if self.source == "hub" and not self.hub_name:
@@ -83,7 +90,7 @@ class DataConfig:
             raise ValueError(f"data.tokenizer={self.tokenizer!r} must be 'bytes' or the path of "
                              "a tokenizer.json")
         for name in ("bos_id", "eos_id"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < UNSET_ID:
+            if getattr(self, name) < UNSET_ID:
                 raise ValueError(f"data.{name}={getattr(self, name)!r} must be an id >= 0, or "
                                  f"{UNSET_ID} for the one found beside the tokenizer")
 
@@ -122,8 +129,25 @@ def _stdlib_paths() -> list[tuple[str, str]]:
 
 
 def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+    with open(path, "rb") as f:
+        text, whole = _utf8(f.read())
+    if not whole:
+        _warn_not_utf8(path)
+    return text
+
+
+def _utf8(data: bytes) -> tuple[str, bool]:
+    """`data` as text, bytes that are not UTF-8 replaced (U+FFFD), and whether all were."""
+    try:
+        return data.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace"), False
+
+
+def _warn_not_utf8(where: str) -> None:
+    """Says that text was changed as it was read (the model would learn U+FFFD silently)."""
+    logging.warning("%s is not UTF-8 text: its undecodable bytes are read as U+FFFD, the "
+                    "replacement character (reported once per file)", where)
 
 
 def data_files(cfg: DataConfig) -> list[str]:
@@ -151,19 +175,24 @@ def data_files(cfg: DataConfig) -> list[str]:
     return found
 
 
-def _file_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+def _file_documents(cfg: DataConfig, setting: str) -> Iterator[tuple[str, str]]:
     for path in data_files(cfg):
         if path.endswith((".jsonl", ".json")):
-            yield from _jsonl_documents(path, cfg.text_field)
+            yield from _jsonl_documents(path, cfg.text_field, setting)
         elif path.endswith(".parquet"):
-            yield from _parquet_documents(path, cfg.text_field)
+            yield from _parquet_documents(path, cfg.text_field, setting)
         else:
             yield path, _read_text(path)
 
 
-def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
+def _jsonl_documents(path: str, field: str, setting: str) -> Iterator[tuple[str, str]]:
+    warned = False
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line, whole = _utf8(raw)
+            if not whole and not warned:
+                _warn_not_utf8(f"{path}, line {number}")
+                warned = True
             if not line.strip():
                 continue
             try:
@@ -173,11 +202,11 @@ def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
             if not isinstance(row, dict) or field not in row:
                 fields = sorted(row) if isinstance(row, dict) else type(row).__name__
                 raise ValueError(f"{path}, line {number}: no field {field!r} (fields: {fields}; "
-                                 "set data.text_field)")
+                                 f"set {setting})")
             yield f"{path}:{number - 1}", str(row[field])
 
 
-def _parquet_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
+def _parquet_documents(path: str, field: str, setting: str) -> Iterator[tuple[str, str]]:
     import pyarrow.parquet as pq  # a dependency of `datasets`
 
     try:
@@ -186,7 +215,7 @@ def _parquet_documents(path: str, field: str) -> Iterator[tuple[str, str]]:
         raise ValueError(f"{path} is not a readable Parquet file ({error})") from None
     if field not in table.schema_arrow.names:
         raise ValueError(f"{path}: no column {field!r} (columns: {table.schema_arrow.names}; "
-                         "set data.text_field)")
+                         f"set {setting})")
     row = 0
     for batch in table.iter_batches(columns=[field], batch_size=1024):
         for text in batch.column(0).to_pylist():
@@ -204,13 +233,15 @@ def _hub_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
         yield f"{cfg.hub_name}:{index}", str(row[cfg.text_field])
 
 
-def iter_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+def iter_documents(cfg: DataConfig, setting: str = "data.text_field"
+                   ) -> Iterator[tuple[str, str]]:
     """(key, text) of every document of the configured source in its fixed order (the first
-    `max_documents`, if set), read lazily."""
+    `max_documents`, if set), read lazily. `setting`: how errors name the text field's setting
+    (a command's own flag, where it has one instead of a config)."""
     if cfg.source == "stdlib":
         documents = ((key, _read_text(path)) for key, path in _stdlib_paths())
     elif cfg.source == "files":
-        documents = _file_documents(cfg)
+        documents = _file_documents(cfg, setting)
     else:
         documents = _hub_documents(cfg)
     count = 0

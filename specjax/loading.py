@@ -148,7 +148,7 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     meta = _read_meta(workdir, step)
     if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step, mesh=mesh)
-        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir),
+        return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir, cfg),
                            own_drafters(params, cfg), mesh)
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
@@ -163,8 +163,8 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     base.check_unchanged(recorded, workdir)
     meta, weights = _load_head(workdir, step, meta, mesh)
     base_note = unfinished_training(recorded["workdir"], base.meta)  # a head on a partial base
-    return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir), weights,
-                       mesh, unfinished=(base_note,) if base_note else ())
+    return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir, base.cfg),
+                       weights, mesh, unfinished=(base_note,) if base_note else ())
 
 
 def own_drafters(params: Params, cfg: ModelConfig) -> dict[str, DraftWeights]:

@@ -1,6 +1,7 @@
 """Outputs written whole or not at all: a temporary file (or folder) beside the target, created
-before any work (a bad path fails at once) and renamed onto it when complete, with the
-permissions the user's umask gives a new file (the temporary's own 0600/0700 never stay)."""
+before any work (a bad path fails at once) and renamed onto it when complete, with the mode of
+the file it replaces or the permissions the user's umask gives a new one (the temporary's own
+0600/0700 never stay); a target that is a symbolic link keeps pointing at the new output."""
 
 from __future__ import annotations
 
@@ -53,29 +54,40 @@ def check_destinations(outputs: Mapping[str, str | None],
                                  f"{source}, which this run reads: write it elsewhere")
 
 
+def check_writable(folder: str, what: str) -> None:
+    """A one-line error, before any work, when `folder` (or, while it is still to be made, its
+    nearest existing parent) cannot take a new file: a file in the way, a read-only place.
+    `what` names the output for the message ("--workdir runs/x")."""
+    existing = os.path.abspath(folder)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    os.unlink(_temporary_in(existing, ".check", what))
+
+
 @contextlib.contextmanager
 def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str | None]:
     """A temporary file beside `path`, created before any work (a bad path fails at once) and
     renamed onto `path` when the block completes; on failure it is removed and an existing
-    `path` is left as it was. None for no path. `keep_interrupted`: a block stopped by Ctrl-C
-    keeps what it wrote as `path` + ".partial" (or ".partial.2"... beside an earlier one: rows
-    streamed as they finish, so nothing done is lost, and nothing incomplete takes the
-    output's name)."""
+    `path` is left as it was. None for no path. A `path` that is a symbolic link stays one:
+    the file it points to is replaced; a replaced file keeps its mode. `keep_interrupted`: a
+    block stopped by Ctrl-C keeps what it wrote as `path` + ".partial" (or ".partial.2"...
+    beside an earlier one: rows streamed as they finish, so nothing done is lost, and nothing
+    incomplete takes the output's name)."""
     if path is None:
         yield None
         return
     if os.path.isdir(path):
         raise ValueError(f"cannot write {path}: is a directory")
-    directory, name = os.path.split(os.path.abspath(path))
-    try:
-        handle, partial = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".partial")
-    except OSError as error:
-        raise ValueError(f"cannot write {path}: {error.strerror}") from None
-    os.close(handle)
-    _normal_permissions(partial)
+    target = os.path.realpath(path)
+    directory, name = os.path.split(target)
+    partial = _temporary_in(directory, f".{name}.", path)
+    if os.path.exists(target):
+        os.chmod(partial, os.stat(target).st_mode & 0o7777)
+    else:
+        _normal_permissions(partial)
     try:
         yield partial
-        os.replace(partial, path)
+        os.replace(partial, target)
     except KeyboardInterrupt:
         if keep_interrupted and os.path.getsize(partial):
             kept = _free_name(path + ".partial")
@@ -90,9 +102,9 @@ def staged(path: str | None, *, keep_interrupted: bool = False) -> Iterator[str 
 @contextlib.contextmanager
 def staged_dir(path: str) -> Iterator[str]:
     """A new folder beside `path` for the block to fill, renamed onto `path` when it completes
-    (an existing `path` is replaced whole: never a mix of old and new files); on failure it is
-    removed and `path` is left as it was."""
-    full = os.path.abspath(path)
+    (an existing `path` is replaced whole: never a mix of old and new files; a symbolic link
+    keeps pointing at it); on failure it is removed and `path` is left as it was."""
+    full = os.path.realpath(path)
     if full == os.getcwd() or os.getcwd().startswith(full + os.sep):
         raise ValueError(f"cannot replace {path}: it holds the current directory")
     parent = os.path.dirname(full)
@@ -142,6 +154,17 @@ def write_json_cache(path: str, entries: dict) -> None:
             json.dump(entries, f, indent=1, sort_keys=True)
     except (OSError, ValueError) as error:
         logging.warning("could not save %s: %s", path, error)
+
+
+def _temporary_in(directory: str, prefix: str, what: str) -> str:
+    """A new empty file in `directory` (a ".partial" suffix); a one-line error naming `what`
+    when it cannot be made there."""
+    try:
+        handle, partial = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".partial")
+    except OSError as error:
+        raise ValueError(f"cannot write {what}: {error.strerror}") from None
+    os.close(handle)
+    return partial
 
 
 def _free_name(path: str) -> str:

@@ -9,6 +9,7 @@ pyplot state): a notebook displays it, `figure.savefig(path)` renders it with Ag
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
     from specjax.tools.exit_report import DraftExitReport
 
 DRAFT_COLOURS = ("#c7e9c0", "#a1d99b", "#74c476", "#41ab5d", "#238b45", "#006d2c")
+
+
+def image_format(path: str, flag: str = "--plot") -> str:
+    """The image format `path`'s extension names ("png" without one), for `savefig`'s
+    `format=` (an output is written under a temporary name whose extension says nothing); a
+    one-line error naming `flag` for one matplotlib cannot write, before any work."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    extension = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if extension not in supported:
+        raise ValueError(f"{flag} {path}: matplotlib writes no .{extension} images; use one of "
+                         f"{', '.join('.' + name for name in sorted(supported))}")
+    return extension
 
 
 def _figure(width: float = 10, height: float = 4) -> Figure:

@@ -93,13 +93,7 @@ class HFTokenizer:
                               () if eos_id is None else (eos_id,))
         self.chat_template = chat_template
         self.vocab_size = self._tokenizer.get_vocab_size()
-        named = {"bos_id": [bos_id], "eos_id": [eos_id], "prefix": self.prefix,
-                 "suffix": self.suffix, "stop_ids": self.stop_ids}
-        for name, values in named.items():
-            bad = [v for v in values if v is not None and not 0 <= v < self.vocab_size]
-            if bad:
-                raise ValueError(f"{name}={bad[0]} is not an id of the tokenizer in {path} "
-                                 f"({self.vocab_size} ids)")
+        _check_special_ids(self, self.vocab_size, f"the tokenizer in {path}")
 
     def encode(self, text: str, *, add_special_tokens: bool = False,
                add_eos: bool = False) -> np.ndarray:
@@ -179,6 +173,21 @@ class TokenizerSource:
     suffix: list[int]
     chat_template: str | None
 
+    def check(self, vocab_size: int, source: str) -> None:
+        """A one-line error naming `source`, before anything is written, for a tokenizer the
+        model cannot use: one without tokens, one whose ids run past the model's `vocab_size`
+        (another model's tokenizer.json) or special ids that are not among its own (an import
+        would succeed and fail at the first prompt)."""
+        from tokenizers import Tokenizer
+
+        span = max(Tokenizer.from_str(self.json).get_vocab().values(), default=-1) + 1
+        if span == 0:
+            raise ValueError(f"{source}: its tokenizer has no tokens")
+        if span > vocab_size:
+            raise ValueError(f"{source}: its tokenizer's ids run to {span - 1}, past the model's "
+                             f"vocabulary of {vocab_size} (a tokenizer of another model?)")
+        _check_special_ids(self, span, f"the tokenizer of {source}")
+
     def save(self, folder: str) -> HFTokenizer:
         """Writes the tokenizer's files into `folder` (`HFTokenizer.save_files`); the tokenizer
         they hold."""
@@ -190,6 +199,17 @@ class TokenizerSource:
                                 chat_template=self.chat_template)
         tokenizer.save_files(folder)
         return tokenizer
+
+
+def _check_special_ids(tokenizer: HFTokenizer | TokenizerSource, size: int, where: str) -> None:
+    """A one-line error for the first BOS, EOS, prefix, suffix or stop id outside [0, size)."""
+    named = {"bos_id": [tokenizer.bos_id], "eos_id": [tokenizer.eos_id],
+             "prefix": tokenizer.prefix, "suffix": tokenizer.suffix,
+             "stop_ids": tokenizer.stop_ids}
+    for name, values in named.items():
+        bad = [v for v in values if v is not None and not 0 <= v < size]
+        if bad:
+            raise ValueError(f"{name}={bad[0]} is not an id of {where} ({size} ids)")
 
 
 def tokenizer_file(path: str) -> str:

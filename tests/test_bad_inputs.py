@@ -5,6 +5,8 @@ import dataclasses
 import json
 import os
 import re
+import shutil
+import subprocess
 
 import jax
 import pytest
@@ -13,11 +15,13 @@ import specjax
 from specjax.config import ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.convert.hf_config import ConversionError
+from specjax.data import DataConfig, iter_documents
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer
 from specjax.loading import load_model
 from specjax.model import init_params
+from specjax.outputs import staged, staged_dir
 from specjax.training.trainer import Trainer
 from tests.conftest import TINY_MODEL, run_script, tiny_run
 
@@ -304,3 +308,275 @@ def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):
     result = run_script("infer/convert.py", "--hf_dir", hf_dir, "--workdir", hf_dir)
     assert result.returncode == 1 and "is --hf_dir" in result.stderr
     assert sorted(os.listdir(hf_dir)) == before
+
+
+@pytest.fixture
+def make_read_only():
+    """Makes a folder unwritable: its mode where that binds (not for root), else the immutable
+    attribute (the test is skipped where neither can be set); undone after the test."""
+    made = []
+
+    def make(folder):
+        made.append(folder)
+        folder.chmod(0o555)
+        if os.access(folder, os.W_OK) and subprocess.run(
+                ["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a folder read-only here")
+        return folder
+
+    yield make
+    for folder in made:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+def test_a_workdir_that_cannot_be_made_is_one_line(tmp_path, make_read_only):
+    """Catches `train.py --workdir` under an unwritable folder (or a file) ending in a
+    traceback from os.makedirs, after the corpus was read."""
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "read-only").mkdir()
+    read_only = make_read_only(tmp_path / "read-only")
+    for workdir, why in ((tmp_path / "notes.txt" / "run", "Not a directory"),
+                         (read_only / "run", "")):
+        result = run_script("train/train.py", "--config=configs/tiny_code.py:smoke",
+                            f"--workdir={workdir}")
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+        assert result.stderr.startswith(f"error: cannot write --workdir {workdir}: {why}")
+
+
+@pytest.mark.parametrize("script, flag, error", [
+    ("train/memory_check.py", "--steps=0", "--steps=0 must be >= 1"),
+    ("train/step_bench.py", "--steps=0", "--steps=0 must be >= 1"),
+    ("train/step_bench.py", "--peak_tflops=-3", "--peak_tflops=-3 must be > 0"),
+], ids=["memory-check-no-steps", "step-bench-no-steps", "step-bench-negative-peak"])
+def test_step_counts_and_peaks_are_checked_before_compiling(script, flag, error):
+    """Catches `memory_check.py --steps 0` ending in a ZeroDivisionError traceback, `step_bench
+    --steps 0` failing on an empty median after compiling both programs (17 s), and
+    `--peak_tflops -3` printing a negative utilisation."""
+    result = run_script(script, "--config=configs/tiny_code.py:smoke", flag)
+    assert result.returncode == 1 and result.stderr.strip() == f"error: {error}", \
+        result.stderr[-2000:]
+
+
+def test_a_fractional_step_count_is_refused_before_training(tmp_path):
+    """Catches `specjax.train(..., overrides={"train.total_steps": 25.5})` training and logging
+    26 steps, never saving (no step equals 25.5), then raising: the work lost."""
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError, match=r"^train\.total_steps=25\.5 must be an int$"):
+        specjax.train(tiny_run(), str(workdir), overrides={"train.total_steps": 25.5})
+    assert not (workdir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda m: m.generate("x", max_new_tokens="8"), "max_new_tokens='8' must be an int"),
+    (lambda m: m.generate("x", seed="s"), "seed='s' must be an int"),
+    (lambda m: m.generate("x", temperature="hot"), "temperature='hot' must be a number"),
+    (lambda m: m.generate("x", temperature=1, top_k=1.5), "top_k=1.5 must be an int"),
+    (lambda m: list(m.stream("x", max_new_tokens=2.0)), "max_new_tokens=2.0 must be an int"),
+    (lambda m: m.generate("x", exit_layer=2.7), "exit_layer=2.7: expected an int"),
+    (lambda m: m.generate("x", num_draft=2.5), "num_draft=2.5: expected an int"),
+    (lambda m: m.benchmark(["x"]), "settings must map labels to option dicts, e.g. "
+                                   "{'K=4': {'num_draft': 4}}; got list"),
+    (lambda m: m.benchmark({"K=4": 4}), "settings must map .*; got int for 'K=4'"),
+    (lambda m: m.benchmark({}, repeats="3"), "repeats='3' must be an int"),
+    (lambda m: specjax.train(None, "w"), "config must be a config file .* not NoneType"),
+    (lambda m: specjax.train({}, None), "workdir must be a path .* not NoneType"),
+    (lambda m: specjax.load(None), "workdir must be a path .* not NoneType"),
+    (lambda m: specjax.load(m.workdir, step="0"), "step='0' must be an int"),
+    (lambda m: specjax.import_hf(5, "w"), "hf_dir must be a path .* not int"),
+    (lambda m: m.generate("x", strategy=5),
+     "strategy must be a name from strategies() or a Drafter, not int"),
+    (lambda m: m.exit_report(["x" * 64], seq_len="32"), "seq_len='32' must be an int"),
+    (lambda m: m.exit_report("x" * 64), "texts must be a list of documents, not one string"),
+], ids=["tokens-text", "seed-text", "temperature-text", "top-k-fraction", "stream-tokens-fraction",
+        "exit-fraction", "num-draft-fraction", "settings-list", "setting-not-a-dict",
+        "repeats-text", "train-no-config", "train-no-workdir", "load-no-workdir", "step-text",
+        "import-no-path", "strategy-int", "report-length-text", "report-texts-string"])
+def test_the_api_checks_its_arguments_types(model_workdir, call, error):
+    """Catches the API passing wrong types to the machinery (JAX's "not a valid JAX array type",
+    "'>' not supported between instances of 'str' and 'int'", "'list' object has no attribute
+    'items'", "'NoneType' object is not iterable", "no checkpoint for step 0 ... (available:
+    [0])") and silently truncating exit_layer=2.7 to 2 or num_draft=2.5 to 2 (decoding with
+    another setting than asked), or reporting on a string's characters as documents: one line
+    naming the argument, before any work."""
+    model = specjax.load(model_workdir)
+    with pytest.raises(ValueError, match=f"^{error}$" if ".*" in error else
+                       f"^{re.escape(error)}$"):
+        call(model)
+
+
+def test_a_benchmark_prompt_string_is_one_prompt(model_workdir, monkeypatch):
+    """Catches `benchmark(settings, prompts="def f(")` timing one prompt per character."""
+    timed = []
+    monkeypatch.setattr("specjax.api.run_benchmark",
+                        lambda generator, strategies, prompts, **_: timed.append(prompts) or [])
+    specjax.load(model_workdir).benchmark({}, prompts="def f(")
+    assert [len(prompts) for prompts in timed] == [1]
+
+
+def test_text_where_the_api_takes_a_number_still_parses_as_the_flag_would(model_workdir):
+    """The command line's sweeps hand options over as text: num_draft="3" stays 3."""
+    model = specjax.load(model_workdir)
+    assert model.strategy("selfspec", num_draft="3").label() == \
+        model.strategy("selfspec", num_draft=3).label()
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"files": "corpus.jsonl"}, "data.files is read only with data.source='files' (it is "
+                                "'stdlib'): set data.source='files' too, or drop data.files"),
+    ({"source": "files", "files": "a.jsonl", "hub_name": "x/y"},
+     "data.hub_name is read only with data.source='hub' (it is 'files')"),
+    ({"seq_len": 32.5}, "data.seq_len=32.5 must be an int"),
+])
+def test_data_settings_the_source_ignores_are_errors(fields, error):
+    """Catches `--config.data.files=corpus.jsonl` without data.source=files training on the
+    embedded corpus instead, silently."""
+    with pytest.raises(ValueError, match=f"^{re.escape(error)}"):
+        DataConfig.from_dict(fields)
+
+
+def test_text_that_is_not_utf8_is_read_with_a_warning(tmp_path, caplog):
+    """Catches bytes that are not UTF-8 replaced with U+FFFD without a word (the model learns
+    replacement characters), and a warning per line rather than per file."""
+    plain, rows = tmp_path / "latin1.txt", tmp_path / "rows.jsonl"
+    plain.write_bytes("café\n".encode("latin-1"))
+    rows.write_bytes(b'{"text": "ok"}\n' + b'{"text": "caf\xe9"}\n' * 3)
+    with caplog.at_level("WARNING", logger="absl"):
+        texts = [text for _, text in iter_documents(DataConfig(
+            source="files", files=(str(plain), str(rows))))]
+    assert texts == ["caf\ufffd\n", "ok"] + ["caf\ufffd"] * 3
+    warnings = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert [w.split(" is not")[0] for w in warnings] == [str(plain), f"{rows}, line 2"]
+
+
+def _tokenizer_json(ids: dict[str, int]) -> str:
+    from tokenizers import Tokenizer, models
+
+    return Tokenizer(models.BPE(vocab=ids, merges=[])).to_str()
+
+
+@pytest.mark.parametrize("ids, error", [
+    ({}, "its tokenizer has no tokens"),
+    ({"a": 0, "b": 300}, "its tokenizer's ids run to 300, past the model's vocabulary of 259"),
+    ({"a": 0, "b": 1}, "bos_id=256 is not an id of the tokenizer of"),
+], ids=["empty", "another-models", "specials-outside"])
+def test_a_tokenizer_the_model_cannot_use_is_refused_at_import(hf_dir, tmp_path, ids, error):
+    """Catches a broken tokenizer.json (no tokens, ids past the model's vocabulary, or special
+    ids it lacks) imported without a word, the failure coming at the first prompt, or after
+    the workdir was made."""
+    with open(os.path.join(hf_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(_tokenizer_json(ids))
+    with pytest.raises(ValueError, match=re.escape(error)):
+        import_checkpoint(hf_dir, str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("source, error", [
+    ("this is not python\n", "running it raised NameError: name 'this' is not defined"),
+    ("model: {\n", "not a Python config file ('{' was never closed at line 1)"),
+    ("x = 1\n", "defines no get_config() returning the config"),
+    ("def get_config():\n    return 5\n",
+     "get_config() returned int, not a config (an ml_collections.ConfigDict or a dict of "
+     "sections)"),
+], ids=["not-python", "syntax-error", "no-get-config", "returns-an-int"])
+def test_a_config_file_that_is_no_config_is_named(tmp_path, source, error):
+    """Catches config_flags' wordings ("module 'config_config' has no attribute
+    'get_config'", "int' object has no attribute 'keys") and the API's raw AttributeError for
+    a config file that is not Python, has no get_config() or returns something else."""
+    path = tmp_path / "config.py"
+    path.write_text(source)
+    result = run_script("train/train.py", f"--config={path}", f"--workdir={tmp_path / 'w'}")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: --config {path}: {error}", result.stderr[-2000:]
+    with pytest.raises(ValueError, match=f"^config file {re.escape(f'{path}: {error}')}$"):
+        specjax.train(str(path), str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_output_link_stays_a_link_and_a_replaced_file_keeps_its_mode(tmp_path):
+    """Catches an output that is a symbolic link replaced by a regular file or folder (what it
+    pointed to left stale), and a replaced file's mode reset to the umask's (0600 became
+    0644)."""
+    target, link = tmp_path / "results.json", tmp_path / "latest.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    os.symlink(target, link)
+    with staged(str(link)) as partial, open(partial, "w", encoding="utf-8") as f:
+        f.write("new")
+    assert os.path.islink(link) and os.readlink(link) == str(target)
+    assert target.read_text() == "new" and target.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["latest.json", "results.json"]
+    folder, folder_link = tmp_path / "export", tmp_path / "export-link"
+    folder.mkdir()
+    os.symlink(folder, folder_link)
+    with staged_dir(str(folder_link)) as staging:
+        open(os.path.join(staging, "config.json"), "w").close()
+    assert os.path.islink(folder_link) and os.listdir(folder) == ["config.json"]
+
+
+def test_a_plot_format_matplotlib_cannot_write_is_refused_first(tmp_path):
+    """Catches `calm_bench.py --plot x.docx` refused (or written as PNG bytes) only after the
+    whole sweep: the extension is checked before the model is loaded."""
+    result = run_script("infer/calm_bench.py", f"--workdir={tmp_path / 'none'}",
+                        f"--plot={tmp_path / 'x.docx'}")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: --plot {tmp_path / 'x.docx'}: matplotlib writes no "
+                                    ".docx images; use one of "), result.stderr[-2000:]
+
+
+def test_an_export_overwrites_only_a_hugging_face_folder(model_workdir, hf_dir, tmp_path):
+    """Catches `convert.py --to_hf --overwrite` deleting the files of a folder that is not a
+    Hugging Face checkpoint (notes, another project); an earlier export is still replaced."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(ConversionError, match="holds no config.json, so it is no Hugging Face "
+                                              "checkpoint: --overwrite would delete"):
+        export_checkpoint(model_workdir, str(folder), overwrite=True)
+    assert os.listdir(folder) == ["notes.txt"]
+    (tmp_path / "hf" / "stale.bin").write_bytes(b"x")
+    export_checkpoint(model_workdir, hf_dir, overwrite=True)
+    assert "stale.bin" not in os.listdir(hf_dir)
+
+
+def test_calibrate_finds_an_unwritable_workdir_before_the_sweep(model_workdir, tmp_path,
+                                                               make_read_only):
+    """Catches `calibrate.py` sweeping its whole grid (22 s) before finding that it cannot
+    write the workdir's calibrated_decoding.json."""
+    workdir = tmp_path / "model"
+    shutil.copytree(model_workdir, workdir)
+    make_read_only(workdir)
+    result = run_script("infer/calibrate.py", f"--workdir={workdir}", "--strategy=selfspec")
+    assert result.returncode == 1 and "calibrating" not in result.stdout
+    assert result.stderr.startswith(f"error: cannot write the calibrated defaults into "
+                                    f"--workdir {workdir} (--nowrite only reports them): "), \
+        result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["infer/calm_bench.py", "infer/calibrate.py"])
+def test_a_missing_calm_classifier_is_refused_before_the_prompts(tmp_path, script):
+    """Catches `--calm_measure classifier` on a model without one refused only after its
+    prompts and references were made (16 s on the default model): here, where the workdir's
+    data is missing, the data's error came first."""
+    workdir = str(tmp_path / "model")
+    cfg = ModelConfig(**TINY_MODEL)
+    Checkpointer(workdir).save(0, init_params(cfg, jax.random.PRNGKey(0)), None, {
+        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": "bytes",
+        "config": {"data": {"source": "files", "files": [str(tmp_path / "gone.jsonl")]}}})
+    result = run_script(script, f"--workdir={workdir}", "--calm_measure=classifier",
+                        "--nowrite" if script.endswith("calibrate.py") else "--repeats=1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: strategy 'calm' needs weights of its own"), \
+        result.stderr[-2000:]
+
+
+def test_a_bad_calibrated_value_names_its_file(model_workdir, tmp_path):
+    """Catches an edited calibrated_decoding.json failing as "decoding.num_draft='x' must be
+    an int", which names no file (the checkpoint's own section looks to blame)."""
+    workdir = tmp_path / "model"
+    shutil.copytree(model_workdir, workdir)
+    path = workdir / "calibrated_decoding.json"
+    path.write_text('{"step": 0, "decoding": {"num_draft": "x"}}')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: decoding.num_draft='x' must "
+                                         "be an int; calibrate again or delete it$"):
+        load_model(str(workdir))

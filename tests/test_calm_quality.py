@@ -76,10 +76,10 @@ def test_calibrated_defaults_apply_to_their_step_only(tmp_path):
     write_calibrated(workdir, 100, {"calm_threshold": 0.7}, {"delta": 0.1})
     write_calibrated(workdir, 100, {"calm_measure": "state"}, {"epsilon": 0.05})
     meta = {"step": 100, "config": {"decoding": {"exit_layer": 2, "calm_threshold": 0.9}}}
-    decoding = with_calibrated(meta, workdir)["config"]["decoding"]
+    decoding = with_calibrated(meta, workdir, CFG)["config"]["decoding"]
     assert decoding == {"exit_layer": 2, "calm_threshold": 0.7, "calm_measure": "state"}
     assert meta["config"]["decoding"]["calm_threshold"] == 0.9  # the input is not modified
-    assert with_calibrated({**meta, "step": 200}, workdir) == {**meta, "step": 200}
+    assert with_calibrated({**meta, "step": 200}, workdir, CFG) == {**meta, "step": 200}
     assert read_calibrated(workdir)["calibration"] == {"delta": 0.1, "epsilon": 0.05}
 
 

@@ -173,6 +173,25 @@ def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported)
     assert not list(imported["root"].glob(".*partial"))
 
 
+def test_cli_plots_in_its_extensions_format_and_reads_a_named_text_field(imported, tmp_path):
+    """Catches `--plot x.svg` writing PNG bytes under an .svg name, an extension matplotlib
+    cannot write refused only after the report, and a texts file whose field is not "text"
+    pointed to data.text_field, a setting exits.py has no flag for (it has --text_field)."""
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"body": t}) + "\n" for t in imported["texts"]))
+    plot = tmp_path / "exits.svg"
+    args = ["--workdir", imported["workdir"], "--texts_file", str(texts), "--seq_len", "32",
+            "--max_tokens", "512", "--context", "64", "--repeats", "2"]
+    for extra, message in ((["--plot", str(tmp_path / "x.docx")], "matplotlib writes no .docx"),
+                           ([], "no field 'text' (fields: ['body']; set --text_field)")):
+        result = _run(*args, *extra)
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert "(last layer)" not in result.stdout
+    result = _run(*args, "--text_field", "body", "--plot", str(plot))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert plot.read_text().startswith("<?xml") and "<svg" in plot.read_text()
+
+
 def test_cli_bad_input_is_one_line_and_keeps_an_existing_output(imported, tmp_path):
     """Too little text for one window, a missing workdir, a texts file that is a directory:
     exit status 1, one `error:` line, no traceback; the failed run leaves an existing JSON

@@ -22,6 +22,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.outputs import staged
 from specjax.training.config import config_reference
@@ -65,6 +66,7 @@ def main(argv):
     del argv
 
     def body() -> None:
+        require_positive_flags("steps")
         with staged(_OUTPUT.value) as path:
             record = check(_CONFIG.value, _STEPS.value)
             if path:

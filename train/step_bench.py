@@ -25,6 +25,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.sharding import place_batch
 from specjax.training.config import config_reference
@@ -102,7 +103,14 @@ def bench(config, steps: int, peak: float | None) -> dict:
 
 def main(argv):
     del argv
-    run_cli(lambda: bench(_CONFIG.value, _STEPS.value, _PEAK.value))
+
+    def body() -> dict:
+        require_positive_flags("steps")  # before the compiles, which take seconds to minutes
+        if _PEAK.value is not None and _PEAK.value <= 0:
+            raise ValueError(f"--peak_tflops={_PEAK.value:g} must be > 0")
+        return bench(_CONFIG.value, _STEPS.value, _PEAK.value)
+
+    run_cli(body)
 
 
 if __name__ == "__main__":

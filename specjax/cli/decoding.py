@@ -15,11 +15,10 @@ from jax.sharding import Mesh
 
 from specjax.chat import check_messages
 from specjax.cli.entrypoint import run_cli
-from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.config import ModelConfig, dataclass_from_mapping, kind_phrase, kind_problem
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
-from specjax.decoding.options import kind_phrase
 from specjax.decoding.registry import DecodingConfig, declared_options, require_used
 from specjax.decoding.sampling import SamplingParams
 from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
@@ -80,18 +79,25 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapp
             raise ValueError(f"{prefix}tree is empty: give 'chain' for a chain, or leave it out "
                              "for the checkpoint's default")
         if value is not None:
-            kind = type(getattr(defaults, name))
-            try:
-                values[name] = kind(value)
-            except ValueError:
-                raise ValueError(f"{prefix}{name}={value!r}: expected "
-                                 f"{kind_phrase(kind)}") from None
+            values[name] = _option_value(value, type(getattr(defaults, name)), prefix + name)
     options = dataclasses.replace(defaults, **values)
     options.check(cfg)
     if strategies:
         require_used(strategies, [options], values, prefix)
     return options
 
+
+def _option_value(value: Any, kind: type, name: str) -> Any:
+    """`value` as an option of type `kind`: text parsed as its flag parses it (a sweep's
+    values are text), a number kept only when of that kind (exit_layer=2.7 is an error, not
+    exit 2); a one-line error naming `name` otherwise."""
+    try:
+        converted = kind(value) if isinstance(value, str) or kind is str else value
+    except ValueError:
+        converted = None
+    if kind_problem(converted, kind):
+        raise ValueError(f"{name}={value!r}: expected {kind_phrase(kind)}")
+    return kind(converted)
 
 
 def options_from_flags(defaults: DecodingConfig, cfg: ModelConfig,

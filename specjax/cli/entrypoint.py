@@ -14,6 +14,7 @@ from absl import flags, logging
 from ml_collections.config_flags.config_flags import is_config_flag
 
 from specjax.cli import early_interrupt
+from specjax.config import load_config_file
 from specjax.errors import SpecjaxError
 
 T = TypeVar("T")
@@ -74,17 +75,44 @@ def parse_flags(argv: list[str]) -> list[str]:
         args = flags.FLAGS(argv)
         for name in list(flags.FLAGS):
             flag = flags.FLAGS[name]
-            if is_config_flag(flag) and flag.value is not None:
-                flag.value.keys()  # config_flags defers a file's load error to first use
+            if is_config_flag(flag) and (flag.present or flag.value is not None):
+                flag.value.keys()  # config_flags defers a file's load error to first use (and
+                # takes a get_config() that returns None)
         return args
     except SystemExit:  # absl's help flags print the usage, then exit with status 1
         if any(arg.lstrip("-") in HELP_FLAGS for arg in argv[1:]):
             sys.exit(0)
         raise
     except Exception as error:  # config_flags raises whatever loading the file raised
-        print(f"error: {_unknown_field(error, argv) or _plain(_one_line(error))}",
-              file=sys.stderr)
+        message = (_config_file_problem(argv) or _unknown_field(error, argv)
+                   or _plain(_one_line(error)))
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(1)
+
+
+def _config_file_problem(argv: list[str]) -> str | None:
+    """What is wrong with a config flag's file itself (`config.load_config_file`: not Python,
+    no get_config(), no config returned...), None when each loads: config_flags' own
+    wordings of these name an internal module ("module 'config_config' has no attribute")."""
+    for name in list(flags.FLAGS):
+        path = _flag_argument(name, argv) if is_config_flag(flags.FLAGS[name]) else None
+        if path:
+            try:
+                load_config_file(path, f"--{name}")
+            except ValueError as problem:
+                return str(problem)
+    return None
+
+
+def _flag_argument(name: str, argv: list[str]) -> str | None:
+    """The value of `--name=V` or `--name V` in `argv` (the last one given)."""
+    value = None
+    for index, arg in enumerate(argv[1:], 1):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and index + 1 < len(argv):
+            value = argv[index + 1]
+    return value
 
 
 def _unknown_field(error: Exception, argv: list[str]) -> str | None:

@@ -80,6 +80,8 @@ def import_checkpoint(source: str, workdir: str, *, dtype: str | None = None,
         raise ConversionError(f"{workdir!r} already holds checkpoints; import into a new workdir")
     params = load_hf_params(checkpoint.tensors(), cfg, architecture(hf), hf=hf)  # read first
     found = None if tokenizer is not None else checkpoint.tokenizer()
+    if found is not None:
+        found.check(cfg.vocab_size, checkpoint.path)
     checkpoints = Checkpointer(workdir)
     decoding = DecodingConfig(exit_layer=max(1, cfg.num_layers // 4))
     decoding.check(cfg)
@@ -108,12 +110,18 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
                       overwrite: bool = False, dtype: str | None = None) -> list[str]:
     """Writes the workdir's latest weights as an HF checkpoint (config.json + safetensors, and the
     tokenizer), in `dtype` if given (e.g. the bfloat16 of a run with a float32 master copy);
-    returns the files written. A non-empty `hf_dir` is refused unless `overwrite`, and then
-    replaced whole: the new checkpoint is written beside it and swapped in, so the directory
-    never holds a mix of old and new files."""
-    if os.path.isdir(hf_dir) and os.listdir(hf_dir) and not overwrite:
-        raise ConversionError(f"{hf_dir!r} exists and is not empty; pass --overwrite to replace "
-                              "it (its files are removed)")
+    returns the files written. A non-empty `hf_dir` is refused unless `overwrite` and it is a
+    Hugging Face checkpoint (a config.json: another folder's files are not ours to delete),
+    and then replaced whole: the new checkpoint is written beside it and swapped in, so the
+    directory never holds a mix of old and new files."""
+    if os.path.isdir(hf_dir) and os.listdir(hf_dir):
+        if not overwrite:
+            raise ConversionError(f"{hf_dir!r} exists and is not empty; pass --overwrite to "
+                                  "replace it (its files are removed)")
+        if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+            raise ConversionError(f"{hf_dir!r} holds no config.json, so it is no Hugging Face "
+                                  "checkpoint: --overwrite would delete files of another kind; "
+                                  "export into a new or empty folder")
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir!r} exists and is not a directory")
     params, cfg, meta = load_params(workdir)

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from specjax.config import ModelConfig
+from specjax.config import SETTING_KINDS, ModelConfig, kind_problem
 
 # check(value, model config) -> what is wrong with the value ("must be >= 1"), or None.
 Check = Callable[[Any, ModelConfig], str | None]
@@ -24,7 +24,7 @@ def option(default: Any, help: str, check: Check | None = None, *, listed: bool 
     """A decoding option: its default (whose type the value must have), its flag's help, a
     check against the model, and whether its values hold commas (`listed`: a sweep repeats the
     flag instead of splitting one value at commas)."""
-    if type(default) not in _KINDS:
+    if type(default) not in SETTING_KINDS:
         raise TypeError(f"a decoding option's default must be an int, a float or a string (a "
                         f"flag of that type), not {default!r}")
     return dataclasses.field(default=default, metadata={"help": help, "check": check,
@@ -78,18 +78,7 @@ def _check(options: Any, cfg: ModelConfig) -> None:
     """Raises a one-line ValueError naming the first option of the wrong type or value."""
     for field in dataclasses.fields(options):
         value, kind = getattr(options, field.name), type(field.default)
-        number = kind is float and isinstance(value, int)
-        if isinstance(value, bool) or not (isinstance(value, kind) or number):
-            problem = f"must be {kind_phrase(kind)}"
-        else:
-            problem = field.metadata["check"] and field.metadata["check"](value, cfg)
+        problem = kind_problem(value, kind) or (field.metadata["check"]
+                                                and field.metadata["check"](value, cfg))
         if problem:
             raise ValueError(f"decoding.{field.name}={value!r} {problem}")
-
-
-_KINDS = {int: "an int", float: "a number", str: "a string"}
-
-
-def kind_phrase(kind: type) -> str:
-    """How messages name an option's type: "an int", "a number" or "a string"."""
-    return _KINDS[kind]

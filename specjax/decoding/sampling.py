@@ -10,6 +10,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specjax.config import require_kind
+
 
 @flax.struct.dataclass
 class SamplingParams:
@@ -37,6 +39,9 @@ def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *
     """None (greedy decoding) at temperature 0, else `SamplingParams`. Filters at temperature
     0 are an error rather than ignored; `prefix` ("--" for a command line) names the settings
     in that message as the user typed them."""
+    for name, value, kind in (("temperature", temperature, float), ("top_k", top_k, int),
+                              ("top_p", top_p, float)):
+        require_kind(prefix + name, value, kind)
     if temperature != 0:
         return SamplingParams.create(temperature, top_k, top_p)
     filters = [name for name, on in (("top_k", top_k), ("top_p", top_p != 1.0)) if on]

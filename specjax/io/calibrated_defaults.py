@@ -16,6 +16,8 @@ from typing import Any
 
 from absl import logging
 
+from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.decoding.registry import DecodingConfig
 from specjax.outputs import staged
 
 FILE = "calibrated_decoding.json"
@@ -54,17 +56,22 @@ def write_calibrated(workdir: str, step: int, decoding: dict[str, Any],
     return path
 
 
-def with_calibrated(meta: dict[str, Any], workdir: str) -> dict[str, Any]:
+def with_calibrated(meta: dict[str, Any], workdir: str, cfg: ModelConfig) -> dict[str, Any]:
     """Checkpoint metadata with the workdir's calibrated decoding defaults laid over its
-    decoding section (unchanged when there are none or they are for another step)."""
+    decoding section (unchanged when there are none or they are for another step); a value
+    that is not an option of the model `cfg` is a one-line error naming the file."""
     record = read_calibrated(workdir)
     if not record:
         return meta
+    path = os.path.join(workdir, FILE)
     if record.get("step") != meta.get("step"):
         logging.warning("%s was calibrated for step %s, not the loaded step %s: ignored; run "
-                        "infer/calibrate.py again", os.path.join(workdir, FILE),
-                        record.get("step"), meta.get("step"))
+                        "infer/calibrate.py again", path, record.get("step"), meta.get("step"))
         return meta
+    try:
+        dataclass_from_mapping(DecodingConfig, record["decoding"], "decoding").check(cfg)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}; calibrate again or delete it") from None
     meta = copy.deepcopy(meta)
     config = meta.setdefault("config", {})
     config["decoding"] = {**(config.get("decoding") or {}), **record["decoding"]}

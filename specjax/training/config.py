@@ -9,7 +9,7 @@ from typing import Any
 
 import ml_collections
 
-from specjax.config import ModelConfig, dataclass_from_mapping
+from specjax.config import ModelConfig, check_number_fields, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.decoding.registry import DecodingConfig
 from specjax.nn.layer_kinds import check_layer_kinds
@@ -49,6 +49,7 @@ class TrainConfig:
     frozen: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_number_fields(self, "train")  # total_steps=25.5 would train on past its last save
         if isinstance(self.remat, bool):  # configs written before the policies
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         check(self.remat in REMAT_POLICIES, "train.remat", self.remat,

@@ -26,6 +26,7 @@ from specjax.data import BatchSampler, Corpus
 from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer, abstract_tree, check_model_config
 from specjax.io.workdir import exclusive_workdir
+from specjax.outputs import check_writable
 from specjax.processes import any_process, is_leader
 from specjax.sharding import with_shardings
 from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
@@ -64,6 +65,7 @@ class Trainer:
         config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         if os.path.exists(workdir) and not os.path.isdir(workdir):
             raise SpecjaxError(f"--workdir {workdir!r} is a file, not a directory")
+        check_writable(workdir, f"--workdir {workdir}")  # before the data is read
         self.config, source = resolve_init(config, explicit, workdir)
         self.objective = make_objective(self.config, source)
         self.run = self.objective.run

@@ -140,7 +140,8 @@ def benchmark() -> dict:
     strategies, plans = {}, {}
     for name in names:
         for options, plan in option_sets:
-            strategy = make_strategy(name, options)
+            chosen = [option for option, values in sweeps.items() if values]
+            strategy = make_strategy(name, loaded.at_head_exit(name, options, chosen))
             strategies[strategy.label()] = strategy
             if plan is not None and strategy.shape == plan.tree:
                 plans[strategy.label()] = plan

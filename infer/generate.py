@@ -140,7 +140,9 @@ def _generate(sampling, mesh, output):
         workdir=FLAGS.workdir, step=meta["step"], strategies=[FLAGS.strategy])
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
-    strategy = make_strategy(FLAGS.strategy, options)
+    chosen = [name for name in FLAGS if FLAGS[name].present]
+    strategy = make_strategy(FLAGS.strategy,
+                             loaded.at_head_exit(FLAGS.strategy, options, chosen))
     require_weights_used(FLAGS.draft_workdir, [strategy])
     rounds = committed = 0
     for start in range(0, len(prompts), FLAGS.batch_size):

@@ -124,7 +124,7 @@ class LanguageModel:
         chosen = decoding_options(self.decoding_defaults, self.config, options, [name],
                                   prefix="")
         chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
-        return make_strategy(name, chosen)
+        return make_strategy(name, self._loaded.at_head_exit(name, chosen, options))
 
     def _drafter(self, strategy: str | Drafter, sampling: SamplingParams | None,
                  encoded: Sequence[Sequence[int]], options: Mapping[str, Any]) -> Drafter:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from absl import logging
@@ -67,6 +67,16 @@ class LoadedModel:
         drafters' weights."""
         return Generator(self.params, self.cfg, draft_weights=self.draft_weights,
                          mesh=self.mesh, **options)
+
+    def at_head_exit(self, name: str, options: Any, chosen: Collection[str]) -> Any:
+        """Decoding `options` for strategy `name`, at the exit its trained head was trained on
+        when the user did not choose `exit_layer` (`chosen`: the options set by hand): the
+        checkpoint's default exit is the target's own (selfspec's), and a head drafts only
+        from its exit (one chosen by hand that differs is refused when the head is bound)."""
+        weights = self.draft_weights.get(name)
+        if "exit_layer" in chosen or weights is None or weights.exit_layer is None:
+            return options
+        return dataclasses.replace(options, exit_layer=weights.exit_layer)
 
 
 def load_model(workdir: str, step: int | None = None,

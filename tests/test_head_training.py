@@ -207,6 +207,33 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, strat
         specjax.load(base).generate("x", strategy=strategy, **options)
 
 
+def test_a_head_beside_its_model_drafts_from_its_own_exit(base, tmp_path):
+    """Catches a head loaded with --draft_workdir taking the target's default exit (2 here)
+    instead of the one it was trained on: the bench, generate.py and the API then refused it
+    ("trained at exit_layer=2, not 1") unless the user repeated its exit by hand. An exit
+    chosen by hand that differs is still refused."""
+    head = str(tmp_path / "head")
+    Trainer({**head_run(base, "kangaroo"), "kangaroo": {"exit_layer": 2}}, head).fit()
+    model = specjax.load(base, draft_workdir=head)
+    assert model.decoding_defaults.exit_layer == 1
+    assert model.strategy("kangaroo").exit_layer == 2
+    drafted = model.generate(["def f(x):"], strategy="kangaroo", max_new_tokens=12)
+    plain = specjax.load(base).generate(["def f(x):"], strategy="ar", max_new_tokens=12)
+    assert drafted[0].text == plain[0].text and drafted[0].stats.drafted > 0
+    with pytest.raises(ValueError, match="trained at exit_layer=2, not 1"):
+        model.generate(["x"], strategy="kangaroo", exit_layer=1, max_new_tokens=4)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    for script, extra in (("infer/generate.py", ["--strategy", "kangaroo", "--prompts_file",
+                                                  str(prompts)]),
+                          ("infer/bench.py", ["--strategies", "kangaroo", "--num_prompts", "1",
+                                              "--prompt_len", "8", "--repeats", "1"])):
+        result = run_script(script, "--workdir", base, "--draft_workdir", head,
+                            "--max_new_tokens", "8", *extra)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "kangaroo E=2" in result.stdout or script.endswith("generate.py")
+
+
 def test_heads_on_the_same_model_join_it_as_draft_workdirs(base, trained_heads, tmp_path):
     """Every drafter in one process: heads trained on the target load next to it (and next to
     each other). Catches a head attached to a model it was not trained on, and two heads

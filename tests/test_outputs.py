@@ -98,6 +98,20 @@ def test_outputs_onto_what_the_run_reads_or_onto_each_other_are_refused(tmp_path
                         "--plot": str(tmp_path / "r.png")}, reads)
 
 
+def test_outputs_that_only_share_a_name_prefix_with_an_input_are_written(tmp_path):
+    """Catches the containment checks comparing strings instead of paths: an output folder
+    `w` is refused over an input `w2/...` it does not hold, and `w/checkpoints_old.json` over
+    the workdir's `checkpoints` (both only share a string prefix)."""
+    workdir, texts = tmp_path / "w", tmp_path / "w2" / "texts.jsonl"
+    (workdir / "checkpoints").mkdir(parents=True)
+    texts.parent.mkdir()
+    texts.write_text("x")
+    check_destinations({"--hf_dir": str(workdir)}, {"--texts_file": str(texts)}, folders=True)
+    check_destinations({"--output_json": str(workdir / "checkpoints_old.json"),
+                        "--plot": str(texts) + ".png"},
+                       {"--workdir": str(workdir), "--texts_file": str(texts)})
+
+
 def test_an_interrupted_run_never_replaces_an_earlier_partial(tmp_path):
     """Catches a second interrupted run overwriting the rows an earlier one kept."""
     target = str(tmp_path / "out.jsonl")

@@ -64,3 +64,16 @@ def test_a_character_split_across_rounds_is_shown_whole():
     e_acute = list("é".encode())  # two byte tokens
     pieces = list(text_pieces(get_tokenizer("bytes"), [[97], e_acute[:1], [*e_acute[1:], 98]]))
     assert pieces == ["a", "éb"]
+
+
+def test_a_trailing_partial_character_is_not_lost():
+    """Catches a stream that drops the text of its last round when that round ends inside a
+    character (a row cut by max_new_tokens mid-character): the joined pieces must equal the
+    whole decoded text, replacement character included, as `generate` returns it."""
+    from specjax.api import text_pieces
+    from specjax.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer("bytes")
+    rounds = [[97], [98, list("é".encode())[0]]]
+    pieces = list(text_pieces(tokenizer, rounds))
+    assert "".join(pieces) == tokenizer.decode([97, 98, rounds[1][1]]) == "ab\ufffd"

@@ -27,16 +27,35 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m['role']
             "{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def checkpoint(folder, *, bos: bool, template: str | None = None, stops=None, seed=0) -> str:
-    """A random tiny Llama with a byte-level BPE tokenizer whose post-processor adds a BOS
-    (`bos`) or nothing, a chat template in tokenizer_config.json, and generation_config.json's
-    EOS ids `stops`."""
+def trained_bpe() -> Tokenizer:
+    """A byte-level BPE of 300 ids trained on TEXTS, its special tokens first (<s> 0, </s> 1),
+    with no post-processor yet."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(TEXTS * 30, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return bpe
+
+
+def save_tokenizer(folder, bpe: Tokenizer, template: str | None,
+                   settings: dict | None = None) -> None:
+    """`bpe` as tokenizer.json, and a tokenizer_config.json naming its BOS and EOS, with the
+    chat template `template` and `settings` added."""
+    bpe.save(os.path.join(folder, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+              "eos_token": "</s>", **({"chat_template": template} if template else {}),
+              **(settings or {})}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+def checkpoint(folder, *, bos: bool, template: str | None = None, stops=None, seed=0) -> str:
+    """A random tiny Llama with a byte-level BPE tokenizer whose post-processor adds a BOS
+    (`bos`) or nothing, a chat template in tokenizer_config.json, and generation_config.json's
+    EOS ids `stops`."""
+    bpe = trained_bpe()
     if bos:
         bpe.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])
@@ -48,13 +67,7 @@ def checkpoint(folder, *, bos: bool, template: str | None = None, stops=None, se
     if stops is not None:
         model.generation_config.eos_token_id = stops
     model.save_pretrained(str(folder))
-    bpe.save(os.path.join(folder, "tokenizer.json"))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
-                "eos_token": "</s>"}
-    if template:
-        settings["chat_template"] = template
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(settings, f)
+    save_tokenizer(folder, bpe, template)
     return str(folder)
 
 
@@ -185,22 +198,12 @@ def tokenizer_folder(folder, *, template: str | None = None, suffix: bool = Fals
                      settings: dict | None = None) -> str:
     """The tokenizer files of `checkpoint` alone (no model): a BOS before every text, with
     `suffix` an EOS after it too, a chat template in tokenizer_config.json, `settings` added."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(TEXTS * 30, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe = trained_bpe()
     around = "<s> $A </s>" if suffix else "<s> $A"
     bpe.post_processor = processors.TemplateProcessing(
         single=around, pair=f"{around} $B", special_tokens=[("<s>", 0), ("</s>", 1)])
     os.makedirs(folder, exist_ok=True)
-    bpe.save(os.path.join(folder, "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
-              "eos_token": "</s>", **({"chat_template": template} if template else {}),
-              **(settings or {})}
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f)
+    save_tokenizer(folder, bpe, template, settings)
     return str(folder)
 
 

@@ -29,7 +29,7 @@ from specjax.cli.decoding import (
     resolve_auto_tree,
     workdir_heldout_prompts,
 )
-from specjax.config import ModelConfig, load_config_file, require_kind
+from specjax.config import ModelConfig, load_config_file, require_count, require_kind
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -284,12 +284,10 @@ _EXIT_REPORT_COUNTS = ("seq_len", "max_tokens", "batch_size", "context", "repeat
 
 
 def _require_counts(**counts: Any) -> None:
-    """A one-line error for the first keyword that is not an int >= 1 (`max_new_tokens="8"`;
-    the command line's integer flags refuse the same)."""
+    """`config.require_count` for each keyword, in order: the first that is not an int >= 1
+    is a one-line error (`max_new_tokens="8"`), as the command line's counts are."""
     for name, value in counts.items():
-        require_kind(name, value, int)
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1")
+        require_count(name, value)
 
 
 def _check_settings(settings: Any) -> None:

@@ -269,6 +269,14 @@ def require_kind(name: str, value: Any, kind: type) -> None:
         raise ValueError(f"{name}={value!r} {problem}")
 
 
+def require_count(name: str, value: Any) -> None:
+    """A one-line error ("max_new_tokens='8' must be an int", "--steps=0 must be >= 1") when
+    `value` is not an int of at least 1: the API's keywords and the command line's counts."""
+    require_kind(name, value, int)
+    if value < 1:
+        raise ValueError(f"{name}={value} must be >= 1")
+
+
 def load_config_file(spec: str, name: str = "config file") -> Any:
     """`get_config(variant)` of the config file `spec` ("configs/tiny_code.py:smoke", as
     `train/train.py` takes it): a ConfigDict or a mapping of sections. A one-line error

@@ -15,7 +15,13 @@ from jax.sharding import Mesh
 
 from specjax.chat import check_messages
 from specjax.cli.entrypoint import run_cli
-from specjax.config import ModelConfig, dataclass_from_mapping, kind_phrase, kind_problem
+from specjax.config import (
+    ModelConfig,
+    dataclass_from_mapping,
+    kind_phrase,
+    kind_problem,
+    require_count,
+)
 from specjax.data import DataConfig, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
@@ -141,10 +147,10 @@ def mesh_from_flag() -> Mesh | None:
 
 
 def require_positive_flags(*names: str) -> None:
-    """A one-line error for the first of these integer flags that is below 1."""
+    """A one-line error for the first of these integer flags that is below 1
+    (`config.require_count`)."""
     for name in names:
-        if flags.FLAGS[name].value < 1:
-            raise ValueError(f"--{name}={flags.FLAGS[name].value} must be >= 1")
+        require_count(f"--{name}", flags.FLAGS[name].value)
 
 
 def whole_numbers_flag(name: str, minimum: int) -> list[int]:

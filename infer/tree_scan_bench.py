@@ -10,7 +10,7 @@ with a committed prompt, two ways, each jitted and timed in turn after a warm-up
             paths over a cache copied once per path.
 Both produce every node's logits (checked equal); the ratio is the median over repeats of the
 unrolled time over the tree's. Random weights of the config's sizes (speed does not depend on
-training). Also printed: the bytes a decode step moves (`bench.bytes_per_token`: the weights, the
+training). Also printed: the bytes a decode step moves (`bench.decode_step_bytes`: the weights, the
 K/V of attention layers, each Mamba-2 layer's state and conv history read and written).
 """
 
@@ -42,7 +42,7 @@ from specjax.model import (
     unstack_layers,
 )
 from specjax.timing import time_interleaved
-from specjax.tools.bench import bytes_per_token
+from specjax.tools.bench import decode_step_bytes
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
@@ -113,11 +113,11 @@ def measure() -> dict:
               "paths": len(paths), "tree_ms": 1e3 * median["tree"],
               "unrolled_ms": 1e3 * median["unrolled"],
               "tree_speedup": median["unrolled"] / median["tree"],
-              "decode_bytes_per_token": bytes_per_token(params, cfg, FLAGS.prompt_len)}
+              "decode_step_bytes": decode_step_bytes(params, cfg, FLAGS.prompt_len)}
     print(f"{name}, tree {FLAGS.tree} ({report['tokens']} tokens, {len(paths)} paths): "
           f"tree scan {report['tree_ms']:.2f} ms, unrolled paths {report['unrolled_ms']:.2f} ms,"
           f" {report['tree_speedup']:.2f}x; a decode step reads "
-          f"{report['decode_bytes_per_token'] / 1e6:.2f} MB")
+          f"{report['decode_step_bytes'] / 1e6:.2f} MB")
     return report
 
 

@@ -17,8 +17,8 @@ from specjax.model import init_params, unstack_layers
 from specjax.timing import time_interleaved
 from specjax.tools import bench
 from specjax.tools.bench import (
-    bytes_per_token,
     decode_matrices,
+    decode_step_bytes,
     matvec_bandwidth,
     run_benchmark,
 )
@@ -36,13 +36,27 @@ def test_decode_matrices_are_every_weight_matrix_a_step_reads(tiny_cfg, tie):
     gathered_only = 0 if tie else params["embed"].nbytes
     assert sum(m.nbytes for m, _ in products) == all_bytes - vector_bytes - gathered_only
     row = 0 if tie else cfg.d_model * params["embed"].dtype.itemsize
-    assert bytes_per_token(params, cfg, context=0) == all_bytes - gathered_only + row
+    assert decode_step_bytes(params, cfg, context=0) == all_bytes - gathered_only + row
     # The input length of each product is what the model feeds it: d_model into qkv, gate/up
     # and the head, the attention heads into out, the MLP hidden state into down.
     inputs = Counter(m.shape[0] if leading else m.shape[1] for m, leading in products)
     layers, heads = cfg.num_layers, cfg.num_heads * cfg.head_dim
     expected = Counter({cfg.d_model: 2 * layers + 1}) + Counter({heads: layers})
     assert inputs == expected + Counter({cfg.mlp_dim: layers})
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_batched_step_reads_the_weights_once_and_each_rows_cache(tiny_cfg, tie):
+    """Catches the bench's bandwidth line charging a batch-8 step the weights eight times
+    (it printed 674% of the GPU's bandwidth at batch 8): a step of B rows reads every weight
+    once, and B caches (and B gathered embedding rows when untied)."""
+    cfg = dataclasses.replace(tiny_cfg, tie_embeddings=tie)
+    params = unstack_layers(init_params(cfg, jax.random.PRNGKey(0)), cfg)
+    context = 40
+    kv_row = 2 * cfg.num_layers * context * cfg.num_kv_heads * cfg.head_dim * 4  # fp32 K and V
+    row = 0 if tie else cfg.d_model * params["embed"].dtype.itemsize
+    one, eight = (decode_step_bytes(params, cfg, context, batch) for batch in (1, 8))
+    assert eight - one == 7 * (kv_row + row)
 
 
 def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):

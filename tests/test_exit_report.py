@@ -90,6 +90,20 @@ def test_speedup_from_fixed_costs_matches_a_hand_computation():
     assert record["speedup"]["3"] == pytest.approx(expected)
 
 
+def test_the_verification_line_is_a_whole_pass_over_one_token_passes():
+    """The table's verification line: a pass of every layer and the head on n tokens over the
+    one-token pass, by hand. Catches the line leaving out the head or a layer kind, or
+    dividing by the head's one-token cost instead of the whole pass's."""
+    kinds = ("mamba2", "attention", "mamba2", "mamba2")
+    one = 1.0 + 2.0 + 1.0 + 1.0 + 0.5
+    four = 3 * (1.0 + 0.125 * 3) + (2.0 + 0.25 * 3) + (0.5 + 0.1 * 3)
+    assert COSTS.whole_pass(kinds, 4) == pytest.approx(four)
+    metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
+                         agreement=(0.3, 0.5, 0.7, 1.0), tokens=100)
+    table = DraftExitReport(metrics, COSTS, kinds, num_drafts=(3,)).table()
+    assert f"4: {four / one:.2f}" in table and "1: 1.00" in table
+
+
 def test_costs_are_measured_for_every_layer_kind_and_token_count():
     """A hybrid model's layers of both kinds and its head, each timed at every count. Catches a
     kind left unmeasured (its layers could then not be costed) and a failing cached pass of

@@ -147,14 +147,16 @@ def distinct_ngram_fraction(rows: Sequence[Sequence[int]], n: int = 4) -> float:
     return float(np.mean(fractions)) if fractions else 0.0
 
 
-def bytes_per_token(params: Params, cfg: ModelConfig, context: float) -> float:
-    """Bytes one decode step moves: every weight (one gathered embedding row when the embedding
-    is untied) plus each layer's cache at `context` tokens (`LayerKind.step_bytes`: the live
-    K/V of attention layers, the state of Mamba-2 layers)."""
+def decode_step_bytes(params: Params, cfg: ModelConfig, context: float,
+                      batch: int = 1) -> float:
+    """Bytes one decode step of `batch` rows moves: every weight once (one gathered embedding
+    row per row when the embedding is untied) plus each row's cache at `context` tokens
+    (`LayerKind.step_bytes`: the live K/V of attention layers, the state of Mamba-2 layers)."""
     weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     if not cfg.tie_embeddings:
-        weights += params["embed"][0].nbytes - params["embed"].nbytes
-    return weights + sum(LAYER_KINDS[name].step_bytes(cfg, context) for name in cfg.layer_kinds)
+        weights += batch * params["embed"][0].nbytes - params["embed"].nbytes
+    return weights + batch * sum(LAYER_KINDS[name].step_bytes(cfg, context)
+                                 for name in cfg.layer_kinds)
 
 
 def run_benchmark(generator: Generator, strategies: dict[str, Drafter],

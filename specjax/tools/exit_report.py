@@ -62,7 +62,12 @@ class LayerCosts:
     def plain(self, layer_kinds: Sequence[str]) -> float:
         """Seconds per token of plain (autoregressive) decoding: every layer and the head on
         one token."""
-        return sum(self.layer[kind][1] for kind in layer_kinds) + self.head[1]
+        return self.whole_pass(layer_kinds, 1)
+
+    def whole_pass(self, layer_kinds: Sequence[str], num_tokens: int) -> float:
+        """Seconds of one pass of every layer and the head on `num_tokens` new tokens: what
+        verifying `num_tokens - 1` drafts costs."""
+        return sum(self.layer[kind][num_tokens] for kind in layer_kinds) + self.head[num_tokens]
 
     def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
         """Seconds of one self-speculative round drafting `num_draft` tokens from exit
@@ -139,6 +144,7 @@ class DraftExitReport:
             lines.append(f"{record['exit']:>4}{record['loss']:8.4f}{record['accuracy']:10.3f}"
                          f"{record['agreement']:8.3f}  {speedups}{last}")
         lines.append(self._costs_line())
+        lines.append(self._verification_line())
         best = self.best()
         if best is not None:
             e, k = best
@@ -163,6 +169,13 @@ class DraftExitReport:
         parts.append(f"head {span(self.costs.head)}")
         return (f"costs (batch 1, {self.costs.context} cached tokens): " + "; ".join(parts)
                 + f"; plain decoding {1e3 * self.costs.plain(self.layer_kinds):.3f} ms/token")
+
+    def _verification_line(self) -> str:
+        sizes = sorted(self.costs.head)
+        one = self.costs.whole_pass(self.layer_kinds, 1)
+        ratios = ", ".join(f"{n}: {self.costs.whole_pass(self.layer_kinds, n) / one:.2f}"
+                           for n in sizes)
+        return f"a whole pass on n tokens, in one-token passes: {ratios}"
 
 
 def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,

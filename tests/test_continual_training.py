@@ -76,6 +76,23 @@ def test_step_zero_weights_are_the_sources(sources, kind, tmp_path):
     assert trainer.corpus.train.max() >= 259  # BPE ids, not bytes
 
 
+@pytest.mark.parametrize("kind", ["hf", "workdir"])
+def test_step_zero_weights_are_the_sources_in_the_master_dtype(sources, kind, tmp_path):
+    """With model.dtype=bfloat16 and model.param_dtype=float32 set on an fp32 source, the
+    step-0 params are float32 and equal the source's bit for bit. Catches the source's weights
+    loaded in the compute dtype instead of the weight dtype (rounded to bf16, then widened):
+    the fp32 test above cannot tell the two apart."""
+    trainer = Trainer(_run(sources[kind], model=dict(SOURCE_MODEL, dtype="bfloat16",
+                                                     param_dtype="float32")),
+                      str(tmp_path / "run"), ("model.dtype", "model.param_dtype"))
+    assert (trainer.run.model.dtype, trainer.run.model.param_dtype) == ("bfloat16", "float32")
+    expected, _, _ = load_params(sources["workdir"])
+    state = trainer.fresh_state()
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == want.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_a_source_run_resumes_exactly_without_the_source(sources, tmp_path):
     """Catches a resume that starts from the source again (or reads it at all: it was moved
     away), and a workdir that cannot decode without the source's tokenizer file."""

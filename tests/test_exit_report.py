@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import specjax
+import specjax.tools.exit_report as exit_report_module
 from specjax.config import ModelConfig, SsmConfig
 from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.io.checkpoint import Checkpointer
@@ -116,6 +117,51 @@ def test_costs_are_measured_for_every_layer_kind_and_token_count():
     assert set(costs.layer) == {"attention", "mamba2"}
     for by_size in (*costs.layer.values(), costs.head):
         assert set(by_size) == {1, 3} and min(by_size.values()) > 0
+
+
+def test_the_best_pair_is_never_the_last_layer_even_when_it_predicts_highest():
+    """Costs made up so that drafting from the last layer (agreement 1) predicts the highest
+    speed-up (a head far cheaper on K + 1 tokens than on one), every other exit under 1x:
+    best() still picks an exit below L, the fastest of those. Catches the last layer
+    recommended (a drafter cannot use it: no layers would be left to verify)."""
+    costs = LayerCosts(layer={"attention": {n: 0.01 for n in range(1, 10)}},
+                       head={n: 1.0 if n == 1 else 0.1 for n in range(1, 10)})
+    metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
+                         agreement=(0.0, 0.1, 0.2, 1.0), tokens=100)
+    report = DraftExitReport(metrics, costs, CFG.layer_kinds, num_drafts=(2, 3))
+    pairs = [(e, k) for e in range(1, 4) for k in (2, 3)]
+    by_hand = max(pairs, key=lambda pair: report.speedup(*pair))
+    assert report.speedup(4, 3) > 1 > report.speedup(*by_hand)  # the last layer would win
+    assert report.best() == by_hand and by_hand[0] < 4
+    assert f"exit {by_hand[0]} with {by_hand[1]} drafts" in report.table()
+
+
+def test_measured_costs_are_scaled_so_the_pieces_sum_to_the_whole_pass(monkeypatch):
+    """With the timings monkeypatched (a layer alone 2 s on 1 token and 3 s on 3, the head 4
+    and 6, the whole pass 24 and 54), the pieces are scaled by 24 / (4 x 2 + 4) = 2 and
+    54 / (4 x 3 + 6) = 3, by hand: a layer 4 and 9 s, the head 8 and 18 s, and a whole pass
+    of them the measured one. Catches the scale computed without the head (or without a
+    layer), or applied to some pieces only."""
+    alone = {"layer": {1: 2.0, 3: 3.0}, "head": {1: 4.0, 3: 6.0}, "model": {1: 24.0, 3: 54.0}}
+    last = []
+
+    def loop(piece):
+        def make(cfg, inner):
+            def run(params, hidden, *cache):
+                last.append(alone[piece][hidden.shape[1]] * inner)  # seconds() divides
+                return (hidden, *cache)
+            return run
+        return make
+
+    for name, piece in (("_layer_loop", "layer"), ("_head_loop", "head"),
+                        ("_model_loop", "model")):
+        monkeypatch.setattr(exit_report_module, name, loop(piece))
+    monkeypatch.setattr(exit_report_module, "timed", lambda call: (call(), last[-1])[1])
+    costs = measure_costs(PARAMS, CFG, [3], context=4, repeats=3, inner=2)
+    assert costs.layer == {"attention": {1: pytest.approx(4.0), 3: pytest.approx(9.0)}}
+    assert costs.head == {1: pytest.approx(8.0), 3: pytest.approx(18.0)}
+    for n in (1, 3):
+        assert costs.whole_pass(CFG.layer_kinds, n) == pytest.approx(alone["model"][n])
 
 
 def test_default_text_is_the_runs_validation_split(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 
 from specjax import model as M
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafter import DraftContext, DraftWeights, Prefilled
 from specjax.decoding.drafters.feature_head import Eagle, Mtp
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
@@ -30,7 +30,8 @@ from specjax.heads.mtp import MTP
 from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
 from specjax.training.frozen_base import base_features
-from specjax.training.heads.unrolled import depth_sums
+from specjax.training.heads.eagle import EagleConfig
+from specjax.training.heads.unrolled import depth_sums, recorded
 from tests.conftest import (
     TINY_MODEL,
     check_eos_mid_draft,
@@ -155,6 +156,34 @@ def test_the_training_loss_is_the_soft_cross_entropy_to_the_base_at_each_depth(p
         ce = sum(-np.sum(p[b, s + j] * log_q[b, s]) for b in range(2) for s in positions)
         assert int(sums["count"][j]) == 2 * len(positions)
         assert float(sums["ce"][j]) == pytest.approx(ce, rel=1e-4)
+
+
+def test_unsorted_fused_layers_are_concatenated_in_the_configured_order(params):
+    """An EAGLE-3 head configured with layers "3,1,2" fuses fc @ [h3; h1; h2], the target's
+    hidden states after layers 3, 1 and 2 in that order (computed directly from every layer's
+    output), in its checkpoint record, in training (`base_features`, `fuse`) and in decoding
+    (the drafter's prefill feature at each prompt's last token). Catches the layers sorted on
+    the way (every other test configures sorted ones): fc's rows would then read another
+    layer's state than the one they were trained, or published, for."""
+    settings = {"layers": "3,1,2"}
+    exits = EAGLE.exits(CFG, settings)
+    assert exits == (3, 1, 2)
+    assert recorded(EAGLE, EagleConfig(layers="3,1,2"), CFG)["exits"] == [3, 1, 2]
+    head = EAGLE.init(params, CFG, settings)
+    tokens = jax.random.randint(jax.random.PRNGKey(9), (2, 7), 0, CFG.vocab_size)
+    every = M.run_layers(params, CFG, M.embed(params, CFG, tokens))        # [L, B, T, D]
+    after = np.asarray(every, np.float64)
+    expected = (np.concatenate([after[2], after[0], after[1]], axis=-1)
+                @ np.asarray(head["fc"], np.float64))
+    hidden, _ = base_features(params, CFG, exits, tokens)
+    np.testing.assert_allclose(np.asarray(EAGLE.fuse(params, head, CFG, hidden)), expected,
+                               rtol=1e-4, atol=1e-4)
+    drafter = Eagle(Chain(2)).bind(DraftWeights(head, settings={"exits": list(exits)}))
+    lengths = jnp.asarray([7, 4])
+    state = drafter.prefill(DraftContext(params, head, None, CFG), Prefilled(
+        tokens, lengths, {e: every[e - 1] for e in drafter.prefill_exits}, 16, 4))
+    np.testing.assert_allclose(np.asarray(state.feature), expected[[0, 1], [6, 3]],
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))

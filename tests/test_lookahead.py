@@ -123,6 +123,27 @@ def test_guesses_are_the_latest_pool_ngrams_that_continue_the_pending_token():
     assert list(shape.parents[:3]) == [-1, -1, -1]
 
 
+def test_the_oldest_pool_ngram_is_guessed_when_it_is_the_only_match():
+    """The prompt 5 1 2 3 4 6 seeds the pool with (5, 1, 2) first (age 0, slot 0) and no other
+    n-gram keyed 5: with 5 pending, the first guess is 1 2 (valid) and the second slot is
+    empty (invalid). Catches the first-inserted n-gram never guessed (age 0 taken for an empty
+    slot's -1 or for no match), which the test above misses: every n-gram it guesses is
+    younger."""
+    drafter = Lookahead(window=3, ngram=3, guesses=2, pool=8)
+    _, _, gram_nodes = drafter._layout
+    state = drafter.prefill(None, Prefilled(
+        prompts=jnp.asarray([[5, 1, 2, 3, 4, 6]]), lengths=jnp.asarray([6]),
+        exit_hidden={}, cache_len=32, max_new_tokens=8))
+    assert (int(state.keys[0, 0]), np.asarray(state.grams[0, 0]).tolist(),
+            int(state.age[0, 0])) == (5, [1, 2], 0)
+    cache = type("C", (), {"lengths": jnp.asarray([6])})()
+    proposal, _, _ = drafter.propose(DraftContext(None, None, None, CFG), state, cache,
+                                     jnp.asarray([5]), None)
+    tokens, valid = np.asarray(proposal.tokens[0]), np.asarray(proposal.valid[0])
+    assert tokens[gram_nodes[0]].tolist() == [1, 2]
+    assert valid[gram_nodes].tolist() == [[True, True], [False, False]]
+
+
 def test_an_eos_inside_a_draft_ends_the_row_as_plain_decoding_does(generator):
     """Catches tokens committed past an EOS that arrived as an accepted guess."""
     check_eos_mid_draft(generator, PROMPTS, Lookahead(4, 3, 3, 64), NEW)

@@ -27,7 +27,13 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.medusa import init_medusa, medusa_logits
 from specjax.loading import load_model
 from specjax.training.config import parse_run_config
-from specjax.training.heads.medusa import MedusaConfig, make_medusa_step, medusa_targets
+from specjax.training.heads.medusa import (
+    MedusaConfig,
+    MedusaObjective,
+    make_medusa_eval_step,
+    make_medusa_step,
+    medusa_targets,
+)
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
 from tests.conftest import (
@@ -100,6 +106,32 @@ def test_head_logits_and_training_labels_match_a_direct_computation(params):
     weights = 0.5 ** np.arange(HEADS)
     assert float(metrics["loss"]) == pytest.approx(np.sum(weights * per_head) / weights.sum(),
                                                    rel=1e-4)
+
+
+def test_the_evaluation_accuracy_counts_each_head_within_the_sequence_only(params):
+    """Each head's evaluation accuracy is a direct count: head k's top-1 prediction at t
+    equals batch[t + 2 + k], over t = 0..T - 2 - k only, divided by that many positions. The
+    batch's last token is set to what head 0 predicts past the end in row 0 (its label there
+    if it were counted) and within it in row 1. Catches positions past the sequence end
+    counted as correct (their labels clamped to the last token) or the accuracy divided by
+    every position instead of the head's labelled ones."""
+    heads = _noisy_heads(params, 0.2)
+    batch = np.array(jax.random.randint(jax.random.PRNGKey(3), (2, 9), 0, CFG.vocab_size))
+    steps = batch.shape[1] - 1
+    hidden = M.run_layers(params, CFG, M.embed(params, CFG, jnp.asarray(batch[:, :-1])))[-1]
+    predicted = np.asarray(jnp.argmax(medusa_logits(params, heads, CFG, hidden), -1))
+    batch[0, steps] = predicted[0, steps - 1, 0]   # head 0 at T - 1: past the end
+    batch[1, steps] = predicted[1, steps - 2, 0]   # head 0 at T - 2: its last labelled token
+    eval_step = jax.jit(make_medusa_eval_step(CFG, HEADS))
+    objective = object.__new__(MedusaObjective)
+    objective.eval_batch = lambda state, b: eval_step(heads, params, jnp.asarray(b))
+    report = objective.evaluate(None, [batch])
+    for k in range(HEADS):
+        positions = [(r, t) for r in range(2) for t in range(steps - 1 - k)]
+        correct = sum(predicted[r, t, k] == batch[r, t + 2 + k] for r, t in positions)
+        assert report.accuracy[k] == pytest.approx(correct / len(positions)), k
+    assert report.accuracy[0] > 0
+    assert report.tokens == 2 * steps
 
 
 @pytest.mark.parametrize("shape", [Chain(3), StaticTree.from_branching((2, 2, 1)),

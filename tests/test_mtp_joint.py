@@ -15,8 +15,10 @@ from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.loading import load_model
+from specjax.nn.cache import LayerKV
 from specjax.nn.mtp import MtpModule
 from specjax.nn.rope import rope_tables
+from specjax.training.loss import mtp_cross_entropies
 from specjax.training.objective import with_mtp
 from specjax.training.train_step import StepSchedule, TrainState, make_train_step
 from specjax.training.trainer import Trainer
@@ -59,6 +61,58 @@ def test_the_joint_loss_adds_the_weighted_mtp_cross_entropy():
         state, batch, jax.random.PRNGKey(2), schedule)
     # the model itself learns from the modules' loss, not only the modules
     assert not np.allclose(updated.params["embed"], unweighted.params["embed"])
+
+
+@jax.jit
+def _chain_logits(params, tokens, base):
+    """Logits [depth, B, V] of the chain drafted from the pending token at `base` (traced),
+    run one depth at a time through a plain cache: module 0 writes slots 1..T - 1 (the last
+    layer's state at p - 1 and the token at p, seeing slots 1..p); module j then writes slot
+    base + j from module j - 1's output and the token base + j, seeing slots 1..base + j."""
+    cfg = dataclasses.replace(CFG, mtp_depth=3)
+    batch, width = tokens.shape[0], tokens.shape[1] - 1
+    hidden = M.run_layers(params, cfg, M.embed(params, cfg, tokens[:, :-1]))[-1]
+    slots = jnp.arange(width + cfg.mtp_depth)
+
+    def run(j, feature, write, kv):
+        cell = jax.tree.map(lambda w: w[j], params["mtp"]["cells"])
+        mask = (slots[None, :] <= write[:, None]) & (slots[None, :] >= 1)
+        where = jnp.broadcast_to(write, (batch, write.shape[0]))
+        return MtpModule(cfg).apply({"params": cell}, M.embed(params, cfg, tokens[:, write]),
+                                    feature, rope_tables(cfg, where),
+                                    jnp.broadcast_to(mask, (batch, *mask.shape)), kv, where)
+
+    out, kv = run(0, hidden[:, :width - 1], jnp.arange(1, width),
+                  LayerKV.allocate(cfg, batch, len(slots)))
+    feature = jax.lax.dynamic_slice_in_dim(out, base - 1, 1, axis=1)
+    logits = [M.exit_logits(params, cfg, feature)[:, 0]]
+    for j in range(1, cfg.mtp_depth):
+        feature, kv = run(j, feature, (base + j)[None], kv)
+        logits.append(M.exit_logits(params, cfg, feature)[:, 0])
+    return jnp.stack(logits)
+
+
+def test_the_mtp_loss_past_the_first_depth_is_a_direct_cross_entropy():
+    """Each depth's MTP cross-entropy (3 modules) is the mean over rows and positions
+    s = 1..T - 1 - j of -log q_j(tokens[s + j + 1]), q_j the depth-(j + 1) draft of a chain run
+    one depth at a time from the pending token at s. Catches labels or scored positions
+    wrong only past the first depth (labels one depth off, positions whose label lies past the
+    sequence counted), which the joint-loss test, comparing depth 1 only, lets through."""
+    cfg = dataclasses.replace(CFG, mtp_depth=3)
+    params = M.init_params(cfg, jax.random.PRNGKey(4))
+    batch = jax.random.randint(jax.random.PRNGKey(5), (2, 11), 0, cfg.vocab_size)
+    width = batch.shape[1] - 1
+    hidden = M.run_layers(params, cfg, M.embed(params, cfg, batch[:, :-1]))[-1]
+    got = jax.jit(mtp_cross_entropies, static_argnums=1)(params, cfg, hidden, batch)
+    chains = {s: np.asarray(_chain_logits(params, batch, s), np.float64)
+              for s in range(1, width)}
+    tokens = np.asarray(batch)
+    for j in range(cfg.mtp_depth):
+        ces = []
+        for s in range(1, width - j):
+            log_q = chains[s][j] - np.log(np.sum(np.exp(chains[s][j]), -1, keepdims=True))
+            ces += [-log_q[b, tokens[b, s + j + 1]] for b in range(2)]
+        assert float(got[j]) == pytest.approx(np.mean(ces), rel=1e-4), j
 
 
 def test_init_draws_the_same_model_with_or_without_modules_and_sources_get_them():

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from specjax.outputs import check_destinations, staged
+from specjax.outputs import check_destinations, staged, staged_dir
 from tests.conftest import run_script
 
 OLD = b'{"kept": "the previous run\'s results"}\n'
@@ -27,6 +27,36 @@ def test_an_interrupted_or_failed_block_leaves_the_old_file_and_no_partial(tmp_p
             f.write("new")
     assert target.read_text() == "new" and os.listdir(tmp_path) == ["out.json"]
     assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def test_a_replaced_output_is_a_new_file_and_a_hard_link_keeps_the_old_bytes(tmp_path):
+    """A hard link to the old output keeps the OLD bytes after `staged` replaces the output:
+    given directly, and given as a symbolic link (the link stays a link to the same path,
+    whose file is replaced: the new bytes under the link, the old under the hard link); and
+    after `staged_dir` replaces a folder holding a file of the same name. Catches an output
+    written in place (truncated and rewritten, or copied over), which changes both names: a
+    reader holding the old file sees it change under it. (That the link stays a link and the
+    mode is kept: test_bad_inputs' test_an_output_link_stays_a_link_and_a_replaced_file_...)"""
+    target, link, old = tmp_path / "out.json", tmp_path / "latest.json", tmp_path / "old.json"
+    os.symlink(target, link)
+    for output in (target, link):
+        target.write_bytes(OLD)
+        os.link(target, old)
+        with staged(str(output)) as partial, open(partial, "wb") as f:
+            f.write(b"new")
+        assert old.read_bytes() == OLD and target.read_bytes() == b"new"
+        assert not os.path.samefile(old, target)
+        assert os.path.islink(link) and os.readlink(link) == str(target)
+        assert link.read_bytes() == b"new"
+        old.unlink()
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(OLD)
+    os.link(folder / "model.safetensors", old)
+    with staged_dir(str(folder)) as staging, open(os.path.join(staging, "model.safetensors"),
+                                                  "wb") as f:
+        f.write(b"new")
+    assert old.read_bytes() == OLD and (folder / "model.safetensors").read_bytes() == b"new"
 
 
 def _umask() -> int:

@@ -3,18 +3,23 @@ against a plain-Python reference (across the batch's rows), greedy output agains
 argmax of `model.forward`, the draft limits, EOS inside a draft, export, and the drafter added
 as one file. Its sampled law is in test_decoding_sampling."""
 
+import functools
+import math
 import random
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specjax.cli.decoding import decoding_options
 from specjax.config import ModelConfig
+from specjax.decoding.drafter import DraftContext
 from specjax.decoding.drafters.suffix import SuffixDecoding, next_counts, occurrences
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
+from specjax.nn.cache import Cache
 from tests.conftest import (
     TINY_MODEL,
     check_eos_mid_draft,
@@ -29,6 +34,20 @@ PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9], list(range(40, 50)) * 2, [
 NEW = 24
 
 
+def longest_match(texts, text, depth):
+    """The longest suffix (<= depth) of `text` that ends at an earlier position s of any row
+    of `texts` with a known next token: its length and the (row, s) where it ends."""
+    for n in range(depth, 0, -1):
+        if n > len(text):
+            continue
+        pattern = text[-n:]
+        found = [(r, s) for r, other in enumerate(texts) for s in range(n - 1, len(other) - 1)
+                 if other[s - n + 1:s + 1] == pattern]
+        if found:
+            return n, found
+    return 0, []
+
+
 def reference(texts, depth):
     """Per row: the longest suffix (<= depth) of its text that ends at an earlier position of
     any row with a known next token, and how often each token follows it, one and two tokens
@@ -36,16 +55,7 @@ def reference(texts, depth):
     the lowest id)."""
     out = []
     for text in texts:
-        best, found = 0, []
-        for n in range(depth, 0, -1):
-            if n > len(text):
-                continue
-            pattern = text[-n:]
-            found = [(r, s) for r, other in enumerate(texts) for s in range(n - 1, len(other) - 1)
-                     if other[s - n + 1:s + 1] == pattern]
-            if found:
-                best = n
-                break
+        best, found = longest_match(texts, text, depth)
         first = {}
         for r, s in found:
             first[texts[r][s + 1]] = first.get(texts[r][s + 1], 0) + 1
@@ -79,6 +89,90 @@ def test_the_match_and_its_counts_equal_a_plain_python_reference():
             kept = matching & (followed[None] == top)
             got = next_counts(text, ends, kept, 2, 3)[b]
             assert {t: int(c) for t, c in enumerate(got) if c} == second, (texts, b)
+
+
+def walk(texts, strategy):
+    """Per row: the drafts of a plain walk down the suffix tree of `texts` (each row's text
+    ending with its pending token): from the longest match's occurrences, depth d drafts the
+    token most of them continue with d + 1 tokens on (ties: the lowest id), while its share of
+    those continuing is at least min_prob and d < ceil(factor x the match's length); the
+    occurrences that continued otherwise drop out."""
+    out = []
+    for text in texts:
+        best, matching = longest_match(texts, text, strategy.depth)
+        drafts = []
+        for d in range(strategy.shape.num_draft):
+            going = [(r, s) for r, s in matching if s + d + 1 < len(texts[r])]
+            counts = {}
+            for r, s in going:
+                counts[texts[r][s + d + 1]] = counts.get(texts[r][s + d + 1], 0) + 1
+            if not counts:
+                break
+            top = min(counts, key=lambda t: (-counts[t], t))
+            if (counts[top] / len(going) < strategy.min_prob
+                    or d >= math.ceil(strategy.factor * best)):
+                break
+            drafts.append(top)
+            matching = [(r, s) for r, s in going if texts[r][s + d + 1] == top]
+        out.append(drafts)
+    return out
+
+
+@functools.cache
+def _proposer(strategy):
+    """strategy.propose, jitted, on texts [B, 16] holding `lengths` committed tokens."""
+    def propose(text, lengths, pending):
+        proposal, _, _ = strategy.propose(DraftContext(None, None, None, CFG), text,
+                                          Cache((), lengths, text.shape[1] - 1), pending,
+                                          jax.random.PRNGKey(0))
+        return proposal.tokens, proposal.valid
+    return jax.jit(propose)
+
+
+def proposed(strategy, texts):
+    """The drafts `strategy` proposes per row for `texts` (each ending with the pending
+    token): the valid prefix of its chain (the valid nodes must be a prefix)."""
+    width = 16
+    text = jnp.asarray([t[:-1] + [0] * (width - len(t) + 1) for t in texts])
+    tokens, valid = _proposer(strategy)(text, jnp.asarray([len(t) - 1 for t in texts]),
+                                        jnp.asarray([t[-1] for t in texts]))
+    tokens, valid = np.asarray(tokens), np.asarray(valid)
+    counts = valid.sum(axis=1)
+    assert all(valid[b].tolist() == [True] * n + [False] * (valid.shape[1] - n)
+               for b, n in enumerate(counts))
+    return [tokens[b, :n].tolist() for b, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=pytest.mark.xfail(
+    strict=True, reason="issue 52: propose filters row b's occurrences in row r by row r's "
+    "drafted token (tokens [B, 1] broadcast against text [R, W]), not row b's"))])
+def test_the_drafted_tokens_are_a_plain_python_walk_of_the_suffix_tree(rows):
+    """Every row's drafts in `propose` equal a plain-Python walk down the suffix tree of the
+    batch's texts (pending tokens included), on 100 random batches of a 3-token vocabulary,
+    for two settings. Catches the walk at the wrong offset (the occurrences filtered, or their
+    continuations counted, one token off), a tie broken towards another token,
+    `suffix_factor` or `suffix_min_prob` applied to another depth, and (3 rows) occurrences
+    in another row filtered by that row's drafts instead of the drafting row's."""
+    rng = random.Random(1)
+    for strategy in (SuffixDecoding(4, 0.0, 1.0, Chain(4)), SuffixDecoding(3, 0.4, 2.0, Chain(5))):
+        for _ in range(100):
+            texts = [[rng.randrange(3) for _ in range(rng.randrange(1, 15))]
+                     for _ in range(rows)]
+            assert proposed(strategy, texts) == walk(texts, strategy), texts
+
+
+def test_min_prob_keeps_a_draft_whose_share_is_exactly_the_threshold():
+    """The text 7 1 2 7 1 2 7 1 3 7 1 2 8, pending 7: the four earlier 7s continue 1 (share
+    1), then 2 (3 of 4), then 7 (2 of 3), then 1 (2 of 2). A minimum share of exactly .75 or
+    just below drafts 1 2; just above, 1 only; 0, all four. Catches the boundary taken as a
+    strict inequality (and a test that only checks "fewer drafts", which passes when nothing
+    is drafted)."""
+    text = [[7, 1, 2, 7, 1, 2, 7, 1, 3, 7, 1, 2, 8, 7]]
+    for min_prob, drafts in ((0.75, [1, 2]), (0.749, [1, 2]), (0.751, [1]),
+                             (0.0, [1, 2, 7, 1])):
+        strategy = SuffixDecoding(8, min_prob, 4.0, Chain(4))
+        assert walk(text, strategy) == [drafts]
+        assert proposed(strategy, text) == [drafts], min_prob
 
 
 @pytest.fixture(scope="module")

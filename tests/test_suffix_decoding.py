@@ -143,9 +143,7 @@ def proposed(strategy, texts):
     return [tokens[b, :n].tolist() for b, n in enumerate(counts)]
 
 
-@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=pytest.mark.xfail(
-    strict=True, reason="issue 52: propose filters row b's occurrences in row r by row r's "
-    "drafted token (tokens [B, 1] broadcast against text [R, W]), not row b's"))])
+@pytest.mark.parametrize("rows", [1, 3])
 def test_the_drafted_tokens_are_a_plain_python_walk_of_the_suffix_tree(rows):
     """Every row's drafts in `propose` equal a plain-Python walk down the suffix tree of the
     batch's texts (pending tokens included), on 100 random batches of a 3-token vocabulary,

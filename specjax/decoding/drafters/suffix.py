@@ -91,7 +91,9 @@ class SuffixDecoding(FullVerification):
         def step(carry, tokens, layout):
             matching, d, counts = carry
             followed = shifted(text, d)                                        # text[r, s + d]
-            matching = jnp.where(d > 0, matching & (followed[None] == tokens), matching)
+            # row b's occurrences in every row r, kept where row b's own drafted token follows
+            matching = jnp.where(d > 0, matching & (followed[None] == tokens[:, :, None]),
+                                 matching)
             seen = next_counts(text, ends, matching, d + 1, vocab)
             logits = jnp.where(seen > 0, jnp.log(jnp.maximum(seen, 1.0)), -1e9)
             return (logits[:, None], jnp.zeros((*tokens.shape, 1), jnp.float32),

@@ -493,6 +493,57 @@ def test_a_config_file_that_is_no_config_is_named(tmp_path, source, error):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_bool_where_an_int_is_due_is_refused(model_workdir, tmp_path):
+    """`max_new_tokens=True` to the API and `train.total_steps=True` as a train override are
+    one-line "must be an int" errors, before any work (True is a bool, not a count). Catches
+    a bool taken as the int 1 (one token generated, one step trained, without a word)."""
+    model = specjax.load(model_workdir)
+    with pytest.raises(ValueError, match=r"^max_new_tokens=True must be an int$"):
+        model.generate("x", max_new_tokens=True)
+    with pytest.raises(ValueError, match=r"^seed=False must be an int$"):
+        model.generate("x", seed=False)
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError, match=r"^train\.total_steps=True must be an int$"):
+        specjax.train(tiny_run(), str(workdir), overrides={"train.total_steps": True})
+    assert not (workdir / "metrics.jsonl").exists()
+
+
+def test_text_in_a_float_setting_is_refused_as_not_a_number():
+    """`data.val_fraction="0.1"` (text where a float is due) is the one-line "must be a
+    number", as text in an int field is "must be an int". Catches the check run over int
+    fields only: the float field's text reached the range check's `0.0 < "0.1"` (a
+    TypeError)."""
+    with pytest.raises(ValueError, match=r"^data\.val_fraction='0\.1' must be a number$"):
+        DataConfig.from_dict({"val_fraction": "0.1"})
+    assert DataConfig.from_dict({"val_fraction": 0.1}).val_fraction == 0.1  # a number is one
+
+
+def test_a_config_file_whose_get_config_is_not_a_function_is_named(tmp_path):
+    """A config file whose `get_config` is 5 (not callable) is the one-line "defines no
+    get_config() returning the config", nothing written. Catches the check asking only that
+    the name exist: the call then failed as "get_config() raised TypeError: 'int' object is
+    not callable"."""
+    path = tmp_path / "config.py"
+    path.write_text("get_config = 5\n")
+    error = f"config file {path}: defines no get_config() returning the config"
+    with pytest.raises(ValueError, match=f"^{re.escape(error)}$"):
+        specjax.train(str(path), str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
+
+
+def test_stream_checks_its_seeds_type_as_generate_does(model_workdir):
+    """`stream("x", seed="s")` is generate's one-line "seed='s' must be an int", before any
+    decoding. Catches stream dropping the check: the text reached JAX, a traceback ending in
+    "Value 's' with dtype <U1 is not a valid JAX array type"."""
+    model = specjax.load(model_workdir)
+    with pytest.raises(ValueError, match=r"^seed='s' must be an int$"):
+        model.generate("x", seed="s")
+    with pytest.raises(ValueError, match=r"^seed='s' must be an int$"):
+        list(model.stream("x", seed="s"))
+    with pytest.raises(ValueError, match=r"^seed=1\.5 must be an int$"):
+        list(model.stream("x", seed=1.5, temperature=1.0, max_new_tokens=2))
+
+
 def test_an_output_link_stays_a_link_and_a_replaced_file_keeps_its_mode(tmp_path):
     """Catches an output that is a symbolic link replaced by a regular file or folder (what it
     pointed to left stale), and a replaced file's mode reset to the umask's (0600 became

@@ -9,19 +9,24 @@ import jax
 import pytest
 
 from specjax import mappings
+from specjax.config import ModelConfig
+from specjax.decoding.drafters.calm import Calm
+from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.layerskip import SelfSpeculative
-from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.model import init_params, unstack_layers
 from specjax.timing import time_interleaved
 from specjax.tools import bench
 from specjax.tools.bench import (
+    StrategyResult,
     decode_matrices,
     decode_step_bytes,
     matvec_bandwidth,
     run_benchmark,
 )
+from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -247,3 +252,31 @@ def test_the_bench_compiles_every_batch_shape_before_it_times(tiny_cfg, tiny_par
     [result] = run_benchmark(generator, {"ar": AUTOREGRESSIVE}, [[1, 2, 3], [4, 5], [6] * 20],
                              max_new_tokens=6, batch_size=2, repeats=1)
     assert result.rows == 3 and counts[0] == counts[1] == 4  # 2 shapes x (full, one token)
+
+
+def test_a_lossy_strategys_output_is_reported_as_differing_from_the_baseline():
+    """identical_to_baseline is the direct comparison of a strategy's tokens with ar's: CALM
+    leaving every token at layer 1 (threshold 0, lossy) on a model whose layer-1 exit
+    disagrees with the last layer is False, ar itself True. Catches a strategy's output
+    compared with itself (every strategy reported identical to ar)."""
+    cfg = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+    generator = Generator(init_params(cfg, jax.random.PRNGKey(0)), cfg)
+    ar, calm = run_benchmark(generator, {"ar": AUTOREGRESSIVE,
+                                         "calm": Calm(EarlyExit((1,)), 0.0)},
+                             [[1, 2, 3], [4, 5]], max_new_tokens=6, repeats=1)
+    assert (ar.name, calm.name) == ("ar", "calm")
+    assert calm.generated != ar.generated  # the reference: the tokens compared directly
+    assert ar.identical_to_baseline is True and calm.identical_to_baseline is False
+
+
+def test_decode_tokens_per_second_leaves_out_each_rows_prefill_token():
+    """The decode rate by hand: 50 tokens over 2 rows in 3 s, 0.5 s of it the prefill call
+    (which makes each row's first token): (50 - 2) / (3 - 0.5) = 19.2 tokens/s; no rate when
+    the prefill takes all the time. Catches the rows' first tokens counted as decoded
+    (50 / 2.5 = 20)."""
+    result = StrategyResult(name="x", tokens=50, rows=2, seconds=3.0, prefill_seconds=0.5,
+                            compile_seconds=0.0, stats=RowStats(0, 0, 0), generated=[],
+                            distinct_4grams=0.0, identical_to_baseline=None)
+    assert result.decode_tokens_per_second == pytest.approx(48 / 2.5) == 19.2
+    assert result.tokens_per_second == pytest.approx(50 / 3)
+    assert dataclasses.replace(result, prefill_seconds=3.0).decode_tokens_per_second is None

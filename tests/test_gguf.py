@@ -84,10 +84,11 @@ def bpe_vocabulary():
 
 
 def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=TEMPLATE,
-               tokenizer=True, pre="default"):
+               tokenizer=True, pre="default", vocab_size=True, strings=None):
     """`hf_model`'s weights as llama.cpp writes them (names, permuted Q/K, `types` per
-    tensor kind), with a byte-level BPE tokenizer in the metadata; returns {GGUF name: (type,
-    raw bytes as stored, shape)}."""
+    tensor kind), with a byte-level BPE tokenizer in the metadata (and `{arch}.vocab_size`
+    unless `vocab_size` is False; `strings`: more {key: string} metadata); returns {GGUF name:
+    (type, raw bytes as stored, shape)}."""
     config = hf_model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
@@ -98,7 +99,10 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
     writer.add_uint32(f"{arch}.attention.head_count_kv", config.num_key_value_heads)
     writer.add_float32(f"{arch}.rope.freq_base", SIZES["rope_theta"])
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_uint32(f"{arch}.vocab_size", config.vocab_size)
+    if vocab_size:
+        writer.add_uint32(f"{arch}.vocab_size", config.vocab_size)
+    for key, value in (strings or {}).items():
+        writer.add_string(key, value)
     if tokenizer:
         tokens, merges = bpe_vocabulary()
         writer.add_string("tokenizer.ggml.model", "gpt2")
@@ -271,3 +275,33 @@ def test_bad_files_are_one_line_errors_and_write_nothing(tmp_path):
                         str(tmp_path / "cli"))
     assert result.returncode == 1 and "is not a readable GGUF file" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cli").exists()
+
+
+def test_a_gguf_with_rope_scaling_is_refused_in_one_line(tmp_path):
+    """A GGUF whose metadata sets `llama.rope.scaling.type` ("linear", as llama.cpp writes a
+    context-extended model) is a one-line error naming the scaling, nothing written. Catches
+    the key misspelled where the import reads it: the scaling unseen, the model imported with
+    plain RoPE (positions past the original context would be wrong, silently)."""
+    path = tmp_path / "scaled.gguf"
+    write_gguf(path, hf_llama(), {}, strings={"llama.rope.scaling.type": "linear"})
+    assert gguf.GGUFReader(str(path)).fields["llama.rope.scaling.type"].contents() == "linear"
+    with pytest.raises(ConversionError, match="RoPE scaling 'linear' is not supported") as caught:
+        import_checkpoint(str(path), str(tmp_path / "w"))
+    assert "\n" not in str(caught.value) and not (tmp_path / "w").exists()
+
+
+def test_without_a_vocab_size_key_the_vocabulary_is_the_embeddings_row_count(tmp_path):
+    """With neither `llama.vocab_size` nor a token list in the metadata, the imported vocab_size
+    is the row count of the embedding (300 tokens by 64 hidden), and the logits are 300 wide.
+    Catches the fallback reading the embedding's other axis (the hidden size, 64)."""
+    model = hf_llama()
+    path = tmp_path / "novocab.gguf"
+    write_gguf(path, model, {}, tokenizer=False, vocab_size=False)
+    fields = gguf.GGUFReader(str(path)).fields
+    assert "llama.vocab_size" not in fields and "tokenizer.ggml.tokens" not in fields
+    rows = model.model.embed_tokens.weight.shape[0]
+    assert rows == SIZES["vocab_size"] != SIZES["hidden_size"]
+    assert GgufCheckpoint(str(path)).hf_config()["vocab_size"] == rows
+    cfg = import_checkpoint(str(path), str(tmp_path / "w"))
+    params, _, _ = load_params(str(tmp_path / "w"))
+    assert cfg.vocab_size == rows == params["embed"].shape[0]

@@ -194,11 +194,16 @@ def test_generate_on_a_mesh_of_four_devices_matches_one_device(workdir, tmp_path
 
 
 def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
-    """Also catches a bench whose baseline is whatever strategy comes first (a third probe:
-    `--strategies ngram` showed 1.00x and "identical to ar" with no ar run): ar always runs."""
+    """The bench's report at batch 2: speed, acceptance, identity with ar and ar's bandwidth,
+    whose achieved rate is the report's own bytes a step times steps a second (tokens a second
+    over the 2 rows a step decodes). Catches the achieved bandwidth charging a batch-2 step
+    once per row (twice the bytes/s read), and a bench whose baseline is whatever strategy
+    comes first (a third probe: `--strategies ngram` showed 1.00x and "identical to ar" with
+    no ar run): ar always runs."""
     report_path = tmp_path / "bench.json"
     result = _run("bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len", "16",
-                  "--max_new_tokens", "48", "--repeats", "2", "--strategies", "selfspec",
+                  "--max_new_tokens", "48", "--repeats", "2", "--batch_size", "2",
+                  "--strategies", "selfspec",
                   "--exit_layer=1,2",
                   "--tree", "chain", "--tree", "2,1", "--bandwidth_mb", "64",
                   "--output_json", str(report_path))
@@ -217,6 +222,10 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     assert report["unfinished_training"] == [] and "WARNING" not in result.stdout  # 6 of 6
     assert report["read_bandwidth_gb_s"] > 0 and 0 < report["ar_bandwidth_fraction"]
     assert report["matvec_chain_gb_s"] > 0 and 0 < report["ar_matvec_fraction"]
+    assert report["batch_size"] == 2
+    assert report["ar_decode_tokens_per_s"] == report["results"][0]["decode_tokens_per_s"]
+    assert report["ar_achieved_gb_s"] * 1e9 == pytest.approx(
+        report["ar_bytes_per_step"] * report["ar_decode_tokens_per_s"] / 2, rel=1e-9)
     assert report["cpu_kernels"] == {
         kernel.SWITCH: "pinned: kernel" if kernel.available() else "not built: XLA"
         for kernel in (cpu_attention, cpu_matmul)}

@@ -18,7 +18,7 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags, run_cli
-from specjax.data import DataConfig, iter_documents
+from specjax.data import file_texts
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
@@ -61,7 +61,7 @@ def run() -> None:
 
         plot_format = plots.image_format(FLAGS.plot)
     with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
-        texts = read_texts_file(FLAGS.texts_file, FLAGS.text_field) if FLAGS.texts_file else None
+        texts = file_texts(FLAGS.texts_file, FLAGS.text_field) if FLAGS.texts_file else None
         loaded = load_model(FLAGS.workdir)
         tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
         report = model_exit_report(
@@ -77,13 +77,6 @@ def run() -> None:
     for path in (FLAGS.output_json, FLAGS.plot):
         if path:
             print(f"wrote {path}")
-
-
-def read_texts_file(path: str, field: str) -> list[str]:
-    """The documents of a data file (.jsonl/.json rows with `field`, .parquet, or plain text:
-    `specjax.data`'s readers, with their one-line errors naming --text_field)."""
-    data = DataConfig(source="files", files=(path,), text_field=field)
-    return [text for _, text in iter_documents(data, "--text_field")]
 
 
 if __name__ == "__main__":

@@ -254,6 +254,13 @@ def iter_documents(cfg: DataConfig, setting: str = "data.text_field"
         raise ValueError(f"data source {cfg.source!r} produced no documents")
 
 
+def file_texts(path: str, field: str) -> list[str]:
+    """The documents of one data file given on a command line (.jsonl/.json rows with `field`,
+    .parquet, or plain text), with the readers' one-line errors naming --text_field."""
+    data = DataConfig(source="files", files=(path,), text_field=field)
+    return [text for _, text in iter_documents(data, "--text_field")]
+
+
 def source_identity(cfg: DataConfig) -> dict[str, Any]:
     """What names the documents `iter_documents` yields, for the token cache's key: every
     local file's path, size and modification time; a hub dataset's name, config and split."""

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
@@ -31,6 +32,7 @@ from specjax.io.checkpoint import (
     UnreadableCheckpointError,
     load_params,
 )
+from specjax.io.draft_vocab import read_ranking
 from specjax.model import Params, unstack_layers
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.heads.mtp import MtpConfig
@@ -41,7 +43,8 @@ from specjax.training.registry import HEADS
 @dataclasses.dataclass(frozen=True)
 class LoadedModel:
     """The target model (params, config), the workdir's checkpoint metadata (decoding defaults,
-    tokenizer) and the trained drafters' weights by strategy name."""
+    tokenizer), the trained drafters' weights by strategy name and the workdir's ranking of ids
+    for drafting over part of the vocabulary (`io.draft_vocab`; a head's: its base's)."""
 
     workdir: str
     params: Params
@@ -50,6 +53,7 @@ class LoadedModel:
     draft_weights: dict[str, DraftWeights]
     mesh: Mesh | None = None
     unfinished: tuple[str, ...] = ()  # `unfinished_training`'s note for each such workdir
+    draft_vocab: np.ndarray | None = None
 
     def warn_long_prompts(self, lengths: Sequence[int]) -> None:
         """Logs a warning when a prompt is longer than the sequences the model was trained on
@@ -66,7 +70,7 @@ class LoadedModel:
         """A `Generator` over this model (on its mesh, if any) that drafts with its trained
         drafters' weights."""
         return Generator(self.params, self.cfg, draft_weights=self.draft_weights,
-                         mesh=self.mesh, **options)
+                         mesh=self.mesh, draft_vocab=self.draft_vocab, **options)
 
     def at_head_exit(self, name: str, options: Any, chosen: Collection[str]) -> Any:
         """Decoding `options` for strategy `name`, at the exit its trained head was trained on
@@ -159,7 +163,8 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     if "base" not in meta:  # a model's workdir, not a head's
         params, cfg, meta = load_params(workdir, step, mesh=mesh)
         return LoadedModel(workdir, params, cfg, with_calibrated(meta, workdir, cfg),
-                           own_drafters(params, cfg), mesh)
+                           own_drafters(params, cfg), mesh,
+                           draft_vocab=read_ranking(workdir, cfg.vocab_size))
     recorded = meta["base"]
     if not os.path.isdir(recorded["workdir"]):
         raise CheckpointError(f"the {meta['objective']} head in {workdir} was trained on the "
@@ -173,8 +178,11 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
     base.check_unchanged(recorded, workdir)
     meta, weights = _load_head(workdir, step, meta, mesh)
     base_note = unfinished_training(recorded["workdir"], base.meta)  # a head on a partial base
+    ranking = read_ranking(workdir, base.cfg.vocab_size)
     return LoadedModel(workdir, base.params, base.cfg, with_calibrated(meta, workdir, base.cfg),
-                       weights, mesh, unfinished=(base_note,) if base_note else ())
+                       weights, mesh, unfinished=(base_note,) if base_note else (),
+                       draft_vocab=(read_ranking(recorded["workdir"], base.cfg.vocab_size)
+                                    if ranking is None else ranking))
 
 
 def own_drafters(params: Params, cfg: ModelConfig) -> dict[str, DraftWeights]:

@@ -18,8 +18,8 @@ from absl import logging
 
 # What a workdir holds that a run reads (checkpoints, decoding defaults, caches, tokenizer,
 # logs, the lock): an output written over one of them would break the workdir.
-WORKDIR_FILES = ("checkpoints", "calibrated_decoding.json", "tree_plans.json", "tokenizer.json",
-                 "tokenizer_config.json", "metrics.jsonl", ".lock")
+WORKDIR_FILES = ("checkpoints", "calibrated_decoding.json", "draft_vocab.json", "tree_plans.json",
+                 "tokenizer.json", "tokenizer_config.json", "metrics.jsonl", ".lock")
 
 
 def check_destinations(outputs: Mapping[str, str | None],

@@ -309,10 +309,12 @@ def reader_files(folder) -> None:
 
 
 def export_decode_loop(params, draft_params, cfg: ModelConfig, drafter, *, sampled: bool = True,
-                       max_new_tokens: int = 32, cache_len: int = 64) -> jax.export.Exported:
+                       max_new_tokens: int = 32, cache_len: int = 64,
+                       draft_ids: int = 0) -> jax.export.Exported:
     """`drafter`'s jitted decode loop on `params` and `draft_params`, exported for TPU and CUDA
-    from their shapes (2 prompts of 16 tokens, sampled or greedy), both platforms asserted:
-    host-side work in a drafter (a Python list, a numpy search, a callback) fails here."""
+    from their shapes (2 prompts of 16 tokens, sampled or greedy; `draft_ids` ids drafted over
+    when > 0), both platforms asserted: host-side work in a drafter (a Python list, a numpy
+    search, a callback) fails here."""
     from specjax.decoding.loop import generate_tokens
     from specjax.decoding.sampling import SamplingParams
 
@@ -320,13 +322,14 @@ def export_decode_loop(params, draft_params, cfg: ModelConfig, drafter, *, sampl
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
                             tree)
 
-    fn = jax.jit(lambda p, d, prompts, lengths, key, sp, eos: generate_tokens(
-        p, d, prompts, lengths, key, sp, eos, cfg=cfg, drafter=drafter,
+    fn = jax.jit(lambda p, d, prompts, lengths, key, sp, eos, ids: generate_tokens(
+        p, d, prompts, lengths, key, sp, eos, ids, cfg=cfg, drafter=drafter,
         max_new_tokens=max_new_tokens, cache_len=cache_len))
     exported = jax.export.export(fn, platforms=("tpu", "cuda"))(
         spec(params), spec(draft_params), jax.ShapeDtypeStruct((2, 16), jnp.int32),
         jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.uint32),
-        spec(SamplingParams.create()) if sampled else None, jax.ShapeDtypeStruct((), jnp.int32))
+        spec(SamplingParams.create()) if sampled else None, jax.ShapeDtypeStruct((), jnp.int32),
+        jax.ShapeDtypeStruct((draft_ids,), jnp.int32) if draft_ids else None)
     assert exported.platforms == ("tpu", "cuda")
     return exported
 

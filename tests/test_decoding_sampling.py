@@ -48,6 +48,7 @@ VOCAB, NEW, ROWS, SEEDS = 8, 3, 2000, 6
 CFG = ModelConfig(vocab_size=VOCAB, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
                   mlp_dim=64, init_std=0.3)
 PROMPT = [1, 4, 2]
+RANKING = [5, 2, 7, 0, 3, 1, 6, 4]  # drafts over part of the vocabulary take its first ids
 SETTINGS = {"t1": dict(temperature=1.0), "filtered": dict(temperature=1.3, top_k=5, top_p=0.9)}
 
 
@@ -82,7 +83,7 @@ def generator_with_drafters(params):
     draft_cfg = dataclasses.replace(CFG, num_layers=2)
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
                                                                params["layers"])}, draft_cfg)
-    return Generator(params, CFG, draft_weights={
+    return Generator(params, CFG, draft_vocab=RANKING, draft_weights={
         "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
         "draft": DraftWeights(_noisy(draft, 0.1), cfg=draft_cfg),
         "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
@@ -152,6 +153,9 @@ STRATEGIES = {
     # A block drafting each depth from its parent's feature (the K/V it keeps across rounds).
     "eagle-chain": Eagle(Chain(3)),
     "mtp-tree": Mtp(StaticTree.from_branching((2, 1))),
+    # Drafts over 3 of the 8 ids (q zero outside them), the shared head's and a head's own.
+    "vocab-chain": SelfSpeculative(1, Chain(2), draft_vocab=3),
+    "vocab-medusa-tree": Medusa(StaticTree.from_branching((2, 1)), draft_vocab=3),
     # Jacobi guesses beside pool n-grams, every child deterministic.
     "lookahead-tree": Lookahead(3, 2, 2, 8),
     # Branches from different drafters: every child deterministic (the top_k rule).

@@ -38,6 +38,7 @@ from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.verify import Verified, verify
+from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params
 from specjax.nn.cache import Cache
 
@@ -58,12 +59,14 @@ class DraftWeights:
 @flax.struct.dataclass
 class DraftContext:
     """What every hook may read: the target's params, the drafter's own params, the model
-    config and the sampling parameters (None: greedy decoding)."""
+    config, the sampling parameters (None: greedy decoding) and the ids a vocabulary head
+    drafts over (`draft_vocab`; None: all)."""
 
     params: Params
     draft_params: Any
     sampling: SamplingParams | None
     cfg: ModelConfig = flax.struct.field(pytree_node=False)
+    vocab: DraftVocab | None = None
 
 
 @flax.struct.dataclass
@@ -121,6 +124,9 @@ class Drafter(Protocol):
     def runtime_params(self, draft_params: Any) -> Any:
         """The params traced into the program: its weights' (default) plus traced settings."""
 
+    def restrict_vocab(self, draft_params: Any, ids: jax.Array) -> Any:
+        """Its params with its own vocabulary head cut to `ids` [N] (`draft_vocab`)."""
+
     def hf_options(self) -> dict[str, Any] | None:
         """`generate()` options of the equivalent Hugging Face decoding (None: none exists)."""
 
@@ -172,6 +178,11 @@ class DrafterBase:
         return drafter, drafter.runtime_params(params)
 
     def runtime_params(self, draft_params: Any) -> Any:
+        return draft_params
+
+    def restrict_vocab(self, draft_params: Any, ids: jax.Array) -> Any:
+        """Its own weights with a vocabulary head of its own cut to `ids` (once per generate
+        call, when it drafts over part of the vocabulary); unchanged by default."""
         return draft_params
 
     def hf_options(self) -> dict[str, Any] | None:

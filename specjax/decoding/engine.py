@@ -113,14 +113,17 @@ class Generator:
     with the `draft_params` of a call. On a `mesh`, weights (the drafters' too) are laid out by
     `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly;
     the caches are laid out by `sharding.CACHE_AXES`, and jit places everything else.
+    `draft_vocab` ranks token ids for drafting over part of the vocabulary (most frequent
+    first, `io.draft_vocab`): a strategy with `draft_vocab` = N drafts over its first N.
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
                  draft_weights: Mapping[str, DraftWeights] | None = None,
-                 mesh: Mesh | None = None):
+                 mesh: Mesh | None = None, draft_vocab: Sequence[int] | None = None):
         self.cfg = cfg
         self.max_cache_len = max_cache_len
         self.mesh = mesh
+        self.draft_vocab = None if draft_vocab is None else np.asarray(draft_vocab, np.int64)
         self.draft_weights = {name: dataclasses.replace(w, params=self._place(w.params))
                               for name, w in (draft_weights or {}).items()}
         layers = params.get("layers")
@@ -216,9 +219,23 @@ class Generator:
         padded, lengths = self.pad(prompts)
         cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
-                jax.random.PRNGKey(seed), sampling, stop_ids(eos_id))
+                jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy))
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
                           cache_len=cache_len)
+
+    def draft_ids(self, strategy: Drafter) -> jax.Array | None:
+        """The ascending ids `strategy` drafts over: the first `draft_vocab` of the ranking
+        (None: the whole vocabulary)."""
+        size = getattr(strategy, "draft_vocab", 0)
+        if not size:
+            return None
+        if self.draft_vocab is None:
+            raise ValueError(f"draft_vocab={size} needs a ranking of the vocabulary: make one "
+                             "with infer/draft_vocab.py --workdir <the model's workdir>")
+        if size > len(self.draft_vocab):
+            raise ValueError(f"draft_vocab={size} exceeds the {len(self.draft_vocab)} ids "
+                             "ranked: rank more with infer/draft_vocab.py --size")
+        return jnp.asarray(np.sort(self.draft_vocab[:size]), jnp.int32)
 
     def with_weights(self, strategy: Drafter, draft_params: Any) -> tuple[Drafter, Any]:
         """`strategy` bound to the weights it drafts with (`draft_weights[name]`, checked by its

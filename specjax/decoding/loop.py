@@ -22,6 +22,7 @@ from specjax.decoding import streaming
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
+from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
 from specjax.nn.cache import Cache, along_path
 
@@ -74,8 +75,9 @@ class LoopState:
                                              "stream"))
 def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                     prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
-                    eos_id: jax.Array, *, cfg: ModelConfig, drafter: Drafter,
-                    max_new_tokens: int, cache_len: int, stream: bool = False) -> DecodeOutput:
+                    eos_id: jax.Array, draft_ids: jax.Array | None = None, *, cfg: ModelConfig,
+                    drafter: Drafter, max_new_tokens: int, cache_len: int,
+                    stream: bool = False) -> DecodeOutput:
     """Generates up to `max_new_tokens` per row after right-padded prompts [B, P].
 
     Args:
@@ -85,11 +87,18 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
       sampling: None for greedy decoding, else the sampling distribution's parameters.
       eos_id: the token ids that end a row, a scalar or a vector (-1: none); the one that
         ends it is included in the output.
+      draft_ids: [N] ascending ids a vocabulary head drafts over (`draft_vocab`; None: all):
+        the target's rows and the drafter's own head are cut to them once, before the loop.
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
       stream: hand each round's committed tokens to the host as it finishes
         (`streaming.emit`; a separate program, so the default one has no host round-trip).
     """
-    ctx = DraftContext(params=params, draft_params=draft_params, sampling=sampling, cfg=cfg)
+    vocab = None
+    if draft_ids is not None:
+        vocab = DraftVocab.gather(params, cfg, draft_ids)
+        draft_params = drafter.restrict_vocab(draft_params, draft_ids)
+    ctx = DraftContext(params=params, draft_params=draft_params, sampling=sampling, cfg=cfg,
+                       vocab=vocab)
     prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
                     max_new_tokens=max_new_tokens, cache_len=cache_len)

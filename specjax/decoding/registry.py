@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from specjax.decoding import drafters
+from specjax.decoding.draft_vocab import VocabOptions
 from specjax.decoding.drafter import Drafter, Strategy
 from specjax.decoding.options import join_options
 from specjax.discovery import exported
@@ -40,7 +41,10 @@ def make_strategy(name: str, options: Any) -> Drafter:
     strategy, declared = STRATEGIES[name], _Declared(name, options, declared_options([name]))
     if strategy.composite:
         return strategy.build(declared, lambda part: make_strategy(part, options))
-    return strategy.build(declared)
+    drafter = strategy.build(declared)
+    if VocabOptions in strategy.options:  # a vocabulary head (`decoding.draft_vocab`)
+        drafter = dataclasses.replace(drafter, draft_vocab=declared.draft_vocab)
+    return drafter
 
 
 def declared_options(names: Sequence[str]) -> set[str]:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params
 from specjax.nn.attention import Attention
 from specjax.nn.cache import LayerKV
@@ -84,11 +85,16 @@ class EagleKind:
         both = jnp.concatenate([h.astype(cfg.compute_dtype) for h in hidden], axis=-1)
         return matmul(both, head["fc"].astype(cfg.compute_dtype))
 
-    def logits(self, params: Params, head: Params, cfg: ModelConfig,
-               features: jax.Array) -> jax.Array:
+    def logits(self, params: Params, head: Params, cfg: ModelConfig, features: jax.Array,
+               vocab: DraftVocab | None = None) -> jax.Array:
         normed = apply_rms_norm(features, head["norm"]["scale"], cfg)
-        return (matmul(normed, head["lm_head"].astype(cfg.compute_dtype), out_dtype=jnp.float32)
-                + head["vocab_bias"].astype(jnp.float32))
+        scores = (matmul(normed, head["lm_head"].astype(cfg.compute_dtype), out_dtype=jnp.float32)
+                  + head["vocab_bias"].astype(jnp.float32))
+        return scores if vocab is None else vocab.expand(scores)
+
+    def restrict_vocab(self, head: Params, ids: jax.Array) -> Params:
+        """`lm_head`'s columns and `vocab_bias` at `ids`."""
+        return {**head, "lm_head": head["lm_head"][:, ids], "vocab_bias": head["vocab_bias"][ids]}
 
     def init(self, params: Params, cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         """A fresh layer and fc (seeded by the layers), the target's final norm and

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params, embed
 from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
@@ -44,9 +45,13 @@ class FeatureHeadKind(Protocol):
              hidden: Sequence[jax.Array]) -> jax.Array:
         """The feature [..., D] of the target's hidden states at `exits` ([..., D] each)."""
 
-    def logits(self, params: Params, head: Params, cfg: ModelConfig,
-               features: jax.Array) -> jax.Array:
-        """Draft logits [..., V] (float32) of the block's output features."""
+    def logits(self, params: Params, head: Params, cfg: ModelConfig, features: jax.Array,
+               vocab: DraftVocab | None = None) -> jax.Array:
+        """Draft logits [..., V] (float32) of the block's output features (scored over
+        `vocab`'s ids only when given, the head cut to them by `restrict_vocab`)."""
+
+    def restrict_vocab(self, head: Params, ids: jax.Array) -> Params:
+        """The head with a vocabulary projection of its own cut to `ids` (or unchanged)."""
 
     def init(self, params: Params, cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         """A head for the target `params` before training."""

@@ -17,22 +17,27 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params, init_params
 from specjax.nn.norm import apply_rms_norm
 
 
 class MedusaHeads(nn.Module):
-    """`num_heads` heads over normalised hidden states [..., D] -> logits [..., K, V] (float32)."""
+    """`num_heads` heads over normalised hidden states [..., D] -> logits [..., K, V] (float32);
+    `outputs` ids projected to (default the vocabulary; fewer for heads cut to a draft
+    vocabulary, `restrict_medusa`)."""
 
     cfg: ModelConfig
     num_heads: int
+    outputs: int | None = None
 
     @nn.compact
     def __call__(self, normed: jax.Array) -> jax.Array:
         d, dtype = self.cfg.d_model, self.cfg.compute_dtype
         w = self.param("w", nn.initializers.zeros, (self.num_heads, d, d), self.cfg.param_dtype)
         b = self.param("b", nn.initializers.zeros, (self.num_heads, d), self.cfg.param_dtype)
-        out = self.param("out", nn.initializers.zeros, (self.num_heads, d, self.cfg.vocab_size),
+        out = self.param("out", nn.initializers.zeros,
+                         (self.num_heads, d, self.outputs or self.cfg.vocab_size),
                          self.cfg.param_dtype)
         x = normed.astype(dtype)
         residual = x[..., None, :] + nn.silu(jnp.einsum("...d,kde->...ke", x, w.astype(dtype))
@@ -57,9 +62,17 @@ def abstract_medusa(cfg: ModelConfig, num_heads: int) -> Params:
                                               num_heads))
 
 
-def medusa_logits(params: Params, heads: Params, cfg: ModelConfig,
-                  hidden: jax.Array) -> jax.Array:
+def medusa_logits(params: Params, heads: Params, cfg: ModelConfig, hidden: jax.Array,
+                  vocab: DraftVocab | None = None) -> jax.Array:
     """Every head's logits [..., K, V] (float32) from the target's last-layer hidden states
-    [..., D] (before the final norm, which the heads share with the model's own head)."""
+    [..., D] (before the final norm, which the heads share with the model's own head); scored
+    over `vocab`'s ids only when given (the heads cut to them by `restrict_medusa`)."""
     normed = apply_rms_norm(hidden, params["final_norm"]["scale"], cfg)
-    return MedusaHeads(cfg, heads["w"].shape[0]).apply({"params": heads}, normed)
+    scores = MedusaHeads(cfg, heads["w"].shape[0], heads["out"].shape[-1]).apply(
+        {"params": heads}, normed)
+    return scores if vocab is None else vocab.expand(scores)
+
+
+def restrict_medusa(heads: Params, ids: jax.Array) -> Params:
+    """The heads with each vocabulary projection's columns at `ids` [N]."""
+    return {**heads, "out": heads["out"][:, :, ids]}

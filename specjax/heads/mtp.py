@@ -14,7 +14,8 @@ import flax.linen as nn
 import jax
 
 from specjax.config import ModelConfig
-from specjax.model import Params, exit_logits
+from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
+from specjax.model import Params
 from specjax.nn.mtp import MtpModule, init_mtp
 
 
@@ -34,9 +35,13 @@ class MtpKind:
         (last,) = hidden
         return last.astype(cfg.compute_dtype)
 
-    def logits(self, params: Params, head: Params, cfg: ModelConfig,
-               features: jax.Array) -> jax.Array:
-        return exit_logits(params, cfg, features)
+    def logits(self, params: Params, head: Params, cfg: ModelConfig, features: jax.Array,
+               vocab: DraftVocab | None = None) -> jax.Array:
+        return exit_head_logits(params, cfg, features, vocab)
+
+    def restrict_vocab(self, head: Params, ids: jax.Array) -> Params:
+        """Unchanged: the modules draft through the target's shared head."""
+        return head
 
     def init(self, params: Params, cfg: ModelConfig, settings: Mapping[str, Any]) -> Params:
         """`depth` fresh modules."""

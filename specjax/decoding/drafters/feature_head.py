@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
     DraftWeights,
@@ -38,6 +39,7 @@ from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import FeatureHeadKind, run_cell
 from specjax.heads.mtp import MTP
+from specjax.model import Params
 from specjax.nn.cache import Cache, LayerKV, along_path
 from specjax.sharding import constrain_cache
 
@@ -51,7 +53,7 @@ class FeatureState:
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureHead(FullVerification):
+class FeatureHead(VocabHead, FullVerification):
     """shape: the proposal's; exits: the target's layer counts the head fuses (bound from its
     checkpoint; () until then)."""
 
@@ -74,6 +76,9 @@ class FeatureHead(FullVerification):
     def feature_exits(self) -> tuple[int, ...]:
         return self.prefill_exits
 
+    def restrict_vocab(self, draft_params: Params, ids: jax.Array) -> Params:
+        return self.kind.restrict_vocab(draft_params, ids)
+
     def bind(self, weights: DraftWeights) -> FeatureHead:
         return dataclasses.replace(self, exits=tuple(weights.settings["exits"]))
 
@@ -83,7 +88,7 @@ class FeatureHead(FullVerification):
         self.shape.validate()
 
     def label(self) -> str:
-        return f"{self.name} {self.shape.label()}"
+        return f"{self.name} {self.shape.label()}{self.vocab_label()}"
 
     def _fuse(self, ctx: DraftContext, hidden: dict[int, jax.Array]) -> jax.Array:
         return self.kind.fuse(ctx.params, ctx.draft_params, ctx.cfg,
@@ -122,7 +127,7 @@ class FeatureHead(FullVerification):
                                tokens, layout.positions, layout.mask, kv, layout.slots)
             window = window.at[rows, layout.slots - lengths[:, None] + 1].set(
                 out.astype(window.dtype))
-            logits = self.kind.logits(ctx.params, ctx.draft_params, ctx.cfg, out)
+            logits = self.kind.logits(ctx.params, ctx.draft_params, ctx.cfg, out, ctx.vocab)
             return logits, jnp.zeros((*tokens.shape, 1), jnp.float32), (kv, window)
 
         proposal, _, _, (kv, _) = self.shape.draft(step, (state.kv, window), lengths, pending,
@@ -164,5 +169,5 @@ class Mtp(FeatureHead):
 
 
 STRATEGIES = {cls.name: Strategy(lambda options, cls=cls: cls(shape_for(options)),
-                                 (ShapeOptions,))
+                                 (ShapeOptions, VocabOptions))
               for cls in (Eagle, Mtp)}

@@ -19,6 +19,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding.draft_vocab import VocabOptions
 from specjax.decoding.drafter import DraftContext, Prefilled, Round, Strategy
 from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
@@ -26,7 +27,7 @@ from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
 from specjax.heads.adapter import run_adapter_cached
-from specjax.model import unembed
+from specjax.heads.vocab_subset import head_logits
 from specjax.nn.cache import Cache, LayerKV
 from specjax.sharding import constrain_cache
 
@@ -57,7 +58,7 @@ class Kangaroo(HeadDrafter):
         def head(ctx: DraftContext, hidden: jax.Array, layout: Layout,
                  kv: LayerKV) -> tuple[jax.Array, LayerKV]:
             out, kv = run_adapter_cached(ctx.draft_params, ctx.cfg, hidden, kv, *layout)
-            return unembed(ctx.params, ctx.cfg, out), kv
+            return head_logits(ctx.params, ctx.cfg, out, ctx.vocab), kv
 
         return draft_with_layers(ctx, self.shape, cache, pending, key, ((0, self.exit_layer),),
                                  head, state)
@@ -74,4 +75,4 @@ class Kangaroo(HeadDrafter):
 
 
 STRATEGIES = {"kangaroo": Strategy(lambda options: Kangaroo(options.exit_layer, shape_for(options)),
-                                   (ExitOptions, ShapeOptions))}
+                                   (ExitOptions, ShapeOptions, VocabOptions))}

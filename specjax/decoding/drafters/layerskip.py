@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import jax
 
 from specjax.config import ModelConfig
+from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
     DraftWeights,
@@ -33,7 +34,8 @@ from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import AcceptModel, Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
-from specjax.model import embed, exit_logits, run_layers_cached
+from specjax.heads.vocab_subset import exit_head_logits
+from specjax.model import embed, run_layers_cached
 from specjax.nn.cache import Cache
 
 # head(ctx, hidden after the last drafted layer [B, n, D], layout, head_state) ->
@@ -43,8 +45,9 @@ DraftHead = Callable[[DraftContext, jax.Array, Layout, Any], tuple[jax.Array, An
 
 def shared_head(ctx: DraftContext, hidden: jax.Array, layout: Layout,
                 head_state: Any) -> tuple[jax.Array, Any]:
-    """The target's own exit head (final norm + unembedding); no state."""
-    return exit_logits(ctx.params, ctx.cfg, hidden), head_state
+    """The target's own exit head (final norm + unembedding, over `ctx.vocab`'s ids when the
+    drafter drafts over part of the vocabulary); no state."""
+    return exit_head_logits(ctx.params, ctx.cfg, hidden, ctx.vocab), head_state
 
 
 def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: jax.Array,
@@ -80,7 +83,7 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
 
 
 @dataclasses.dataclass(frozen=True)
-class SelfSpeculative(Stateless):
+class SelfSpeculative(VocabHead, Stateless):
     """exit_layer = E (draft layers [0, E)); shape: a `Chain` (K drafts, optional confidence
     stop), a `StaticTree` or a `DynamicTree`."""
 
@@ -96,7 +99,7 @@ class SelfSpeculative(Stateless):
         self.shape.validate()
 
     def label(self) -> str:
-        return f"{self.name} E={self.exit_layer} {self.shape.label()}"
+        return f"{self.name} E={self.exit_layer} {self.shape.label()}{self.vocab_label()}"
 
     @property
     def verify_from(self) -> int:
@@ -121,7 +124,7 @@ class SelfSpeculative(Stateless):
 
 
 @dataclasses.dataclass(frozen=True)
-class SkipLayers(Stateless):
+class SkipLayers(VocabHead, Stateless):
     """skip: the 0-based indices of the layers the draft passes over (Draft & Verify, SWIFT);
     shape: as for `SelfSpeculative`. Skipping layers E..L-1 is `SelfSpeculative(E)`."""
 
@@ -140,7 +143,8 @@ class SkipLayers(Stateless):
         self.shape.validate()
 
     def label(self) -> str:
-        return f"{self.name} {','.join(map(str, self.skip))} {self.shape.label()}"
+        return (f"{self.name} {','.join(map(str, self.skip))} {self.shape.label()}"
+                f"{self.vocab_label()}")
 
     def ranges(self, num_layers: int) -> tuple[tuple[int, int], ...]:
         """The contiguous runs of drafted layers, as (start, stop)."""
@@ -210,7 +214,7 @@ def skip_set(options: SkipOptions) -> tuple[int, ...]:
 
 STRATEGIES = {
     "selfspec": Strategy(lambda options: SelfSpeculative(options.exit_layer, shape_for(options)),
-                         (ExitOptions, ShapeOptions)),
+                         (ExitOptions, ShapeOptions, VocabOptions)),
     "skip": Strategy(lambda options: SkipLayers(skip_set(options), shape_for(options)),
-                     (SkipOptions, ShapeOptions)),
+                     (SkipOptions, ShapeOptions, VocabOptions)),
 }

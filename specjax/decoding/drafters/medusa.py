@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
     DraftWeights,
@@ -30,12 +31,13 @@ from specjax.decoding.drafter import (
 )
 from specjax.decoding.proposal import Proposal, Shape, depth_step
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
-from specjax.heads.medusa import medusa_logits
+from specjax.heads.medusa import medusa_logits, restrict_medusa
+from specjax.model import Params
 from specjax.nn.cache import Cache, along_path
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(FullVerification):
+class Medusa(VocabHead, FullVerification):
     """shape: the proposal's (at most as deep as there are heads); exit_layer: the layer count
     the heads read, the target's depth (bound from the heads' checkpoint; 0 until then)."""
 
@@ -54,6 +56,9 @@ class Medusa(FullVerification):
     def feature_exits(self) -> tuple[int, ...]:
         return (self.exit_layer,)
 
+    def restrict_vocab(self, draft_params: Params, ids: jax.Array) -> Params:
+        return restrict_medusa(draft_params, ids)
+
     def bind(self, weights: DraftWeights) -> Medusa:
         heads = weights.settings["num_heads"]
         if self.shape.depth > heads:
@@ -66,7 +71,7 @@ class Medusa(FullVerification):
         self.shape.validate()
 
     def label(self) -> str:
-        return f"{self.name} {self.shape.label()}"
+        return f"{self.name} {self.shape.label()}{self.vocab_label()}"
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> jax.Array:
         """The last-layer hidden state at each prompt's last token [B, D]."""
@@ -78,7 +83,7 @@ class Medusa(FullVerification):
 
     def propose(self, ctx: DraftContext, state: jax.Array, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, jax.Array]:
-        depth_logits = medusa_logits(ctx.params, ctx.draft_params, ctx.cfg, state)
+        depth_logits = medusa_logits(ctx.params, ctx.draft_params, ctx.cfg, state, ctx.vocab)
         proposal, _, _, _ = self.shape.draft(depth_step(depth_logits, cache.lengths), (),
                                              cache.lengths, pending, key, ctx.sampling,
                                              cache.max_len)
@@ -93,4 +98,5 @@ class Medusa(FullVerification):
         return jnp.where(active[:, None], last[:, 0].astype(state.dtype), state)
 
 
-STRATEGIES = {"medusa": Strategy(lambda options: Medusa(shape_for(options)), (ShapeOptions,))}
+STRATEGIES = {"medusa": Strategy(lambda options: Medusa(shape_for(options)),
+                                 (ShapeOptions, VocabOptions))}

@@ -128,6 +128,15 @@ class Mixed(FullVerification):
         return (dataclasses.replace(self, branches=tuple(b for b, _ in bound)),
                 tuple(params for _, params in bound))
 
+    @property
+    def draft_vocab(self) -> int:
+        """The ids its branches with a vocabulary head draft over (0: all)."""
+        return max(getattr(branch, "draft_vocab", 0) for branch in self.branches)
+
+    def restrict_vocab(self, draft_params: tuple, ids: jax.Array) -> tuple:
+        return tuple(branch.restrict_vocab(params, ids)
+                     for branch, params in zip(self.branches, draft_params, strict=True))
+
     def bind(self, weights: DraftWeights) -> Mixed:
         raise TypeError("a mixed tree binds each branch to its own weights (with_weights)")
 

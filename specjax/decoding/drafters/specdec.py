@@ -21,6 +21,7 @@ import jax
 from absl import logging
 
 from specjax.config import ModelConfig
+from specjax.decoding.draft_vocab import VocabOptions
 from specjax.decoding.drafter import DraftContext, DraftWeights, Strategy
 from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.options import option, within
@@ -102,4 +103,4 @@ class SpecDecOptions:
 
 STRATEGIES = {"specdec": Strategy(
     lambda options: SpecDecHead(options.exit_layer, shape_for(options, options.draft_risk)),
-    (ExitOptions, ShapeOptions, SpecDecOptions))}
+    (ExitOptions, ShapeOptions, SpecDecOptions, VocabOptions))}

@@ -17,7 +17,8 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import parse_flags, run_cli
-from specjax.data import file_texts, iter_documents
+from specjax.cli.texts import define_texts_flags, given_texts
+from specjax.data import iter_documents
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.io.checkpoint import load_params
 from specjax.io.draft_vocab import rank_ids, write_ranking
@@ -27,12 +28,8 @@ from specjax.tools.exit_report import heldout_data
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
 flags.DEFINE_integer("size", None, "How many ids to draft over (N).")
-flags.DEFINE_string("texts_file", None, "Text to count ids in: a .jsonl file, one {\"text\": "
-                    "...} per line, a .parquet file, or any other file as one plain-text "
-                    "document (default: the documents of the workdir's training data, else of "
-                    "the embedded corpus).")
-flags.DEFINE_string("text_field", "text", "The field (.jsonl) or column (.parquet) of "
-                    "--texts_file holding the text.")
+define_texts_flags("Text to count ids in", "the documents of the workdir's training data, else "
+                   "of the embedded corpus")
 flags.DEFINE_integer("max_tokens", 2_000_000, "Count ids in at most this many tokens.")
 flags.mark_flags_as_required(["workdir", "size"])
 FLAGS = flags.FLAGS
@@ -51,9 +48,8 @@ def run() -> None:
     if FLAGS.size > cfg.vocab_size:
         raise ValueError(f"--size={FLAGS.size} exceeds the model's {cfg.vocab_size} ids")
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    if FLAGS.texts_file:
-        texts, source = iter(file_texts(FLAGS.texts_file, FLAGS.text_field)), FLAGS.texts_file
-    else:
+    texts, source = given_texts(), FLAGS.texts_file
+    if texts is None:
         data = heldout_data(meta)
         texts = (text for _, text in iter_documents(data))
         source = f"the {data.source!r} data"

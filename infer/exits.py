@@ -18,19 +18,15 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags, run_cli
-from specjax.data import file_texts
+from specjax.cli.texts import define_texts_flags, given_texts
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
-flags.DEFINE_string("texts_file", None, "Held-out text: a .jsonl file, one {\"text\": ...} per "
-                    "line, a .parquet file (column text; see --text_field), or any other file as "
-                    "one plain-text document (default: the validation documents of the "
-                    "workdir's data, else of the embedded corpus).")
-flags.DEFINE_string("text_field", "text", "The field (.jsonl) or column (.parquet) of "
-                    "--texts_file holding the text.")
+define_texts_flags("Held-out text", "the validation documents of the workdir's data, else of "
+                   "the embedded corpus")
 flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
 flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are predicted.")
 flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
@@ -61,7 +57,7 @@ def run() -> None:
 
         plot_format = plots.image_format(FLAGS.plot)
     with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
-        texts = file_texts(FLAGS.texts_file, FLAGS.text_field) if FLAGS.texts_file else None
+        texts = given_texts()
         loaded = load_model(FLAGS.workdir)
         tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
         report = model_exit_report(

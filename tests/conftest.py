@@ -291,8 +291,7 @@ def decode_rounds(params, draft_params, cfg: ModelConfig, drafter, prompts, leng
         state = loop.prefill(ctx, drafter, prompts, lengths, key, jax.numpy.int32(-1),
                              max_new_tokens=max_new_tokens, cache_len=cache_len)
         for _ in range(rounds):
-            state = loop.decode_round(ctx, drafter, key, jax.numpy.int32(-1), state,
-                                      max_new_tokens=max_new_tokens)
+            state = loop.decode_round(ctx, drafter, key, jax.numpy.int32(-1), state)
         return state
 
     return run(params, draft_params)

@@ -195,8 +195,7 @@ def test_greedy_trees_never_propose_the_same_child_twice(shape):
         out = []
         for _ in range(3):
             out.append(drafter.propose(ctx_, state.drafter, state.cache, state.pending, key)[0])
-            state = loop.decode_round(ctx_, drafter, key, jnp.int32(-1), state,
-                                      max_new_tokens=NEW)
+            state = loop.decode_round(ctx_, drafter, key, jnp.int32(-1), state)
         return out
 
     for proposal in proposals(generator.params):

@@ -73,13 +73,14 @@ class DraftContext:
 class Prefilled:
     """What the target's prefill hands a drafter: prompts [B, P] (right-padded), their lengths
     [B], the target's hidden states after each layer count in the drafter's `prefill_exits`
-    ({exit: [B, P, D]}), the cache size and the generation budget of the run."""
+    ({exit: [B, P, D]}), the cache size and the generation budget of the run (a traced scalar:
+    budgets share programs)."""
 
     prompts: jax.Array
     lengths: jax.Array
     exit_hidden: dict[int, jax.Array]
     cache_len: int = flax.struct.field(pytree_node=False)
-    max_new_tokens: int = flax.struct.field(pytree_node=False)
+    max_new_tokens: jax.Array | int
 
 
 @flax.struct.dataclass

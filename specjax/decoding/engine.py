@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from specjax import compilation_cache
 from specjax.config import ModelConfig
 from specjax.decoding import streaming
 from specjax.decoding.drafter import Drafter, DraftWeights
@@ -23,7 +24,8 @@ from specjax.decoding.sampling import SamplingParams
 from specjax.model import Params, unstack_layers
 from specjax.sharding import place_batch, tree_shardings
 
-PAD_MULTIPLE = 16  # prompts and caches are padded to multiples of this to reuse compilations
+PAD_MULTIPLE = 16  # caches are padded to multiples of this to reuse compilations
+MIN_BUDGET = 64  # every max_new_tokens up to this runs one program (buffers of 64 tokens)
 MAX_STOP_IDS = 8  # the ids that can end a row (generation_config.json lists up to 3 today)
 AUTOREGRESSIVE = Autoregressive()
 
@@ -107,8 +109,9 @@ class Generation:
 class Generator:
     """Holds a model's decoding parameters and generates with any strategy (a `Drafter`).
 
-    Compiled programs are cached per (strategy, padded prompt length, max_new_tokens, batch
-    size, greedy or sampling); temperature, top-k, top-p, seed and EOS never recompile. A
+    Compiled programs are cached per (strategy, `bucket` of the longest prompt, `bucket` of
+    max_new_tokens, batch size, greedy or sampling); temperature, top-k, top-p, seed, EOS and
+    a budget or prompt length within the same bucket never recompile. A
     drafter with weights of its own (`needs_weights`) drafts with `draft_weights[name]`, or
     with the `draft_params` of a call. On a `mesh`, weights (the drafters' too) are laid out by
     `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly;
@@ -120,6 +123,7 @@ class Generator:
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
                  draft_weights: Mapping[str, DraftWeights] | None = None,
                  mesh: Mesh | None = None, draft_vocab: Sequence[int] | None = None):
+        compilation_cache.enable()
         self.cfg = cfg
         self.max_cache_len = max_cache_len
         self.mesh = mesh
@@ -217,10 +221,14 @@ class Generator:
         strategy, draft_params = self.with_weights(strategy, draft_params)
         strategy.validate(self.cfg)
         padded, lengths = self.pad(prompts)
-        cache_len = self.cache_len(padded.shape[1], max_new_tokens, strategy.shape.num_nodes)
+        capacity = bucket(max_new_tokens, MIN_BUDGET)  # traced: budgets in a bucket share
+        if padded.shape[1] + capacity + strategy.shape.num_nodes > self.max_cache_len:
+            capacity = max_new_tokens  # the bucket does not fit where the budget itself may
+        cache_len = self.cache_len(padded.shape[1], capacity, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
-                jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy))
-        return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=max_new_tokens,
+                jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy),
+                jnp.int32(max_new_tokens))
+        return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=capacity,
                           cache_len=cache_len)
 
     def draft_ids(self, strategy: Drafter) -> jax.Array | None:
@@ -247,7 +255,7 @@ class Generator:
         return strategy.with_weights(self.draft_weights)
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
-        """Right-pads prompts to a multiple of PAD_MULTIPLE; returns (tokens, lengths)."""
+        """Right-pads prompts to the `bucket` of the longest; returns (tokens, lengths)."""
         if len(prompts) == 0:
             raise ValueError("no prompts given")
         rows = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
@@ -256,7 +264,7 @@ class Generator:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
             if row.min() < 0 or row.max() >= self.cfg.vocab_size:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.cfg.vocab_size})")
-        width = _round_up(max(len(r) for r in rows), PAD_MULTIPLE)
+        width = bucket(max(len(r) for r in rows))
         padded = np.zeros((len(rows), width), np.int32)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
@@ -287,6 +295,19 @@ class Generator:
                    for i in range(len(counts))],
             trace=[{name: values[i, :counts[i]].tolist() for name, values in trace.items()}
                    for i in range(len(counts))])
+
+
+def bucket(size: int, smallest: int = 16) -> int:
+    """The static size a prompt width or a token budget compiles at: the smallest of
+    `smallest` (a power of two), then 1.5x and 2x it, and so on (16, 24, 32, 48, 64, 96, ...)
+    that holds `size`. Sizes in one bucket share a program; a padded slot costs at most half
+    a slot more work."""
+    step = smallest
+    while True:
+        for candidate in (step, step * 3 // 2):
+            if size <= candidate:
+                return candidate
+        step *= 2
 
 
 def stop_ids(eos_id: int | Sequence[int] | None) -> jax.Array:

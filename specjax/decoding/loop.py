@@ -58,7 +58,8 @@ class DecodeOutput:
 @flax.struct.dataclass
 class LoopState:
     """The loop's carry. B rows, N = max_new_tokens + D + 1 output slots (D: the deepest
-    proposal node, so a round's emitted tokens always fit)."""
+    proposal node, so a round's emitted tokens always fit); `limit` (<= max_new_tokens, traced:
+    a smaller budget needs no new program) ends each row."""
 
     cache: Cache        # the target's; lengths [B] = tokens committed (prompt + emitted - 1)
     drafter: Any        # the drafter's state pytree
@@ -69,16 +70,19 @@ class LoopState:
     stats: DecodeStats
     trace: dict[str, jax.Array]  # [B, N] per emitted token, see DecodeOutput
     round: jax.Array    # scalar, folds into the PRNG key
+    limit: jax.Array    # scalar, the new tokens a row may emit
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "max_new_tokens", "cache_len",
                                              "stream"))
 def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                     prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
-                    eos_id: jax.Array, draft_ids: jax.Array | None = None, *, cfg: ModelConfig,
+                    eos_id: jax.Array, draft_ids: jax.Array | None = None,
+                    new_tokens: jax.Array | None = None, *, cfg: ModelConfig,
                     drafter: Drafter, max_new_tokens: int, cache_len: int,
                     stream: bool = False) -> DecodeOutput:
-    """Generates up to `max_new_tokens` per row after right-padded prompts [B, P].
+    """Generates up to `new_tokens` (default `max_new_tokens`) per row after right-padded
+    prompts [B, P].
 
     Args:
       params: model parameters, layers unstacked (`model.unstack_layers`).
@@ -89,6 +93,8 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
         ends it is included in the output.
       draft_ids: [N] ascending ids a vocabulary head drafts over (`draft_vocab`; None: all):
         the target's rows and the drafter's own head are cut to them once, before the loop.
+      new_tokens: the budget per row, a traced scalar <= `max_new_tokens` (the static size of
+        the output; `Generator` rounds it up to a bucket so that budgets share programs).
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
       stream: hand each round's committed tokens to the host as it finishes
         (`streaming.emit`; a separate program, so the default one has no host round-trip).
@@ -101,13 +107,12 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                        vocab=vocab)
     prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
-                    max_new_tokens=max_new_tokens, cache_len=cache_len)
+                    max_new_tokens=max_new_tokens, cache_len=cache_len, limit=new_tokens)
     if stream:
         streaming.emit(state.tokens[:, :1], state.num_tokens)
     final = jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
-        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, max_new_tokens=max_new_tokens,
-                               stream=stream),
+        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, stream=stream),
         state)
     return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats,
                         trace=final.trace)
@@ -126,9 +131,11 @@ def bit_generator_key(key: jax.Array) -> jax.Array:
 
 def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,
             key: jax.Array, eos_id: jax.Array, *, max_new_tokens: int,
-            cache_len: int) -> LoopState:
-    """The target's prefill over the prompts, the first token, then the drafter's prefill."""
+            cache_len: int, limit: jax.Array | None = None) -> LoopState:
+    """The target's prefill over the prompts, the first token, then the drafter's prefill;
+    rows end after `limit` new tokens (default `max_new_tokens`, the output's size)."""
     batch = prompts.shape[0]
+    limit = jnp.asarray(max_new_tokens if limit is None else limit, jnp.int32)
     cache, last_logits, exit_hidden = prefill_target(ctx.params, ctx.cfg, prompts,
                                                      prompt_lengths, cache_len,
                                                      drafter.prefill_exits,
@@ -137,7 +144,7 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
     draft_state = drafter.prefill(ctx, Prefilled(
         prompts=prompts, lengths=prompt_lengths, cache_len=cache_len,
         exit_hidden=exit_hidden,
-        max_new_tokens=max_new_tokens))
+        max_new_tokens=limit))
     proposal_like = jax.eval_shape(drafter.propose, ctx, draft_state, cache, first, key)[0]
     trace_like = jax.eval_shape(drafter.verify, ctx, draft_state, cache, first,
                                 proposal_like).trace
@@ -147,14 +154,14 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         cache=cache, drafter=draft_state, pending=first,
         tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
-        done=is_stop(first, eos_id) | (max_new_tokens <= 1),
+        done=is_stop(first, eos_id) | (limit <= 1),
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
         trace={DEPTH: jnp.zeros((batch, width), jnp.int32),
                **{name: jnp.full((batch, width), -1, like.dtype)
                   for name, like in trace_like.items()}},
-        round=jnp.zeros((), jnp.int32))
+        round=jnp.zeros((), jnp.int32), limit=limit)
 
 
 def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
@@ -176,7 +183,7 @@ def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
 
 
 def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: jax.Array,
-                 s: LoopState, *, max_new_tokens: int, stream: bool = False) -> LoopState:
+                 s: LoopState, *, stream: bool = False) -> LoopState:
     """One draft -> verify -> accept -> commit round for every row that is not done."""
     draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
     proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
@@ -185,7 +192,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     accepted = accept(accept_key, proposal, verified.logits, ctx.sampling)
     active = ~s.done
     count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
-                                    max_new_tokens - s.num_tokens)
+                                    s.limit - s.num_tokens)
     count = jnp.where(active, count, 0)
     if stream:
         streaming.emit(accepted.emitted, count)
@@ -209,7 +216,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
         trace={name: jnp.where(active[:, None], values, s.trace[name])
                for name, values in traced.items()},
         num_tokens=num_tokens,
-        done=s.done | hit_eos | (num_tokens >= max_new_tokens),
+        done=s.done | hit_eos | (num_tokens >= s.limit),
         stats=DecodeStats(
             rounds=s.stats.rounds + active,
             drafted=s.stats.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
@@ -217,7 +224,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             verified=s.stats.verified + active * verified.positions,
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
-        round=s.round + 1)
+        round=s.round + 1, limit=s.limit)
 
 
 def _draft_depths(width: int, num_accepted: jax.Array) -> jax.Array:

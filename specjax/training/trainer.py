@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from specjax import compilation_cache
 from specjax.data import BatchSampler, Corpus
 from specjax.errors import SpecjaxError
 from specjax.io.checkpoint import Checkpointer, abstract_tree, check_model_config
@@ -66,6 +67,7 @@ class Trainer:
         if os.path.exists(workdir) and not os.path.isdir(workdir):
             raise SpecjaxError(f"--workdir {workdir!r} is a file, not a directory")
         check_writable(workdir, f"--workdir {workdir}")  # before the data is read
+        compilation_cache.enable()
         self.config, source = resolve_init(config, explicit, workdir)
         self.objective = make_objective(self.config, source)
         self.run = self.objective.run

@@ -89,7 +89,7 @@ class _EarlyExiting(DrafterBase):
             raise ValueError(f"calm_decay={self.decay} must be >= 0")
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Position:
-        return Position(prefilled.lengths, jnp.float32(prefilled.max_new_tokens))
+        return Position(prefilled.lengths, jnp.asarray(prefilled.max_new_tokens, jnp.float32))
 
     def commit(self, ctx: DraftContext, state: Position, done: Round) -> Position:
         return state

@@ -26,6 +26,22 @@ def test_the_api_streams_the_text_generate_returns(workdir):
     assert len(pieces) > 2
 
 
+def test_a_chat_stream_is_the_chat_generate_s_text(workdir):
+    """`stream(prompt, chat=True)`, joined, is `generate(prompt, chat=True)`'s text: the
+    prompt rendered as a user's message in the chat template (here one set on the byte
+    tokenizer), which completes otherwise than the plain prompt. Catches `stream` ignoring
+    `chat` (the plain prompt's completion streamed)."""
+    model = load(workdir)
+    model.tokenizer.chat_template = ("<|user|>{{ messages[-1]['content'] }}\n"
+                                     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    prompt, options = "def f(x):", dict(max_new_tokens=16, temperature=1.0, seed=5)
+    chat = model.generate(prompt, chat=True, **options)
+    assert chat.text == model.generate(messages=[{"role": "user", "content": prompt}],
+                                       **options).text
+    assert chat.text != model.generate(prompt, **options).text
+    assert "".join(model.stream(prompt, chat=True, **options)) == chat.text
+
+
 def test_bench_returns_a_row_per_setting_with_ar_first(workdir):
     """Catches rows in another order than the settings (ar, the baseline, first) or a
     speed-up not relative to ar."""

@@ -29,6 +29,16 @@ def test_invalid_model_config_names_the_field(field, value, message):
         ModelConfig(**{**TINY_MODEL, field: value})
 
 
+def test_a_repeated_exit_layer_is_refused():
+    """`exit_layers=(2, 2)` (an exit named twice) is the one-line "must be strictly
+    increasing" error, as a decreasing list is; distinct increasing exits are kept. Catches a
+    check that only sorts (duplicates allowed: one exit trained and reported twice)."""
+    with pytest.raises(ValueError) as caught:
+        ModelConfig(**{**TINY_MODEL, "exit_layers": (2, 2)})
+    assert str(caught.value) == "ModelConfig.exit_layers=(2, 2) must be strictly increasing"
+    assert ModelConfig(**{**TINY_MODEL, "exit_layers": [1, 2]}).exit_layers == (1, 2)
+
+
 def test_model_config_round_trips_and_rejects_unknown_fields():
     cfg = ModelConfig(**TINY_MODEL, exit_layers=(1, 4))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg

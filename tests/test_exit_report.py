@@ -24,6 +24,7 @@ from specjax.tools.exit_report import (
     model_exit_report,
     predicted_speedup,
     predicted_tau,
+    token_windows,
 )
 from specjax.training.evaluate import ExitReport
 from tests.conftest import ROOT, TINY_MODEL, damped_params, run_script
@@ -283,3 +284,23 @@ def test_api_reports_the_agreement_the_cli_wrote(imported):
     records = report.to_records()
     assert [r["agreement"] for r in records] == [r["agreement"] for r in cli]
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in cli], rel=1e-6)
+
+
+@pytest.mark.parametrize("seq_len, max_tokens", [(4, 12), (7, 30), (3, 3)])
+def test_token_windows_are_the_documents_cut_by_hand(seq_len, max_tokens):
+    """The windows of many short texts are exactly `max_tokens // seq_len` rows of
+    seq_len + 1 ids: the texts as training documents ([BOS] bytes [EOS] each, the byte
+    tokenizer's convention), concatenated and cut by hand, with no text read past the last
+    window's. Catches the EOS left off each text (`add_eos` dropped) and texts no longer read
+    once `wanted * seq_len` ids are in (fewer windows than asked for)."""
+    tokenizer = ByteTokenizer()
+    texts = [f"t{i}" + "x" * (i % 4) for i in range(100)]
+    stream = [t for text in texts for t in [256, *text.encode(), 257]]
+    wanted = max_tokens // seq_len
+    expected = np.asarray(stream[:wanted * (seq_len + 1)]).reshape(wanted, seq_len + 1)
+    given = iter(texts)
+    windows = token_windows(given, tokenizer, seq_len, max_tokens)
+    np.testing.assert_array_equal(windows, expected)
+    read = len(texts) - len(list(given))  # the texts it took: just enough for the windows
+    ends = np.cumsum([0] + [len(text) + 2 for text in texts])  # where each text's ids end
+    assert ends[read - 1] < expected.size <= ends[read]

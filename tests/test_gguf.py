@@ -84,11 +84,12 @@ def bpe_vocabulary():
 
 
 def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=TEMPLATE,
-               tokenizer=True, pre="default", vocab_size=True, strings=None):
+               tokenizer=True, pre="default", vocab_size=True, strings=None, token_types=None):
     """`hf_model`'s weights as llama.cpp writes them (names, permuted Q/K, `types` per
     tensor kind), with a byte-level BPE tokenizer in the metadata (and `{arch}.vocab_size`
-    unless `vocab_size` is False; `strings`: more {key: string} metadata); returns {GGUF name:
-    (type, raw bytes as stored, shape)}."""
+    unless `vocab_size` is False; `strings`: more {key: string} metadata; `token_types`:
+    {id: llama.cpp token type} over the normal type 1); returns {GGUF name: (type, raw bytes
+    as stored, shape)}."""
     config = hf_model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
@@ -109,7 +110,8 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
         writer.add_string("tokenizer.ggml.pre", pre)
         writer.add_token_list(tokens)
         writer.add_token_merges(merges)
-        writer.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
+        writer.add_token_types([3 if i < 3 else (token_types or {}).get(i, 1)
+                                for i in range(len(tokens))])
         writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
         writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
         writer.add_bool("tokenizer.ggml.add_bos_token", add_bos)
@@ -234,6 +236,33 @@ def test_each_pre_tokenizer_splits_text_as_transformers_does(tmp_path, pre):
         special = {t["id"] for t in json.load(f)["added_tokens"] if t["special"]}
     added = theirs.backend_tokenizer.get_added_tokens_decoder()
     assert special == {i for i, token in added.items() if token.special} == {0, 1, 2}
+
+
+def test_only_control_tokens_are_special(tmp_path):
+    """Only control tokens (GGUF token type 3) are special in the written tokenizer.json, as
+    in transformers' GGUF tokenizer: a user-defined token (type 4, like `<think>`) is an added
+    token that is not special (matched whole in text, kept by a decode that skips special
+    tokens), and unused (5) and byte (6) tokens are plain vocabulary. Catches the special
+    test widened to `kind >= CONTROL`, which marks the unused and byte tokens special (a
+    decode with skip_special_tokens then drops them)."""
+    tokens, _ = bpe_vocabulary()
+    longest = sorted(range(3, len(tokens)), key=lambda i: -len(tokens[i]))
+    user, unused, byte = longest[:3]
+    write_gguf(tmp_path / "t.gguf", hf_llama(), {}, token_types={user: 4, unused: 5, byte: 6})
+    import_checkpoint(str(tmp_path / "t.gguf"), str(tmp_path / "w"))
+    with open(tmp_path / "w" / "tokenizer.json", encoding="utf-8") as f:
+        added = {t["id"]: t["special"] for t in json.load(f)["added_tokens"]}
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="t.gguf")
+    assert added == {i: token.special for i, token in
+                     theirs.backend_tokenizer.get_added_tokens_decoder().items()}
+    assert added == {0: True, 1: True, 2: True, user: False}
+    exported = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tmp_path / "w" / "tokenizer.json"))
+    ids = [1, user, unused, byte, 2]
+    text = exported.decode(ids[1:-1])
+    assert exported.decode(ids, skip_special_tokens=True) == text
+    assert theirs.decode(ids, skip_special_tokens=True) == text
+    assert exported("x" + exported.decode([user]) + "x")["input_ids"][1:-1] == [user]
 
 
 def test_bad_files_are_one_line_errors_and_write_nothing(tmp_path):

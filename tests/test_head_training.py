@@ -250,3 +250,20 @@ def test_heads_on_the_same_model_join_it_as_draft_workdirs(base, trained_heads, 
     Trainer(tiny_run(train={**BASE_RUN["train"], "total_steps": 2, "seed": 3}), other).fit()
     with pytest.raises(CheckpointError, match="was trained on the model in .* not on the weights"):
         load_model(other, draft_workdir=heads["specdec"])
+
+
+def test_two_draft_workdirs_of_one_strategy_are_refused(base, tmp_path):
+    """Two --draft_workdir heads of the same strategy (two kangaroo adapters, neither in the
+    target's own workdir) are a one-line error naming the second, whichever comes first; one
+    alone loads. Catches the clash checked only against the target's own drafters: the
+    second head silently replaced the first."""
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    Trainer(head_run(base, "kangaroo", total_steps=2, warmup_steps=1,
+                     eval_every=2, save_every=2), first).fit()
+    shutil.copytree(first, second)
+    assert sorted(load_model(base, draft_workdir=[first]).draft_weights) == ["kangaroo"]
+    for given in ([first, second], [second, first]):
+        with pytest.raises(ValueError) as caught:
+            load_model(base, draft_workdir=given)
+        assert str(caught.value) == (f"{given[1]} adds a second 'kangaroo' drafter; give one "
+                                     "per strategy")

@@ -1,11 +1,13 @@
 """Outputs are written whole or not at all: an existing file survives a failed or interrupted
 run, and an output that is also the input is refused."""
 
+import json
+import logging
 import os
 
 import pytest
 
-from specjax.outputs import check_destinations, staged, staged_dir
+from specjax.outputs import check_destinations, read_json_cache, staged, staged_dir
 from tests.conftest import run_script
 
 OLD = b'{"kept": "the previous run\'s results"}\n'
@@ -152,6 +154,48 @@ def test_an_interrupted_run_never_replaces_an_earlier_partial(tmp_path):
             raise KeyboardInterrupt
     assert (tmp_path / "out.jsonl.partial").read_text() == "first\n"
     assert (tmp_path / "out.jsonl.partial.2").read_text() == "second\n"
+
+
+def test_an_interrupt_before_any_write_keeps_no_partial(tmp_path):
+    """Ctrl-C inside `staged(path, keep_interrupted=True)` before anything is written leaves
+    the folder as it was: no empty ".partial" beside it, no output, and an existing output
+    untouched. Catches the interrupted block's empty temporary file kept as ".partial" (a
+    reader would take it for rows that were kept)."""
+    target = tmp_path / "out.jsonl"
+    with pytest.raises(KeyboardInterrupt), staged(str(target), keep_interrupted=True):
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+    target.write_bytes(OLD)
+    with pytest.raises(KeyboardInterrupt), staged(str(target), keep_interrupted=True) as partial:
+        open(partial, "w").close()
+        raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["out.jsonl"] and target.read_bytes() == OLD
+
+
+def test_a_cache_entry_missing_a_field_is_measured_again(tmp_path, caplog):
+    """A cache file whose entries fail its check with a KeyError (a tree plan without
+    "expected_tau", as an older version wrote it) or a TypeError (a plan that is a list) is
+    treated as absent, {} with a warning naming the file, as a truncated one is. Catches those
+    errors no longer caught: the tree search's `tree="auto"` raised instead of measuring the
+    plan again."""
+    from specjax.decoding.shapes.static_tree import StaticTree
+    from specjax.tools.tree_search import TreePlan
+
+    def check(plans):
+        return [TreePlan.from_dict(plan) for plan in plans.values()]
+
+    good = TreePlan(StaticTree.from_branching((2, 1)), 2.5, 1.5, (0.5, 0.25)).to_dict()
+    missing = {key: value for key, value in good.items() if key != "expected_tau"}
+    path = tmp_path / "tree_plans.json"
+    path.write_text(json.dumps({"a": good}))
+    assert read_json_cache(str(path), check) == {"a": good}
+    for entries in ({"a": good, "b": missing}, {"a": list(good.values())}):
+        path.write_text(json.dumps(entries))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="absl"):
+            assert read_json_cache(str(path), check) == {}
+        assert [r.getMessage().split(" (")[0] for r in caplog.records] == [f"ignoring {path}, "
+                                                                          "which cannot be read"]
 
 
 def test_a_staged_folder_replaces_whole_with_normal_permissions(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from specjax.prompt_sets import CHAT_FILE, encode_prompts, load_prompt_set
+from specjax.prompt_sets import CHAT_FILE, encode_prompts, load_prompt_set, prompt_text
 from specjax.tokenizer import ByteTokenizer
 
 
@@ -56,3 +56,14 @@ def test_counts_and_what_each_prompt_becomes():
     assert [list(ids) for ids in with_bos] == [[256, *ids] for ids in without]
     with pytest.raises(ValueError, match="has no chat template"):
         encode_prompts(tokenizer, prompts, chat=True)
+
+
+def test_a_conversation_s_record_shows_its_last_message():
+    """The prompt an output record (and a `Completion`) shows for a system + user
+    conversation is the user's question, the message the reply answers; a plain prompt is
+    shown as given. Catches the first message shown (every record of a benchmark with a
+    system prompt would show the same system text)."""
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "What is 2 + 2?"}]
+    assert prompt_text(conversation) == "What is 2 + 2?"
+    assert prompt_text("def f(x):") == "def f(x):"

@@ -1,6 +1,8 @@
 """Streaming: each round's tokens reach the host as the loop commits them, joined they are
 `generate`'s, and the default program carries no host callback."""
 
+import re
+
 import jax
 import pytest
 
@@ -53,6 +55,24 @@ def test_only_the_streaming_program_calls_the_host(generator):
     plain = generate_tokens.lower(*args, **static).as_text()
     streaming = generate_tokens.lower(*args, **static, stream=True).as_text()
     assert "callback" not in plain and "callback" in streaming
+
+
+def test_the_streaming_program_s_callbacks_are_ordered(generator):
+    """Every host callback of the streaming program (the first round's and the loop's) takes
+    and returns the token that orders it after the one before, and the program threads that
+    token in and out: rounds reach the host in the order the loop commits them, whatever the
+    runtime schedules. Catches an unordered callback (`ordered=False`), which has no token
+    and may deliver rounds out of order."""
+    args, static = generator._inputs(PROMPTS, NEW, SelfSpeculative(1, Chain(3)), None, 0,
+                                     None, None)
+    lines = generate_tokens.lower(*args, **static, stream=True).as_text().splitlines()
+    calls = [line for line in lines if re.search(r"custom_call @\w*callback", line)]
+    assert len(calls) == 2  # the prefill's round and the loop's
+    for call in calls:
+        assert re.search(r": \(!stablehlo\.token, [^)]*\) -> !stablehlo\.token$", call), call
+    main = next(line for line in lines if "func.func public @main(" in line)
+    assert "(%arg0: !stablehlo.token {jax.token = true}," in main
+    assert "-> (!stablehlo.token {jax.token = true}," in main
 
 
 def test_a_character_split_across_rounds_is_shown_whole():

@@ -4,6 +4,7 @@ post-processor adds one), chats rendered as `apply_chat_template(..., add_genera
 True)` renders them, generation ended by generation_config.json's EOS ids, and the workdir's
 own tokenizer files read back the same by both."""
 
+import dataclasses
 import json
 import os
 
@@ -285,3 +286,65 @@ def test_data_and_older_workdirs_keep_their_conventions(tmp_path):
     legacy = get_tokenizer(spec, folder)  # no "prefix": written before conventions were kept
     assert legacy.prefix == (0,) and legacy.stop_ids == (1,)
     assert get_tokenizer({**spec, "prefix": []}, folder).fingerprint() != legacy.fingerprint()
+
+
+def test_a_special_id_one_past_the_vocabulary_is_refused(tmp_path):
+    """A BOS (or EOS, prefix, stop) id equal to the vocabulary's size, one past its last id,
+    is a one-line error, from an import's tokenizer source and from a tokenizer file; the last
+    id itself is accepted. Catches the range check `v <= size`, which lets an id the
+    embedding has no row for through to the first prompt."""
+    from specjax.tokenizer import HFTokenizer, read_tokenizer_folder
+
+    folder = tokenizer_folder(tmp_path)
+    source = read_tokenizer_folder(folder)
+    file = os.path.join(folder, "tokenizer.json")
+    size = Tokenizer.from_file(file).get_vocab_size()
+    assert size == 300 == transformers.AutoTokenizer.from_pretrained(folder).vocab_size
+    source.check(size, "hf")
+    assert HFTokenizer(file, bos_id=size - 1, eos_id=size - 1).bos_id == size - 1
+    for fields in ({"bos_id": size}, {"eos_id": size}, {"stop_ids": [1, size]}):
+        with pytest.raises(ValueError) as caught:
+            dataclasses.replace(source, **fields).check(size, "hf")
+        name, value = next(iter(fields.items()))
+        assert str(caught.value) == (f"{name}={size} is not an id of the tokenizer of hf "
+                                     f"({size} ids)")
+    with pytest.raises(ValueError, match=f"^bos_id={size} is not an id of the tokenizer in "):
+        HFTokenizer(file, bos_id=size)
+
+
+def test_the_first_of_config_json_s_eos_ids_is_the_eos(tmp_path):
+    """With config.json's `eos_token_id` a list ([1, 3]) and no generation_config.json, the
+    EOS (a document's last id) is its first, 1, transformers' `eos_token_id` for this
+    tokenizer, and generation stops at both, as transformers' generation config built from
+    that config.json does. Catches the last of the list taken for the EOS."""
+    from specjax.tokenizer import load_tokenizer
+
+    folder = tokenizer_folder(tmp_path)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"model_type": "llama", "bos_token_id": 0, "eos_token_id": [1, 3]}, f)
+    ours, theirs = load_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    generation = transformers.GenerationConfig.from_model_config(
+        transformers.AutoConfig.from_pretrained(folder))
+    assert ours.eos_id == theirs.eos_token_id == 1
+    assert ours.encode("x", add_eos=True).tolist()[-1] == 1
+    assert list(ours.stop_ids) == generation.eos_token_id == [1, 3]
+
+
+@pytest.mark.parametrize("message", [{"role": "user", "content": None}, {"content": "hi"},
+                                     {"role": "user"}, {"role": 1, "content": "hi"}],
+                         ids=["content-none", "no-role", "no-content", "role-not-str"])
+def test_a_message_without_a_string_role_and_content_is_refused(tmp_path, message):
+    """A message whose role or content is missing or not a string is a one-line ValueError
+    naming it, before the template runs (a template would render None as "None" or fail
+    inside jinja). Catches the check passing a message with either field a string (`any`
+    instead of `all`)."""
+    from specjax.chat import check_messages
+    from specjax.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_folder(tmp_path, template=TEMPLATE))
+    conversation = [{"role": "user", "content": "hello"}, message]
+    for call in (check_messages, lambda m: render_chat(tokenizer, m)):
+        with pytest.raises(ValueError) as caught:
+            call(conversation)
+        assert str(caught.value) == ("message 1 of the conversation is not a dict with string "
+                                     f"'role' and 'content': {message!r:.80}")

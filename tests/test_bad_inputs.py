@@ -388,17 +388,21 @@ def test_a_fractional_step_count_is_refused_before_training(tmp_path):
      "strategy must be a name from strategies() or a Drafter, not int"),
     (lambda m: m.exit_report(["x" * 64], seq_len="32"), "seq_len='32' must be an int"),
     (lambda m: m.exit_report("x" * 64), "texts must be a list of documents, not one string"),
+    (lambda m: m.exit_report(["x" * 64], seq_len=32, batch_size=0),
+     "batch_size=0 must be >= 1"),
 ], ids=["tokens-text", "seed-text", "temperature-text", "top-k-fraction", "stream-tokens-fraction",
         "exit-fraction", "num-draft-fraction", "settings-list", "setting-not-a-dict",
         "repeats-text", "train-no-config", "train-no-workdir", "load-no-workdir", "step-text",
-        "import-no-path", "strategy-int", "report-length-text", "report-texts-string"])
+        "import-no-path", "strategy-int", "report-length-text", "report-texts-string",
+         "report-batch-zero"])
 def test_the_api_checks_its_arguments_types(model_workdir, call, error):
     """Catches the API passing wrong types to the machinery (JAX's "not a valid JAX array type",
     "'>' not supported between instances of 'str' and 'int'", "'list' object has no attribute
     'items'", "'NoneType' object is not iterable", "no checkpoint for step 0 ... (available:
     [0])") and silently truncating exit_layer=2.7 to 2 or num_draft=2.5 to 2 (decoding with
     another setting than asked), or reporting on a string's characters as documents: one line
-    naming the argument, before any work."""
+    naming the argument, before any work. Catches exit_report's batch_size left unchecked
+    (batch_size=0: "integer division or modulo by zero" from inside the report)."""
     model = specjax.load(model_workdir)
     with pytest.raises(ValueError, match=f"^{error}$" if ".*" in error else
                        f"^{re.escape(error)}$"):

@@ -4,6 +4,7 @@ machine's limit on memory mappings."""
 
 import dataclasses
 from collections import Counter
+from types import SimpleNamespace
 
 import jax
 import pytest
@@ -66,6 +67,47 @@ def test_a_batched_step_reads_the_weights_once_and_each_rows_cache(tiny_cfg, tie
 
 def test_matvec_bandwidth_is_a_positive_rate(tiny_cfg, tiny_params):
     assert matvec_bandwidth(unstack_layers(tiny_params, tiny_cfg), tiny_cfg, steps=2, repeats=1) > 0
+
+
+def test_matvec_bandwidth_is_steps_times_the_matrix_bytes_over_the_best_scripted_time(
+        tiny_cfg, tiny_params, monkeypatch):
+    """The matrix-product ceiling under scripted seconds (0.5, 0.25, 0.4 s) is steps x every
+    weight matrix's bytes (tied embedding, no Mamba-2: every leaf of 2+ dimensions) over the
+    best, 0.25 s. Catches the rate dropping `steps *` (one pass's bytes over the whole loop's
+    time: a ceiling `steps` times too low)."""
+    seconds = iter([0.5, 0.25, 0.4])
+    monkeypatch.setattr(bench, "timed", lambda fn: (fn(), next(seconds))[1])
+    params = unstack_layers(tiny_params, tiny_cfg)
+    matrix_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params) if leaf.ndim >= 2)
+    assert tiny_cfg.tie_embeddings
+    rate = matvec_bandwidth(params, tiny_cfg, steps=7, repeats=3)
+    assert rate == pytest.approx(7 * matrix_bytes / 0.25, rel=1e-12)
+
+
+@pytest.mark.parametrize("rows, n, fraction", [
+    ([[1, 2, 3, 4, 5]], 4, 1.0),             # 2 grams, both distinct
+    ([[1, 2, 3, 4]], 4, 1.0),                # exactly one gram
+    ([[1, 2, 3]], 4, 0.0),                   # too short for any gram: no row counted
+    ([[1, 2, 1, 2, 1, 2]], 2, 2 / 5),        # (1,2) (2,1) (1,2) (2,1) (1,2)
+    ([[7, 7, 7, 7, 7], [1, 2, 3]], 2, (1 / 4 + 2 / 2) / 2),  # a loop and a varied row
+])
+def test_distinct_ngram_fraction_counts_every_gram_by_hand(rows, n, fraction):
+    """Unique n-grams over all n-grams of each row, averaged over rows, as counted by hand.
+    Catches the last n-gram of each row dropped (`len(row) - n` starts: a row of exactly n
+    tokens reads as no text, and a loop's fraction comes out too high)."""
+    assert bench.distinct_ngram_fraction(rows, n=n) == pytest.approx(fraction, rel=1e-12)
+
+
+def test_time_left_extrapolates_the_remaining_steps_on_a_scripted_clock(monkeypatch):
+    """On a clock reading 110 s, one of four steps begun at 100 s leaves 3 x 10 s = 30 s; one
+    of four begun at 10 s leaves 300 s, printed in minutes; all done is "done". Catches the
+    time left extrapolated over all `total` steps instead of the `total - done` remaining."""
+    from specjax import timing
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: 110.0))
+    assert timing.time_left(100.0, 1, 4) == "about 30 s left"
+    assert timing.time_left(10.0, 1, 4) == "about 5 min left"
+    assert timing.time_left(100.0, 4, 4) == "done"
 
 
 def test_time_interleaved_runs_calls_in_turn_per_item_and_repeat():

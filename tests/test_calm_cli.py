@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from specjax.io.calibrated_defaults import FILE
+from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from tests.conftest import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -30,6 +30,23 @@ def _mean_exit(workdir, *args):
                   "def f(x):", "--max_new_tokens", "8", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     return float(result.stdout.split("mean_exit=")[1].split()[0])
+
+
+def test_a_recalibration_at_the_same_step_replaces_its_fields_and_keeps_the_others(tmp_path):
+    """Calibrating calm_threshold 0.7 (with draft_threshold 0.3), then calm_threshold 0.5
+    at the same step, reads back 0.5, draft_threshold still 0.3, and both calibration
+    records; a calibration at a later step replaces the whole record. Catches the earlier
+    values winning the merge (the recalibrated 0.5 written and then lost to the stale 0.7)."""
+    workdir = str(tmp_path)
+    write_calibrated(workdir, 6, {"calm_threshold": 0.7, "draft_threshold": 0.3},
+                     {"calm_threshold": {"delta": 0.1}, "draft_threshold": {"delta": 0.2}})
+    write_calibrated(workdir, 6, {"calm_threshold": 0.5}, {"calm_threshold": {"delta": 0.05}})
+    assert read_calibrated(workdir) == {
+        "step": 6, "decoding": {"calm_threshold": 0.5, "draft_threshold": 0.3},
+        "calibration": {"calm_threshold": {"delta": 0.05}, "draft_threshold": {"delta": 0.2}}}
+    write_calibrated(workdir, 9, {"calm_threshold": 0.4}, {})
+    assert read_calibrated(workdir) == {"step": 9, "decoding": {"calm_threshold": 0.4},
+                                        "calibration": {}}
 
 
 def test_calibration_writes_the_certified_lambda_that_generation_then_uses(workdir, tmp_path):

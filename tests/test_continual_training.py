@@ -13,7 +13,7 @@ import pytest
 from specjax.config import ModelConfig
 from specjax.convert.hf import export_checkpoint
 from specjax.data import BatchSampler, Corpus
-from specjax.io.checkpoint import Checkpointer, load_params
+from specjax.io.checkpoint import Checkpointer, CheckpointError, load_params
 from specjax.model import init_params
 from specjax.tokenizer import get_tokenizer
 from specjax.training.config import parse_run_config
@@ -110,6 +110,28 @@ def test_a_source_run_resumes_exactly_without_the_source(sources, tmp_path):
     assert meta["init"]["source"] == os.path.abspath(source)
     tokenizer = get_tokenizer(meta["tokenizer"], straight)  # the workdir's own copy
     assert tokenizer.decode(tokenizer.encode("def f(x):")) == "def f(x):"
+
+
+def test_a_run_started_from_a_relative_source_resumes_by_either_path(sources, tmp_path,
+                                                                      monkeypatch):
+    """A run started from `init.source` given relative to the working directory records the
+    source's absolute path, and resumes (the checkpoint's model, no source read again) given
+    the same relative path, or the absolute one; another source is refused. Catches the
+    recorded path compared with the source as given rather than its absolute path (every
+    resume of a run started from a relative path refused as "started from" another source)."""
+    shutil.copytree(sources["workdir"], str(tmp_path / "source"))
+    monkeypatch.chdir(tmp_path)
+    workdir = str(tmp_path / "run")
+    run = _run("source", train=dict(total_steps=2, warmup_steps=1, eval_every=2, save_every=2))
+    assert Trainer(run, workdir).fit(stop_requested=lambda step: step == 1).interrupted
+    assert not Trainer(run, workdir).fit().interrupted  # resumed from the relative path
+    meta = Checkpointer(workdir, create=False).read_meta()
+    assert meta["step"] == 2 and meta["init"]["source"] == str(tmp_path / "source")
+    for given in ("source", str(tmp_path / "source"), "./source"):
+        resolved, source = resolve_init(_run(given), (), workdir)
+        assert source is None and resolved["model"] == meta["model"], given
+    with pytest.raises(CheckpointError, match="continues a run started from .* not from"):
+        resolve_init(_run(sources["workdir"]), (), workdir)
 
 
 def test_the_source_fixes_the_model_and_the_exits_it_lacks_are_dropped(sources, tmp_path):

@@ -12,6 +12,7 @@ from specjax.training.frozen_base import load_base
 from specjax.training.train_step import TrainState
 from specjax.training.trainer import Trainer
 from tests.conftest import tiny_run
+from tests.test_token_cache import write_bpe_tokenizer
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -75,3 +76,22 @@ def test_a_changed_teacher_or_another_vocabulary_is_refused(teacher, tmp_path):
         Trainer(student_run(moved), student).fit()
     with pytest.raises(ValueError, match="a draft model must share them"):
         Trainer(student_run(teacher, vocab_size=300), str(tmp_path / "other")).fit()
+
+
+def test_a_teacher_with_another_tokenizer_of_the_same_size_is_refused(teacher, tmp_path):
+    """A student whose data is encoded by a BPE tokenizer.json, with the teacher's 259-id
+    vocabulary but not its byte tokenizer, is refused before training ("must share"): its
+    ids name other text than the teacher's. Catches the tokenizer fingerprints left
+    uncompared (only the vocabulary sizes checked: the student distilled on ids that mean
+    other tokens to the teacher)."""
+    bpe = write_bpe_tokenizer(str(tmp_path / "bpe"), vocab_size=259)
+    assert bpe.fingerprint() != "bytes" and bpe.vocab_size <= 259
+    run = student_run(teacher)
+    run = {**run, "data": {**run["data"], "tokenizer": str(tmp_path / "bpe")},
+           "train": {**run["train"], "total_steps": 3, "warmup_steps": 1, "eval_every": 3,
+                     "save_every": 3}}
+    workdir = tmp_path / "student"
+    with pytest.raises(ValueError, match=r"tokenizer 'bytes' with 259 ids, this model .*bpe' "
+                                         r"with 259: a draft model must share them"):
+        Trainer(run, str(workdir)).fit()
+    assert not (workdir / "checkpoints").exists()

@@ -158,6 +158,34 @@ def test_the_training_loss_is_the_soft_cross_entropy_to_the_base_at_each_depth(p
         assert float(sums["ce"][j]) == pytest.approx(ce, rel=1e-4)
 
 
+def test_the_depth_agreement_is_the_drafts_argmax_against_the_bases_at_s_plus_j(params,
+                                                                                monkeypatch):
+    """Each depth's top-1 agreements count the positions s (1..T-1-j) where the argmax of
+    step j's logits at s equals the argmax of the full model's logits (`model.forward`) at
+    s + j, the token that draft stands for: with scripted drafts, right where (b + s + j) % 3
+    is nonzero and wrong elsewhere, counted in numpy. Catches the draft compared with the base
+    at s (its own position's next token, which a draft past depth 1 never stands for)."""
+    from specjax.training.heads import unrolled
+
+    kind, _, settings = KINDS["eagle"]
+    tokens = jax.random.randint(jax.random.PRNGKey(9), (3, 15), 0, CFG.vocab_size)
+    base = np.argmax(np.asarray(M.forward(params, CFG, tokens[:, :-1])), axis=-1)  # [B, T]
+    width = base.shape[1]
+    drafted = np.zeros((STEPS, 3, width), np.int64)
+    for j, b, s in np.ndindex(drafted.shape):
+        target = base[b, min(s + j, width - 1)]
+        drafted[j, b, s] = target if (b + s + j) % 3 else (target + 1) % CFG.vocab_size
+    monkeypatch.setattr(unrolled, "unrolled_logits", lambda *args: 5.0 * jax.nn.one_hot(
+        jnp.asarray(drafted), CFG.vocab_size))
+    sums = depth_sums(kind, params, None, CFG, kind.exits(CFG, settings), tokens, STEPS)
+    for j in range(STEPS):
+        positions = [(b, s) for b in range(3) for s in range(1, width - j)]
+        assert int(sums["count"][j]) == len(positions)
+        assert int(sums["agree"][j]) == sum(int(drafted[j, b, s] == base[b, s + j])
+                                            for b, s in positions)
+        assert int(sums["agree"][j]) == sum(1 for b, s in positions if (b + s + j) % 3)
+
+
 def test_unsorted_fused_layers_are_concatenated_in_the_configured_order(params):
     """An EAGLE-3 head configured with layers "3,1,2" fuses fc @ [h3; h1; h2], the target's
     hidden states after layers 3, 1 and 2 in that order (computed directly from every layer's

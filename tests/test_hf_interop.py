@@ -235,6 +235,35 @@ def test_the_peer_projects_its_budget_and_assists_with_the_draft_model(tmp_path,
         assert bool(peer.skipped) == skipped and (peer.tokens_per_second is None) == skipped
 
 
+def test_the_peers_time_is_the_sum_of_each_prompts_median_on_a_scripted_clock(monkeypatch):
+    """HF greedy's time over two prompts and three repeats, on a clock each `generate` call
+    advances by a scripted time (1.0, 1.2, 9.0 s and 2.0, 2.5, 2.1 s after a 0.1 s warm-up):
+    the per-prompt medians summed, 1.2 + 2.1 s, as the specjax strategies are timed. Catches
+    the mean taken instead (one slow outlier repeat, 9 s, would count)."""
+    from types import SimpleNamespace
+
+    from specjax import timing
+    from specjax.tools import hf_peer
+
+    clock = [0.0]
+    durations = {(5, 17, 3): iter([0.1, 1.0, 1.2, 9.0]), (9, 8): iter([2.0, 2.5, 2.1])}
+
+    class ScriptedModel:
+        def generate(self, input_ids, max_new_tokens, do_sample, **options):
+            clock[0] += next(durations[tuple(input_ids[0].tolist())])
+            return torch.cat([input_ids, torch.zeros((1, max_new_tokens), dtype=torch.long)], 1)
+
+    scripted = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(timing, "time", scripted)
+    monkeypatch.setattr(hf_peer, "time", scripted)
+    monkeypatch.setattr(hf_peer, "_exported", lambda *args: ScriptedModel())
+    [greedy] = hf_peer.hf_peer_benchmark("unused", [[5, 17, 3], [9, 8]], max_new_tokens=2,
+                                         strategies={}, repeats=3)
+    assert greedy.name == "hf greedy" and greedy.generated == [[0, 0], [0, 0]]
+    assert greedy.seconds == pytest.approx(1.2 + 2.1, rel=1e-12)
+    assert greedy.tokens_per_second == pytest.approx(4 / 3.3, rel=1e-12)
+
+
 def test_export_never_clobbers_and_a_missing_tokenizer_is_explained(tmp_path, capsys):
     """Catches an export that silently overwrites a directory (a source model, even) or
     leaves stale shards beside new ones, and an import without tokenizer.json that succeeds

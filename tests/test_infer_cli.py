@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from specjax.io.checkpoint import load_params
 from specjax.kernels import cpu_attention, cpu_matmul
+from specjax.tools.bench import decode_step_bytes
 from tests.conftest import ROOT, run_script, script_env, with_default_sigint
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -74,6 +76,44 @@ def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
     assert result.returncode == 0 and f"ignoring {plans}, which cannot be read" in result.stderr
     with open(plans, encoding="utf-8") as f:
         assert len(json.load(f)) == 1  # healed: the plan measured again
+
+
+def test_auto_tree_plans_are_cached_per_exit_layer(tmp_path, monkeypatch):
+    """`--tree auto:4` at exit 1, then exit 2, then exit 1 again (the measurement scripted:
+    exit 1's drafts rarely accepted, exit 2's mostly at the first child) measures each exit
+    once, returns each exit's own best tree, and leaves two plans in tree_plans.json, one
+    per exit. Catches a plan cache key without the exit layer (exit 2 decoding with the tree
+    measured at exit 1, never measured itself)."""
+    import numpy as np
+
+    from specjax.cli import decoding
+    from specjax.decoding.registry import DecodingConfig
+    from specjax.tools.tree_search import Costs, Measurements
+
+    acceptance = {1: [0.3, 0.2, 0.1], 2: [0.9, 0.05, 0.01]}
+
+    def scripted(exit_layer, children):
+        costs = Costs(shallow=np.full(40, 0.01), deep=np.full(40, 0.1), overhead=0.0,
+                      ar_step=0.1)
+        return Measurements(np.asarray(acceptance[exit_layer]), costs, children)
+
+    measured = []
+    monkeypatch.setattr(decoding, "_measured", lambda generator, exit_layer, mode, children,
+                        prompts, sampling: measured.append(exit_layer) or
+                        scripted(exit_layer, children))
+    trees = {}
+    for exit_layer in (1, 2, 1):
+        options = DecodingConfig(tree="auto:4", exit_layer=exit_layer)
+        resolved, plan = decoding.resolve_auto_tree(options, None, list, None,
+                                                    workdir=str(tmp_path), step=6)
+        expected = scripted(exit_layer, options.tree_children).best_tree(nodes=4)
+        assert plan.tree.parents == expected.tree.parents
+        assert json.loads(resolved.tree) == list(expected.tree.parents)
+        trees[exit_layer] = plan.tree.parents
+    assert measured == [1, 2] and trees[1] != trees[2]
+    with open(tmp_path / "tree_plans.json", encoding="utf-8") as f:
+        keys = sorted(json.load(f))
+    assert [key.split("exit_layer=")[1].split()[0] for key in keys] == ["1", "2"]
 
 
 def test_generate_sampling_with_a_single_prompt(workdir):
@@ -197,9 +237,10 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     """The bench's report at batch 2: speed, acceptance, identity with ar and ar's bandwidth,
     whose achieved rate is the report's own bytes a step times steps a second (tokens a second
     over the 2 rows a step decodes). Catches the achieved bandwidth charging a batch-2 step
-    once per row (twice the bytes/s read), and a bench whose baseline is whatever strategy
+    once per row (twice the bytes/s read), a bench whose baseline is whatever strategy
     comes first (a third probe: `--strategies ngram` showed 1.00x and "identical to ar" with
-    no ar run): ar always runs."""
+    no ar run): ar always runs, and bytes a step charged at a context of max_new_tokens
+    instead of the mean one, the mean prompt plus half the new tokens (recomputed here)."""
     report_path = tmp_path / "bench.json"
     result = _run("bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len", "16",
                   "--max_new_tokens", "48", "--repeats", "2", "--batch_size", "2",
@@ -226,6 +267,9 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     assert report["ar_decode_tokens_per_s"] == report["results"][0]["decode_tokens_per_s"]
     assert report["ar_achieved_gb_s"] * 1e9 == pytest.approx(
         report["ar_bytes_per_step"] * report["ar_decode_tokens_per_s"] / 2, rel=1e-9)
+    params, cfg, _ = load_params(workdir)
+    assert report["mean_prompt_tokens"] == 16
+    assert report["ar_bytes_per_step"] == decode_step_bytes(params, cfg, 16 + 48 / 2, batch=2)
     assert report["cpu_kernels"] == {
         kernel.SWITCH: "pinned: kernel" if kernel.available() else "not built: XLA"
         for kernel in (cpu_attention, cpu_matmul)}

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
@@ -102,6 +103,16 @@ class Round:
     lengths_after: jax.Array
     features: dict[int, jax.Array] = flax.struct.field(default_factory=dict)
     logits: jax.Array | None = None
+
+    def last_kept(self, kept: jax.Array, previous: jax.Array) -> jax.Array:
+        """The value at the last position the round kept, from `kept` [B, 1+D, ...] (along the
+        accepted path, the pending token's first: `nn.cache.along_path`), for each row the
+        round advanced; `previous` [B, ...] for rows that are done."""
+        index = self.acceptance.num_accepted.reshape((-1, 1) + (1,) * (kept.ndim - 2))
+        last = jnp.take_along_axis(kept, index, axis=1)[:, 0]
+        active = (self.lengths_after > self.lengths_before).reshape(
+            (-1,) + (1,) * (previous.ndim - 1))
+        return jnp.where(active, last.astype(previous.dtype), previous)
 
 
 class Drafter(Protocol):

@@ -145,11 +145,7 @@ class FeatureHead(VocabHead, FullVerification):
         layout = chain_layout(done.lengths_before + 1, emitted.shape[1], state.kv.k.shape[1])
         _, kv = run_cell(self.kind, ctx.params, ctx.draft_params, ctx.cfg, 0, features, emitted,
                          layout.positions, layout.mask, state.kv, layout.slots)
-        last = jnp.take_along_axis(features, done.acceptance.num_accepted[:, None, None],
-                                   axis=1)[:, 0]
-        active = done.lengths_after > done.lengths_before
-        return FeatureState(kv, jnp.where(active[:, None], last.astype(state.feature.dtype),
-                                          state.feature))
+        return FeatureState(kv, done.last_kept(features, state.feature))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,10 +92,8 @@ class Medusa(VocabHead, FullVerification):
     def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
         """The hidden state at the last kept position (the pending token's when no draft was
         accepted); rows that are done keep theirs."""
-        kept = along_path(done.features[self.exit_layer], done.acceptance.path)
-        last = jnp.take_along_axis(kept, done.acceptance.num_accepted[:, None, None], axis=1)
-        active = done.lengths_after > done.lengths_before
-        return jnp.where(active[:, None], last[:, 0].astype(state.dtype), state)
+        return done.last_kept(along_path(done.features[self.exit_layer], done.acceptance.path),
+                              state)
 
 
 STRATEGIES = {"medusa": Strategy(lambda options: Medusa(shape_for(options)),

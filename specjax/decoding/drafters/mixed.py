@@ -44,7 +44,7 @@ from specjax.decoding.drafter import (
 from specjax.decoding.options import option
 from specjax.decoding.proposal import Proposal, Shape
 from specjax.decoding.shapes.chain import Chain
-from specjax.nn.cache import Cache
+from specjax.nn.cache import Cache, along_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,23 +195,17 @@ def accepted_chain(done: Round) -> Round:
     another branch's drafts were taken."""
     accepted, nodes = done.acceptance, done.proposal
     depth = accepted.path.shape[1]
-    positions = jnp.concatenate([jnp.zeros_like(accepted.path[:, :1]), accepted.path + 1],
-                                axis=1)                                          # [B, 1+D]
     steps = jnp.arange(depth)[None, :]
     chain = Proposal(tokens=jnp.take_along_axis(nodes.tokens, accepted.path, axis=1),
                      parents=jnp.broadcast_to(steps - 1, accepted.path.shape),
                      valid=steps < accepted.num_accepted[:, None], q=None, reuse=None,
                      stats={}, shape=Chain(depth))
-
-    def along(values: jax.Array) -> jax.Array:
-        return jnp.take_along_axis(values, positions.reshape(
-            positions.shape + (1,) * (values.ndim - 2)), axis=1)
-
     return dataclasses.replace(
         done, proposal=chain, acceptance=Acceptance(accepted.num_accepted, accepted.emitted,
                                                     None),
-        reused_hidden=None, features={e: along(f) for e, f in done.features.items()},
-        logits=None if done.logits is None else along(done.logits))
+        reused_hidden=None,
+        features={e: along_path(f, accepted.path) for e, f in done.features.items()},
+        logits=None if done.logits is None else along_path(done.logits, accepted.path))
 
 
 def _mix_spec(value: str, cfg: object) -> str | None:

@@ -121,6 +121,17 @@ def test_time_interleaved_runs_calls_in_turn_per_item_and_repeat():
                for per_call in seconds.values() for per_item in per_call)
 
 
+
+def test_time_interleaved_reports_the_repeats_done_after_each():
+    """progress(repeats_done) is called once per repeat, after it, with 1, 2, 3 (a count, as
+    the progress bar's total is `repeats`), each call after that repeat's items ran. Catches
+    the 0-based repeat index passed (0, 1, 2: the bar never reaches its total)."""
+    ran, seen = [], []
+    calls = {"a": lambda item: ran.append(item)}
+    time_interleaved(calls, items=2, repeats=3,
+                     progress=lambda done: seen.append((done, len(ran))))
+    assert seen == [(1, 2), (2, 4), (3, 6)]
+
 def test_sampled_bench_decodes_every_prompt_once_per_seed(tiny_cfg, tiny_params):
     """Catches seeds that are not passed to the decoder (every seed the same sample: the
     averaging would be a no-op) or that are dropped from the totals; greedy runs refuse them."""

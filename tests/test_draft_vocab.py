@@ -216,19 +216,48 @@ def test_a_broken_ranking_is_one_line_naming_the_file(tmp_path, content, problem
     assert read_ranking(str(tmp_path), CFG.vocab_size).tolist() == [4, 2]
 
 
+def test_a_ranking_naming_the_vocabulary_size_is_refused(tmp_path):
+    """An id equal to the vocabulary size (259 of ids 0..258) is outside it: one line, and 258
+    is accepted. Catches an upper bound checked with > instead of >= (id V read past the
+    head's last row)."""
+    (tmp_path / "draft_vocab.json").write_text('{"ids": [1, 259]}')
+    with pytest.raises(ValueError, match=r"distinct ids in \[0, 259\)"):
+        read_ranking(str(tmp_path), CFG.vocab_size)
+    (tmp_path / "draft_vocab.json").write_text('{"ids": [1, 258]}')
+    assert read_ranking(str(tmp_path), CFG.vocab_size).tolist() == [1, 258]
+
+
+def test_an_untied_model_drafts_with_its_unembedding_rows():
+    """With tie_embeddings=False the subset's rows are the unembedding's columns at the ids
+    (the reference: `unembed.T[ids]`, not the input embedding), and the subset's logits there
+    equal the full head's. Catches rows gathered from `embed` whatever the tying."""
+    cfg = ModelConfig(**{**TINY_MODEL, "tie_embeddings": False})
+    untied = damped_params(cfg, jax.random.PRNGKey(2), 0.5)
+    assert not np.allclose(untied["embed"], untied["unembed"].T)
+    ids = jnp.asarray(np.sort(RANKING[:N]), jnp.int32)
+    vocab = DraftVocab.gather(untied, cfg, ids)
+    np.testing.assert_array_equal(
+        vocab.rows, np.asarray(untied["unembed"]).T[np.asarray(ids)].astype(vocab.rows.dtype))
+    hidden = jax.random.normal(jax.random.PRNGKey(4), (2, 3, cfg.d_model))
+    np.testing.assert_allclose(exit_head_logits(untied, cfg, hidden, vocab)[..., ids],
+                               exit_head_logits(untied, cfg, hidden, None)[..., ids],
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_the_command_ranks_a_text_and_makes_it_the_default(trained_workdir, tmp_path):
     """infer/draft_vocab.py counts the ids of a text, stores the ranking in the workdir and N as
-    its decoding default, which the loaded model then drafts with (its output the model's).
-    Catches a ranking written but not used by default."""
+    its decoding default, which the loaded model then drafts with (its output the model's);
+    --max_tokens 40 counts exactly 40 of the 81 tokens (27 then 13 of the second text). Catches
+    a ranking written but not used by default, and a text counted whole past --max_tokens."""
     texts = tmp_path / "texts.jsonl"
     texts.write_text("\n".join(json.dumps({"text": "def f(x):\n    return x + 1\n"})
                                for _ in range(3)))
     done = run_script("infer/draft_vocab.py", "--workdir", trained_workdir, "--size", "12",
-                      "--texts_file", str(texts))
+                      "--texts_file", str(texts), "--max_tokens", "40")
     assert done.returncode == 0, done.stderr
     stored = json.load(open(os.path.join(trained_workdir, "draft_vocab.json")))
-    assert len(stored["ids"]) == 12 and stored["source"]["tokens"] == 3 * 27
+    assert len(stored["ids"]) == 12 and stored["source"]["tokens"] == 40
     assert set(stored["ids"]) <= set(b"def f(x):\n    return x + 1\n")
     calibrated = json.load(open(os.path.join(trained_workdir, "calibrated_decoding.json")))
     assert calibrated["decoding"]["draft_vocab"] == 12

@@ -39,6 +39,17 @@ COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1
                    head={n: 0.5 + 0.1 * (n - 1) for n in range(1, 10)})
 
 
+
+@pytest.mark.parametrize("num_drafts", [[0], [2, 0], []])
+def test_a_draft_count_below_one_is_refused_first(num_drafts):
+    """num_drafts with 0 (or none at all) is the one-line error naming the counts, from both
+    entry points, before any weights or windows are read. Catches the bound checked as < 0
+    (0 drafts let through to a report whose every speedup is the plain pass)."""
+    with pytest.raises(ValueError, match=r"must list draft counts >= 1"):
+        exit_report(None, None, np.zeros((0, 9), np.int32), COSTS, num_drafts=num_drafts)
+    with pytest.raises(ValueError, match=r"must list draft counts >= 1"):
+        model_exit_report(None, None, None, {}, num_drafts=num_drafts)
+
 def test_per_exit_loss_accuracy_and_agreement_match_direct_forwards():
     """Each record against exit e computed directly (embed, layers [0, e), head, argmax).
     Catches agreement measured against the targets instead of the last layer, and a record

@@ -3,6 +3,7 @@ decoding from a head's workdir."""
 
 import glob
 import json
+import os
 import shutil
 
 import jax
@@ -206,6 +207,26 @@ def test_generate_from_a_head_workdir(base, trained_heads, tmp_path, name, strat
     with pytest.raises(ValueError, match="needs weights of its own and this model has none"):
         specjax.load(base).generate("x", strategy=strategy, **options)
 
+
+
+def test_a_head_workdir_drafts_over_its_bases_ranking_unless_it_has_its_own(base,
+                                                                             trained_heads):
+    """A head workdir without draft_vocab.json loads its base's ranking (the reference: the
+    ids written there), and one of its own wins over the base's. Catches a head that loads no
+    ranking (every --draft_vocab N refused on a head workdir whose base was ranked)."""
+    from specjax.io.draft_vocab import FILE, write_ranking
+
+    head = trained_heads["kangaroo"]
+    written = [os.path.join(base, FILE), os.path.join(head, FILE)]
+    try:
+        write_ranking(base, np.array([7, 3, 258, 0]), {"source": "base"})
+        assert load_model(head).draft_vocab.tolist() == [7, 3, 258, 0]
+        write_ranking(head, np.array([5, 1]), {"source": "head"})
+        assert load_model(head).draft_vocab.tolist() == [5, 1]
+    finally:  # the base and heads are shared by this module's other tests
+        for path in written:
+            if os.path.exists(path):
+                os.remove(path)
 
 def test_a_head_beside_its_model_drafts_from_its_own_exit(base, tmp_path):
     """Catches a head loaded with --draft_workdir taking the target's default exit (2 here)

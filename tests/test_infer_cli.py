@@ -363,3 +363,27 @@ def test_generate_with_a_draft_model_matches_ar(workdir, tmp_path):
     assert outputs["draft"]["acceptance_rate"] > 0.9  # the budget may cut the last round
     missing = _run("generate.py", "--workdir", workdir, "--strategy", "draft", "--prompt", "x")
     assert missing.returncode == 1 and "pass --draft_workdir" in missing.stderr
+
+
+def test_a_prompts_line_whose_prompt_is_not_a_string_is_named(tmp_path):
+    """A prompts file line `{"prompt": 5}` is a one-line error naming file:line. Catches a
+    non-string "prompt" accepted (a number reaching the tokenizer: "argument 'input': 'int'
+    object cannot be converted")."""
+    from specjax.cli.decoding import read_prompts_file
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": 5}\n')
+    with pytest.raises(ValueError, match=f"^{prompts}:2: expected an object with a string "
+                                         "'prompt' or a 'messages' list$"):
+        read_prompts_file(str(prompts))
+
+
+def test_an_auto_tree_of_no_nodes_is_refused(tmp_path):
+    """`--tree auto:0` is a one-line error "N must be >= 1" before anything is measured.
+    Catches `auto:0` accepted (a zero-node tree searched for and measured)."""
+    from specjax.cli.decoding import resolve_auto_tree
+    from specjax.decoding.registry import DecodingConfig
+
+    with pytest.raises(ValueError, match=r"^tree 'auto:0': N must be >= 1$"):
+        resolve_auto_tree(DecodingConfig(tree="auto:0"), None, list, None,
+                          workdir=str(tmp_path), step=0)

@@ -348,3 +348,30 @@ def test_a_message_without_a_string_role_and_content_is_refused(tmp_path, messag
             call(conversation)
         assert str(caught.value) == ("message 1 of the conversation is not a dict with string "
                                      f"'role' and 'content': {message!r:.80}")
+
+
+def test_a_given_bos_id_is_the_prefix_every_text_starts_with(tmp_path):
+    """`load_tokenizer(folder, bos_id=2)` starts an encoded text with id 2, not the folder's
+    post-processor BOS (0). Catches a given `bos_id` ignored for the prefix (the folder's
+    prefix kept while `bos_id` says otherwise)."""
+    from specjax.tokenizer import load_tokenizer
+
+    folder = tokenizer_folder(tmp_path)
+    assert load_tokenizer(folder).encode("a", add_special_tokens=True)[0] == 0
+    given = load_tokenizer(folder, bos_id=2)
+    assert given.prefix == (2,)
+    assert given.encode("a", add_special_tokens=True)[0] == 2
+
+
+def test_tokenizers_differing_only_in_their_suffix_have_different_fingerprints(tmp_path):
+    """Two HF tokenizers of the same tokenizer.json, one putting an EOS after a text, encode
+    "a" differently, so their fingerprints differ. Catches the suffix dropped from
+    `fingerprint` (token caches encoded with one suffix reused for the other)."""
+    from specjax.tokenizer import HFTokenizer, tokenizer_file
+
+    path = tokenizer_file(tokenizer_folder(tmp_path))
+    bare = HFTokenizer(path, 0, 1, prefix=[0])
+    suffixed = HFTokenizer(path, 0, 1, prefix=[0], suffix=[1])
+    assert (bare.encode("a", add_special_tokens=True).tolist()
+            != suffixed.encode("a", add_special_tokens=True).tolist())
+    assert bare.fingerprint() != suffixed.fingerprint()

@@ -277,6 +277,16 @@ def require_count(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value} must be >= 1")
 
 
+def layer_numbers(value: str, setting: str) -> tuple[int, ...]:
+    """Comma-separated layer numbers ("2,3,5"; empty parts skipped) as a tuple; a one-line
+    error naming `setting` when a part is not a number."""
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{setting}={value!r}: expected comma-separated layer numbers, e.g. "
+                         "2,3,5") from None
+
+
 def load_config_file(spec: str, name: str = "config file") -> Any:
     """`get_config(variant)` of the config file `spec` ("configs/tiny_code.py:smoke", as
     `train/train.py` takes it): a ConfigDict or a mapping of sections. A one-line error

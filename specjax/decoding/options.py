@@ -44,15 +44,6 @@ def within(low: float, high: float, *, high_included: bool) -> Check:
     return check
 
 
-def layer_list(value: str, flag: str) -> tuple[int, ...]:
-    """Comma-separated layer numbers ("2,3,5") as a tuple; a one-line error naming `flag`."""
-    try:
-        return tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"{flag}={value!r}: expected comma-separated layer numbers, e.g. "
-                         "2,3,5") from None
-
-
 def join_options(groups: Iterable[type]) -> type:
     """One frozen dataclass with the fields of every option group, in order (a group named
     twice counts once; a field that two groups declare is an error: its flag would be

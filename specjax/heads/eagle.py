@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, layer_numbers
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params
 from specjax.nn.attention import Attention
@@ -51,14 +51,6 @@ class Eagle3Layer(nn.Module):
         return x + MLP(cfg, name="mlp")(RMSNorm(cfg, name="mlp_norm")(x)), kv
 
 
-def layer_list(value: str) -> tuple[int, ...] | None:
-    """Layer counts written "2,4,5" (empty: none), or None when that is not what it is."""
-    try:
-        return tuple(int(part) for part in value.split(",")) if value.strip() else ()
-    except ValueError:
-        return None
-
-
 def default_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, mid and high layer counts (2, L // 2, L - 3), clipped into [1, L]."""
     return tuple(min(max(e, 1), num_layers) for e in (2, num_layers // 2, num_layers - 3))
@@ -71,7 +63,7 @@ class EagleKind:
     name = "eagle"
 
     def exits(self, cfg: ModelConfig, settings: Mapping[str, Any]) -> tuple[int, ...]:
-        layers = layer_list(settings["layers"]) or default_layers(cfg.num_layers)
+        layers = layer_numbers(settings["layers"], "eagle.layers") or default_layers(cfg.num_layers)
         if not all(1 <= e <= cfg.num_layers for e in layers):
             raise ValueError(f"eagle.layers={settings['layers']}: each must lie in [1, "
                              f"num_layers = {cfg.num_layers}]")

@@ -25,7 +25,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, layer_numbers
 from specjax.decoding.drafter import (
     DraftContext,
     DrafterBase,
@@ -37,7 +37,7 @@ from specjax.decoding.drafter import (
 )
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
-from specjax.decoding.options import at_least, layer_list, option, within
+from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
@@ -182,7 +182,7 @@ class CalmOptions:
 
 def early_exit(options: CalmOptions) -> EarlyExit:
     """CALM's early exit as the options describe it."""
-    return EarlyExit(layer_list(options.calm_exits, "calm_exits"), options.calm_measure)
+    return EarlyExit(layer_numbers(options.calm_exits, "calm_exits"), options.calm_measure)
 
 
 STRATEGIES = {

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import jax
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, layer_numbers
 from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
@@ -29,7 +29,7 @@ from specjax.decoding.drafter import (
     Strategy,
     trained_head_hint,
 )
-from specjax.decoding.options import layer_list, option
+from specjax.decoding.options import option
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import AcceptModel, Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
@@ -206,7 +206,7 @@ class SkipOptions:
 
 def skip_set(options: SkipOptions) -> tuple[int, ...]:
     """The layers `skip_layers` names ("2,3,5"), as sorted indices."""
-    layers = layer_list(options.skip_layers, "skip_layers")
+    layers = layer_numbers(options.skip_layers, "skip_layers")
     if not layers:
         raise ValueError("strategy 'skip' needs --skip_layers (comma-separated layer indices)")
     return layers

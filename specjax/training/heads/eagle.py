@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import ClassVar
@@ -13,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, layer_numbers
 from specjax.convert.hf_config import read_config_json
-from specjax.heads.eagle import EAGLE, default_layers, layer_list
+from specjax.heads.eagle import EAGLE, default_layers
 from specjax.heads.feature_head import FeatureHeadKind
 from specjax.model import Params
 from specjax.nn.hf_layout import ATTENTION_LEAVES, MLP_LEAVES
@@ -38,7 +39,10 @@ class EagleConfig:
     decay: float = 0.8
 
     def __post_init__(self) -> None:
-        parsed = layer_list(self.layers) if isinstance(self.layers, str) else None
+        parsed = None  # not layer numbers: the check below names what the setting expects
+        if isinstance(self.layers, str):
+            with contextlib.suppress(ValueError):
+                parsed = layer_numbers(self.layers, "eagle.layers")
         check(parsed is not None and all(e >= 1 for e in parsed), "eagle.layers", self.layers,
               "must be layer counts >= 1 separated by commas, e.g. 2,4,5 (empty: EAGLE-3's)")
         check(isinstance(self.unroll, int) and self.unroll >= 1, "eagle.unroll", self.unroll,

@@ -20,7 +20,7 @@ from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.cli.texts import define_texts_flags, given_texts
 from specjax.data import iter_documents
 from specjax.io.calibrated_defaults import write_calibrated
-from specjax.io.checkpoint import load_params
+from specjax.io.checkpoint import load_model_config
 from specjax.io.draft_vocab import rank_ids, write_ranking
 from specjax.outputs import check_writable
 from specjax.tokenizer import get_tokenizer
@@ -43,8 +43,7 @@ def main(argv):
 def run() -> None:
     require_positive_flags("size", "max_tokens")
     check_writable(FLAGS.workdir, f"--workdir {FLAGS.workdir}")
-    params, cfg, meta = load_params(FLAGS.workdir)
-    del params
+    cfg, meta = load_model_config(FLAGS.workdir)
     if FLAGS.size > cfg.vocab_size:
         raise ValueError(f"--size={FLAGS.size} exceeds the model's {cfg.vocab_size} ids")
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)

@@ -132,30 +132,51 @@ def load_params(workdir: str, step: int | None = None,
     they are not the model's (an adapter's). Restored onto one device, or straight into the
     layout `sharding.RULES` gives on `mesh` (never whole on one device). An unreadable latest
     checkpoint falls back to the newest readable one, with a warning."""
+    return _newest_readable(workdir, step, lambda checkpoints, candidate: _load_step(
+        checkpoints, candidate, abstract, mesh))
+
+
+def load_model_config(workdir: str) -> tuple[ModelConfig, dict[str, Any]]:
+    """(model config, metadata) of the checkpoint `load_params` would read, its weights left
+    unread, for tools that need only the model's shape and tokenizer; the same refusals."""
+    return _newest_readable(workdir, None, lambda checkpoints, candidate: _model_meta(
+        checkpoints, candidate, model_only=True))
+
+
+def _newest_readable(workdir: str, step: int | None,
+                     read: Callable[[Checkpointer, int], Any]) -> Any:
+    """`read` of the workdir's checkpoint `step`, else of its latest one, falling back to the
+    newest readable one with a warning."""
     checkpoints = Checkpointer(workdir, create=False)
     candidates = [step] if step is not None else checkpoints.all_steps()[::-1]
     if not candidates:
         raise CheckpointError(f"no checkpoint found in {checkpoints.directory}")
     for candidate, earlier in zip(candidates[:-1], candidates[1:], strict=True):
         try:
-            return _load_step(checkpoints, candidate, abstract, mesh)
+            return read(checkpoints, candidate)
         except UnreadableCheckpointError as error:
             print(f"warning: checkpoint of step {candidate} in {checkpoints.directory} is "
                   f"unreadable ({type(error.__cause__).__name__}); trying step {earlier}",
                   file=sys.stderr)
-    return _load_step(checkpoints, candidates[-1], abstract, mesh)
+    return read(checkpoints, candidates[-1])
+
+
+def _model_meta(checkpoints: Checkpointer, step: int, *, model_only: bool
+                ) -> tuple[ModelConfig, dict[str, Any]]:
+    """The model config and metadata of `step`; a head's checkpoint refused when `model_only`."""
+    meta = checkpoints.read_meta(step)
+    if "model" not in meta:
+        raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")
+    if model_only and "base" in meta:  # a head's weights, not a model's
+        raise CheckpointError(f"{checkpoints.directory} holds a {meta.get('objective')} run, "
+                              f"not a model (a head on the model in {meta['base']['workdir']})")
+    return ModelConfig.from_dict(meta["model"]), meta
 
 
 def _load_step(checkpoints: Checkpointer, step: int,
                abstract: Callable[[ModelConfig], Any] | None, mesh: Mesh | None
                ) -> tuple[Any, ModelConfig, dict[str, Any]]:
-    meta = checkpoints.read_meta(step)
-    if "model" not in meta:
-        raise CheckpointError(f"checkpoint in {checkpoints.directory} has no model config")
-    if abstract is None and "base" in meta:  # a head's weights, not a model's
-        raise CheckpointError(f"{checkpoints.directory} holds a {meta.get('objective')} run, "
-                              f"not a model (a head on the model in {meta['base']['workdir']})")
-    cfg = ModelConfig.from_dict(meta["model"])
+    cfg, _ = _model_meta(checkpoints, step, model_only=abstract is None)
     shapes = (abstract(cfg) if abstract is not None else
               jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0))))
     if mesh is None:  # whatever layout saved it

@@ -18,13 +18,12 @@ from specjax.config import ModelConfig, layer_numbers
 from specjax.convert.hf_config import read_config_json
 from specjax.heads.eagle import EAGLE, default_layers
 from specjax.heads.feature_head import FeatureHeadKind
+from specjax.heads.vocab_subset import MASKED_LOGIT  # a token a published head's vocab lacks
 from specjax.model import Params
 from specjax.nn.hf_layout import ATTENTION_LEAVES, MLP_LEAVES
 from specjax.training.config import check
 from specjax.training.frozen_base import load_base, save_imported_head
 from specjax.training.heads.unrolled import UnrolledHead, recorded
-
-MASKED_LOGIT = -1e9  # vocab_bias of a token a published head's reduced vocabulary lacks
 
 
 @dataclasses.dataclass(frozen=True)

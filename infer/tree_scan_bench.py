@@ -1,6 +1,6 @@
 """Verifying a token tree through Mamba-2 layers: the tree scan against unrolled paths.
 
-    python infer/tree_scan_bench.py --config configs/tiny_code.py:mamba2 [--tree 3,2,1]
+    python infer/tree_scan_bench.py --config tiny_code:mamba2 [--tree 3,2,1]
 
 One verification pass of the pending token and a static tree's nodes over every layer of a model
 with a committed prompt, two ways, each jitted and timed in turn after a warm-up:
@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json
-from specjax.cli.entrypoint import parse_flags
+from specjax.cli.entrypoint import define_config, parse_flags
 from specjax.config import ModelConfig
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -47,8 +46,7 @@ from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny_code.py:mamba2",
-                                          "Config file[:variant] whose model is measured.")
+_CONFIG = define_config("tiny_code:mamba2", "The config[:variant] whose model is measured.")
 flags.DEFINE_string("tree", "3,2,1", "Children per depth (the default: 15 nodes + the "
                     "pending token = 16 tokens).")
 flags.DEFINE_integer("prompt_len", 128, "Committed tokens before the tree.")

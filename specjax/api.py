@@ -1,7 +1,7 @@
 """The API for notebooks and scripts: train or load a workdir, generate text, benchmark settings.
 
     import specjax
-    model = specjax.load("runs/tiny")  # or specjax.train("configs/tiny_code.py", "runs/tiny"),
+    model = specjax.load("runs/tiny")  # or specjax.train("tiny_code", "runs/tiny"),
                                        # or specjax.import_hf("llama_dir", "runs/llama")
     print(model.generate("def main(", max_new_tokens=64).text)
     model.generate(["import os", "class A:"], strategy="ar", temperature=0.8, seed=1)
@@ -371,7 +371,7 @@ def train(config: str | Mapping[str, Any], workdir: str,
           overrides: Mapping[str, Any] | None = None) -> LanguageModel:
     """Trains the run `config` describes in `workdir` (or resumes it; a finished run is only
     loaded) and returns its model. `config`: a config file as `train/train.py` takes it
-    ("configs/tiny_code.py:smoke") or its sections as a dict; `overrides`: dotted fields
+    ("tiny_code:smoke") or its sections as a dict; `overrides`: dotted fields
     ({"train.total_steps": 50}), which must exist in the config, as on the command line."""
     from specjax.training.trainer import train_and_evaluate  # training stays out of `load`
 
@@ -400,14 +400,14 @@ def train(config: str | Mapping[str, Any], workdir: str,
 
 def read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
     """A config's sections as a fresh dict: a config file's `get_config(variant)`
-    ("configs/tiny_code.py:smoke", as `train/train.py` takes it) or a copy of a dict."""
+    ("tiny_code:smoke", as `train/train.py` takes it) or a copy of a dict."""
     if isinstance(config, str):
         config = load_config_file(config)
     if hasattr(config, "to_dict"):  # an ml_collections.ConfigDict
         return config.to_dict()
     if not isinstance(config, Mapping):
-        raise ValueError("config must be a config file ('configs/tiny_code.py:smoke') or a dict "
-                         f"of sections, not {type(config).__name__}")
+        raise ValueError("config must be a shipped config or a config file ('tiny_code:smoke') "
+                         f"or a dict of sections, not {type(config).__name__}")
     return copy.deepcopy(dict(config))
 
 

@@ -287,15 +287,36 @@ def layer_numbers(value: str, setting: str) -> tuple[int, ...]:
                          "2,3,5") from None
 
 
+SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs shipped in the package (`specjax/configs/*.py`)."""
+    return sorted(name[:-3] for name in os.listdir(SHIPPED_CONFIGS)
+                  if name.endswith(".py") and not name.startswith("_"))
+
+
+def config_file(spec: str) -> str:
+    """`spec` ("tiny_code:smoke", "my_config.py:variant") with a shipped config's name replaced
+    by its file's path, so that the shipped configs work from any folder; a file that exists
+    (or anything else) is left as it is."""
+    path, colon, variant = spec.partition(":")
+    if os.path.isfile(path) or path not in shipped_configs():
+        return spec
+    return os.path.join(SHIPPED_CONFIGS, f"{path}.py") + colon + variant
+
+
 def load_config_file(spec: str, name: str = "config file") -> Any:
-    """`get_config(variant)` of the config file `spec` ("configs/tiny_code.py:smoke", as
-    `train/train.py` takes it): a ConfigDict or a mapping of sections. A one-line error
-    naming `name` and the file for a missing file, one that is not Python or fails to run, one
-    without get_config() and one whose get_config() returns no config."""
-    path, _, variant = spec.partition(":")
+    """`get_config(variant)` of the config `spec` (a shipped config's name or a file,
+    "tiny_code:smoke" or "my_config.py:variant", as `train/train.py` takes it): a ConfigDict or
+    a mapping of sections. A one-line error naming `name` and the file for a missing file, one
+    that is not Python or fails to run, one without get_config() and one whose get_config()
+    returns no config."""
+    path, _, variant = config_file(spec).partition(":")
     where = f"{name} {path}"
     if not os.path.isfile(path):
-        raise ValueError(f"{where}: no such file")
+        raise ValueError(f"{where}: no such file or shipped config (shipped: "
+                         f"{', '.join(shipped_configs())})")
     loader = importlib.machinery.SourceFileLoader("specjax_user_config", path)
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     try:

@@ -1,13 +1,11 @@
 """The notebook API (`specjax.api`) beyond what the README's example runs: streaming text and
 benchmark rows."""
 
-import os
 
 import pytest
 
 import specjax
 from specjax.api import load
-from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +83,7 @@ def test_an_unknown_override_of_a_config_file_is_refused_before_training(tmp_pat
     into a config file's section by `train`'s override check (left to the trainer's section
     check, whose message names no override)."""
     workdir = tmp_path / "w"
-    config = os.path.join(ROOT, "configs", "tiny_code.py") + ":smoke"
+    config = "tiny_code:smoke"
     with pytest.raises(ValueError, match=r"^override 'train\.totl_steps': no such config "
                                          r"field$"):
         specjax.train(config, str(workdir),

@@ -231,10 +231,10 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
      "give a file name"),
     ("infer/convert.py", ["--hf_dir={tmp}/nope", "--workdir={tmp}/w"],
      "'{tmp}/nope' does not exist: a Hugging Face checkpoint directory is expected"),
-    ("train/train.py", ["--config=configs/tiny_code.py", "--config.decoding.ngram_max=x",
+    ("train/train.py", ["--config=tiny_code", "--config.decoding.ngram_max=x",
                         "--workdir={tmp}/t"],
      "--config.decoding.ngram_max=x: expected a whole number"),
-    ("train/train.py", ["--config=configs/tiny_code.py", "--config.decoding.tree=abc",
+    ("train/train.py", ["--config=tiny_code", "--config.decoding.tree=abc",
                         "--workdir={tmp}/t"],
      "decoding.tree='abc' is not a tree: expected children per depth like 2,2,1,1, a parents "
      "list, a JSON file of parents, 'dynamic' or 'auto'"),
@@ -338,7 +338,7 @@ def test_a_workdir_that_cannot_be_made_is_one_line(tmp_path, make_read_only):
     read_only = make_read_only(tmp_path / "read-only")
     for workdir, why in ((tmp_path / "notes.txt" / "run", "Not a directory"),
                          (read_only / "run", "")):
-        result = run_script("train/train.py", "--config=configs/tiny_code.py:smoke",
+        result = run_script("train/train.py", "--config=tiny_code:smoke",
                             f"--workdir={workdir}")
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-2000:]
         assert result.stderr.startswith(f"error: cannot write --workdir {workdir}: {why}")
@@ -353,7 +353,7 @@ def test_step_counts_and_peaks_are_checked_before_compiling(script, flag, error)
     """Catches `memory_check.py --steps 0` ending in a ZeroDivisionError traceback, `step_bench
     --steps 0` failing on an empty median after compiling both programs (17 s), and
     `--peak_tflops -3` printing a negative utilisation."""
-    result = run_script(script, "--config=configs/tiny_code.py:smoke", flag)
+    result = run_script(script, "--config=tiny_code:smoke", flag)
     assert result.returncode == 1 and result.stderr.strip() == f"error: {error}", \
         result.stderr[-2000:]
 
@@ -379,7 +379,8 @@ def test_a_fractional_step_count_is_refused_before_training(tmp_path):
                                    "{'K=4': {'num_draft': 4}}; got list"),
     (lambda m: m.benchmark({"K=4": 4}), "settings must map .*; got int for 'K=4'"),
     (lambda m: m.benchmark({}, repeats="3"), "repeats='3' must be an int"),
-    (lambda m: specjax.train(None, "w"), "config must be a config file .* not NoneType"),
+    (lambda m: specjax.train(None, "w"),
+     "config must be a shipped config or a config file .* not NoneType"),
     (lambda m: specjax.train({}, None), "workdir must be a path .* not NoneType"),
     (lambda m: specjax.load(None), "workdir must be a path .* not NoneType"),
     (lambda m: specjax.load(m.workdir, step="0"), "step='0' must be an int"),

@@ -112,7 +112,7 @@ def test_the_model_configs_decoding_section_takes_every_drafters_option():
     config file's decoding section listed only the fields it changes (an override must name a
     field the file has; the third probe). A head's config (kangaroo.py) lists only what it
     changes over its base's decoding defaults, on purpose."""
-    section = importlib.import_module("configs.tiny_code").get_config().decoding
+    section = importlib.import_module("specjax.configs.tiny_code").get_config().decoding
     assert set(section) == {field.name for field in dataclasses.fields(DecodingConfig)}
 
 

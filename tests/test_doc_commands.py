@@ -1,5 +1,5 @@
 """Every command of the README and docs/ runs as written, at smoke size: each document's
-commands (training runs first), in a fresh folder holding `configs/`, a reader's `corpus.jsonl`
+commands (training runs first), in a fresh folder holding a reader's `corpus.jsonl`
 and `prompts.jsonl`, and a smoke-size `runs/tiny` (the default config: 8 layers, width 32), with
 only size flags appended (fewer steps, prompts and tokens; the values the document gives stay).
 docs/results/' benchmarks run with their sweeps cut short (`one_point`). The commands no test
@@ -75,10 +75,10 @@ NOT_RUN = {
                     "tests/test_smollm2.py imports its GGUF in CI and checks it against "
                     "transformers; its drafters train for up to an hour each on 2 cores "
                     "(docs/results/2026-11-27-smollm2.md)",
-    "tiny_code.py:smollm2": "LayerSkip continual training of SmolLM2 and a draft model "
-                            "distilled from it, up to an hour each on 2 cores "
-                            "(docs/results/2026-11-27-smollm2.md); test_recipe.py runs "
-                            "continual training and test_distill.py distillation at smoke size",
+    "tiny_code:smollm2": "LayerSkip continual training of SmolLM2 and a draft model "
+                         "distilled from it, up to an hour each on 2 cores "
+                         "(docs/results/2026-11-27-smollm2.md); test_recipe.py runs "
+                         "continual training and test_distill.py distillation at smoke size",
     "runs/sb512": "a second stand-in trained for 33 minutes and continued for 15 on 2 cores "
                   "(docs/results/2026-11-27-cpu-stand-in.md); test_recipe.py runs the same "
                   "commands at smoke size",
@@ -119,7 +119,7 @@ def _smoke(command: list[str]) -> list[str]:
     script, *args = command
     extra = list(SMOKE[script])
     config = _flag(command, "config") or ""
-    if config.startswith("configs/tiny_code.py") and script in ("train/train.py",
+    if config.partition(":")[0] == "tiny_code" and script in ("train/train.py",
                                                                  "train/step_bench.py",
                                                                  "infer/tree_scan_bench.py"):
         extra += [*DATA, *MODEL] if script != "infer/tree_scan_bench.py" else MODEL
@@ -211,8 +211,7 @@ for _doc in ALL_DOCS:
 def smoke_tiny(tmp_path_factory) -> str:
     """The main job's `runs/tiny` at smoke size: the default config, 8 layers of width 32."""
     folder = tmp_path_factory.mktemp("tiny")
-    os.symlink(os.path.join(ROOT, "configs"), folder / "configs")
-    results = _run(str(folder), [_smoke(["train/train.py", "--config", "configs/tiny_code.py",
+    results = _run(str(folder), [_smoke(["train/train.py", "--config", "tiny_code",
                                          "--workdir", "runs/tiny"])])
     assert results[-1]["status"] == 0, results[-1]["output"]
     return str(folder / "runs" / "tiny")
@@ -236,7 +235,6 @@ def test_the_documented_commands_run_as_written(doc, smoke_tiny, tmp_path):
     strategy that needs a workdir the document never made, a config variant that no longer
     trains), which a check of the flags' names alone (test_docs.py) lets through."""
     sequence = ordered(doc)
-    os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
     reader_files(tmp_path)
     if FIXTURE not in {makes(c) for c in sequence}:
         shutil.copytree(smoke_tiny, tmp_path / "runs" / "tiny")

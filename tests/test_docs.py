@@ -47,10 +47,12 @@ def commands(text: str) -> list[list[str]]:
 
 
 def script_flags(script: str) -> set[str]:
-    """The flags a script defines: its own `DEFINE_*("name"`, the shared decoding and mesh
-    flags when it defines them, and absl's."""
+    """The flags a script defines: its own `DEFINE_*("name"`, the shared config, decoding and
+    mesh flags when it defines them, and absl's."""
     source = _read(script)
     names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
+    if "define_config(" in source:
+        names.add("config")
     if "define_decoding_flags(" in source:
         names |= set(DECODING_FLAGS)
     if "define_mesh_flag()" in source:
@@ -59,8 +61,8 @@ def script_flags(script: str) -> set[str]:
 
 
 def config_sections(spec: str) -> dict:
-    """The sections of a "file.py[:variant]" config (a path from the repository's root)."""
-    return read_config(os.path.join(ROOT, spec))
+    """The sections of a "name[:variant]" config (a shipped config, as the docs name them)."""
+    return read_config(spec)
 
 
 ALL_COMMANDS = [(doc, command) for doc in DOCS for command in commands(_read(doc))]
@@ -92,7 +94,7 @@ def test_every_documented_command_uses_existing_flags_and_config_fields(doc, com
             continue
         name = arg[2:].split("=", 1)[0]
         if name.startswith("config."):
-            sections = config_sections(config_spec or "configs/tiny_code.py")
+            sections = config_sections(config_spec or "tiny_code")
             *path, leaf = name.split(".")[1:]
             for key in path:
                 assert key in sections, f"{doc}: {script} {arg}: no config section {key!r}"
@@ -121,7 +123,7 @@ def test_the_readme_is_a_front_door():
     readme = _read("README.md")
     assert len(readme.splitlines()) <= README_LINES
     assert ".venv/bin/python -m pytest -x -q -rs -n 2 --dist loadfile tests" in readme
-    assert "train/train.py --config configs/tiny_code.py --workdir runs/tiny && " in readme
+    assert "train/train.py --config tiny_code --workdir runs/tiny && " in readme
 
 
 def test_the_readme_recipe_is_the_tested_one():

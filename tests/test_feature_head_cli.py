@@ -39,7 +39,7 @@ def test_a_head_trained_from_the_cli_decodes_from_its_workdir(trained_workdir, t
     from the CLI.)"""
     name, option = "eagle", "--config.eagle.unroll=2"
     head = str(tmp_path / name)
-    result = run_script("train/train.py", "--config", f"configs/{name}.py",
+    result = run_script("train/train.py", "--config", name,
                         f"--config.base_workdir={trained_workdir}", "--workdir", head, option,
                         "--config.train.total_steps=3", "--config.train.warmup_steps=1",
                         "--config.train.eval_every=3", "--config.train.save_every=3",
@@ -62,7 +62,7 @@ def test_a_bad_eagle_layer_list_is_one_line_before_training(trained_workdir, tmp
     """Catches layers outside the model or not numbers reaching a traceback mid-run."""
     for value, message in (("2,x", "eagle.layers='2,x' must be layer counts"),
                            ("1,99", "eagle.layers=1,99: each must lie in [1, num_layers")):
-        result = run_script("train/train.py", "--config", "configs/eagle.py",
+        result = run_script("train/train.py", "--config", "eagle",
                             f"--config.base_workdir={trained_workdir}", "--workdir",
                             str(tmp_path / value), f"--config.eagle.layers={value}")
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]

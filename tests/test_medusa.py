@@ -212,11 +212,11 @@ def test_the_medusa_loop_exports_for_tpu_and_cuda(params):
 
 @pytest.mark.slow
 def test_heads_trained_from_the_cli_decode_from_their_workdir(trained_workdir, tmp_path):
-    """Catches a head objective that is not reachable from configs/medusa.py, heads whose
+    """Catches a head objective that is not reachable from the shipped medusa config, heads whose
     checkpoint does not load for decoding (the layer they read, their count), and a chain
     deeper than the heads accepted from the CLI."""
     heads = str(tmp_path / "medusa")
-    result = run_script("train/train.py", "--config", "configs/medusa.py",
+    result = run_script("train/train.py", "--config", "medusa",
                         f"--config.base_workdir={trained_workdir}", "--workdir", heads,
                         "--config.medusa.num_heads=2", "--config.train.total_steps=3",
                         "--config.train.warmup_steps=1", "--config.train.eval_every=3",

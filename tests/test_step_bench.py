@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs.tiny_code import get_config
 from specjax.config import ModelConfig, SsmConfig
+from specjax.configs.tiny_code import get_config
 from specjax.model import forward, init_params
 from specjax.training.flops import train_flops_per_token
 from tests.conftest import TINY_MODEL, run_script, tiny_run

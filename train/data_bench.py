@@ -1,7 +1,7 @@
 """The input pipeline's speed: building the token cache against the `tokenizers` library's own
 batch encoding of the same texts, opening a cached corpus, and reading one training batch.
 
-    python train/data_bench.py --config configs/tiny_code.py --config.data.tokenizer=runs/bpe
+    python train/data_bench.py --config tiny_code --config.data.tokenizer=runs/bpe
 
 Each figure is the best of --repeats; the cache is built in a fresh temporary folder each time
 (the corpus is read from its files, tokenized, written), the library encodes texts already in
@@ -17,16 +17,15 @@ import time
 
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
-from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import define_config, parse_flags, run_cli
 from specjax.data import BatchSampler, Corpus, DataConfig, iter_documents
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section is "
-                                          "measured (and train.batch_size).")
+_CONFIG = define_config(None, "The config whose data section is measured (and "
+                        "train.batch_size).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (best is kept).", lower_bound=1)
 flags.mark_flags_as_required(["config"])
 

@@ -1,7 +1,7 @@
 """The train step's memory: the estimate training prints at start-up against the device's
 measured peak.
 
-    python train/memory_check.py --config configs/tiny_code.py:gpu1b \\
+    python train/memory_check.py --config tiny_code:gpu1b \\
         --config.train.grad_accum=4 --config.train.remat=full [--steps 3] [--output_json F]
 
 Runs a few steps of the run's own LayerSkip train step (its compiled program, state and data,
@@ -20,10 +20,9 @@ import time
 
 import jax
 from absl import app, flags
-from ml_collections import config_flags
 
 from specjax.cli.decoding import require_positive_flags
-from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import define_config, parse_flags, run_cli
 from specjax.outputs import staged
 from specjax.training.config import config_reference
 from specjax.training.memory import GIB
@@ -31,7 +30,7 @@ from specjax.training.registry import layerskip_with_data
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
+_CONFIG = define_config(None, "A shipped config (tiny_code:smoke) or a config file.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Train steps to run.")
 _OUTPUT = flags.DEFINE_string("output_json", None, "Write the figures here as JSON.")
 flags.mark_flags_as_required(["config"])

@@ -2,8 +2,8 @@
 on the mesh, as training does) against a plain `jax.jit` of the same step, on the same state and
 batches, in one process, and the model-FLOPs utilisation of each.
 
-    python train/step_bench.py --config configs/tiny_code.py [--steps 10]
-    python train/step_bench.py --config configs/tiny_code.py:gpu1b   # on a GPU
+    python train/step_bench.py --config tiny_code [--steps 10]
+    python train/step_bench.py --config tiny_code:gpu1b   # on a GPU
 
 Each program is compiled ahead of time (compile time printed separately); steps then alternate
 between the two after one warm-up step each, so both see the same machine load, and the median
@@ -23,10 +23,9 @@ import time
 import jax
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from specjax.cli.decoding import require_positive_flags
-from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import define_config, parse_flags, run_cli
 from specjax.sharding import place_batch
 from specjax.training.config import config_reference
 from specjax.training.flops import train_flops_per_token
@@ -36,7 +35,7 @@ from specjax.training.train_step import make_train_step
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
+_CONFIG = define_config(None, "A shipped config (tiny_code:smoke) or a config file.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per program.")
 _PEAK = flags.DEFINE_float("peak_tflops", None, "The device's peak dense TFLOP/s for the "
                            "utilisation (default: the datasheet bf16 figure of a known GPU/TPU; "

@@ -1,7 +1,7 @@
 """Trains a byte-level BPE tokenizer.json (Hugging Face `tokenizers`) on a config's training
 documents, as a model of your own would ship one.
 
-    python train/tokenizer.py --config configs/tiny_code.py --vocab_size 4096 \\
+    python train/tokenizer.py --config tiny_code --vocab_size 4096 \\
         --output_dir runs/bpe
 
 Only the training split is read (the validation documents stay unseen). Ids 0 and 1 are the
@@ -19,18 +19,16 @@ import json
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import define_config, parse_flags, run_cli
 from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.outputs import staged_dir
 from specjax.training.config import config_reference
 
 __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file whose data section "
-                                          "names the documents.")
+_CONFIG = define_config(None, "The config whose data section names the documents.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 4096, "Ids in the tokenizer, the two special "
                               "tokens included (>= 258: every byte has one).", lower_bound=258)
 _OUTPUT = flags.DEFINE_string("output_dir", None, "New or empty folder for tokenizer.json and "

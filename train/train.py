@@ -1,6 +1,6 @@
 """Trains (or resumes) a specjax model.
 
-    python train/train.py --config configs/tiny_code.py --workdir runs/tiny \\
+    python train/train.py --config tiny_code --workdir runs/tiny \\
         [--config.train.total_steps=200 ...] [--config.mesh.fsdp=4 --config.mesh.tensor=2]
 
 Several processes (a TPU pod slice, several GPU hosts, or local CPU processes) run the same
@@ -23,7 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax import processes
-from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.entrypoint import define_config, parse_flags, run_cli
 from specjax.training.config import config_reference
 from specjax.training.registry import HEADS
 from specjax.training.trainer import train_and_evaluate
@@ -31,7 +31,7 @@ from specjax.training.trainer import train_and_evaluate
 __doc__ += "\n" + config_reference(  # `--help` prints the module docstring
     {name: head.config_class for name, head in HEADS.items()})
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_config().")
+_CONFIG = define_config(None, "A shipped config (tiny_code:smoke) or a config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join the other processes of a "
                                   "multi-process run (jax.distributed) before training.")

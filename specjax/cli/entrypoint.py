@@ -8,13 +8,14 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from absl import flags, logging
-from ml_collections.config_flags.config_flags import is_config_flag
+from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser, is_config_flag
 
 from specjax.cli import early_interrupt
-from specjax.config import load_config_file
+from specjax.config import config_file, load_config_file
 from specjax.errors import SpecjaxError
 
 T = TypeVar("T")
@@ -57,6 +58,24 @@ def interrupt(signum: int, frame: types.FrameType | None) -> None:
             return
         frame = frame.f_back
     raise KeyboardInterrupt
+
+
+class _ConfigParser(ConfigFileFlagParser):
+    """config_flags' parser of `--config`, which also takes a shipped config's name
+    ("tiny_code:smoke", `config.config_file`)."""
+
+    def parse(self, path: str) -> Any:
+        return super().parse(config_file(path))
+
+
+def define_config(default: str | None, help_string: str) -> flags.FlagHolder:
+    """The `--config` flag (config_flags' file flag with its `--config.x.y=v` overrides) taking
+    a shipped config's name ("tiny_code:smoke") from any folder, or a config file's path."""
+    holder = config_flags.DEFINE_config_file("config", None, help_string)
+    flags.FLAGS["config"].parser = _ConfigParser("config")
+    if default is not None:  # parsed by the parser above
+        flags.FLAGS.set_default("config", default)
+    return holder
 
 
 def refuse_flags(names: tuple[str, ...], applies_to: str) -> None:

@@ -220,9 +220,9 @@ class Stateless(FullVerification):
 
 
 def trained_head_hint(what: str, name: str) -> str:
-    """A `weights_hint` for weights trained on a frozen model by `configs/<name>.py`: `what`
-    they are ("an adapter")."""
-    return (f"train {what} (python train/train.py --config configs/{name}.py "
+    """A `weights_hint` for weights trained on a frozen model by the shipped config `name`
+    (`specjax/configs/<name>.py`): `what` they are ("an adapter")."""
+    return (f"train {what} (python train/train.py --config {name} "
             f"--config.base_workdir=<this model's workdir> --workdir runs/{name}) and decode "
             "from its workdir, or add it with --draft_workdir")
 

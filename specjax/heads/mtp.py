@@ -2,7 +2,7 @@
 (`specjax.nn.mtp.MtpModule`) on the target's last hidden state, one per drafted depth (module k
 drafts depth k + 1 from module k - 1's output; deeper drafts reuse the last), each module's
 output read by the target's own head (final norm and unembedding, shared). Trained on a frozen
-model (`configs/mtp.py`) or with it (`model.mtp_depth`: the modules live in its params).
+model (`specjax/configs/mtp.py`) or with it (`model.mtp_depth`: the modules live in its params).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def load_base(workdir: str, step: int | None = None, *, mesh: Mesh | None = None
                          "to build on (e.g. --config.base_workdir=runs/tiny)")
     if not os.path.isdir(workdir):
         raise CheckpointError(f"base_workdir {workdir!r} does not exist: train the base model "
-                              "first (python train/train.py --config configs/tiny_code.py "
+                              "first (python train/train.py --config tiny_code "
                               f"--workdir {workdir})")
     params, cfg, meta = load_params(workdir, step, mesh=mesh)
     return FrozenBase(os.path.abspath(workdir), int(meta["step"]), params, cfg, meta,

@@ -172,7 +172,7 @@ class CalmOptions:
     calm_measure: str = option("softmax", "CALM's confidence measure: softmax (top-1 minus "
                                           "top-2 probability), state (cosine of consecutive "
                                           "hidden states) or classifier (trained by "
-                                          "configs/calm.py).")
+                                          "specjax/configs/calm.py).")
     calm_threshold: float = option(0.9, "CALM's threshold lambda in [0, 1]: a token leaves at "
                                         "the first candidate exit with confidence >= lambda_t "
                                         "(1: never early).", within(0, 1, high_included=True))

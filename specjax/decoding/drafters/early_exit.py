@@ -59,7 +59,7 @@ def saturation(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Arr
 def learned(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
             logits: jax.Array) -> jax.Array:
     """The trained classifier's P(this exit's argmax equals the final layer's) from the exit's
-    hidden state and distribution (CALM's `meta`; `configs/calm.py` trains it)."""
+    hidden state and distribution (CALM's `meta`; `specjax/configs/calm.py` trains it)."""
     return confidence(head, cfg, hidden, logits)
 
 

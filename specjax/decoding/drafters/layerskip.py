@@ -162,7 +162,7 @@ class SkipLayers(VocabHead, Stateless):
 class HeadDrafter(SelfSpeculative):
     """Self-speculation at exit E with a head trained there on the frozen target (Kangaroo's
     adapter, SpecDec++'s acceptance head): its params are the head's, trained by
-    `configs/<name>.py` and loaded from the head's workdir."""
+    `specjax/configs/<name>.py` and loaded from the head's workdir."""
 
     needs_weights: ClassVar[bool] = True
     head_kind: ClassVar[str]  # what the head is, for messages

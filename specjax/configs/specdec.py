@@ -3,7 +3,7 @@ state and the draft distribution, trained to predict whether the final layer acc
 draft. Decoding with it stops a chain once the predicted probability that some draft so far is
 rejected exceeds h (--draft_risk), or scores a dynamic tree's paths (--tree dynamic). The
 model, tokenizer and data come from the base.
-    python train/train.py --config configs/specdec.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config specdec --config.base_workdir=runs/tiny \\
         --workdir runs/specdec
     python infer/generate.py --workdir runs/specdec --strategy specdec --temperature 0.8 \\
         --top_p 0.95 --prompt "def main("

@@ -1,6 +1,6 @@
 """Kangaroo's adapter on a trained model (its base, frozen): one attention block at exit 1,
 distilled to the base's final distribution. The model, tokenizer and data come from the base.
-    python train/train.py --config configs/kangaroo.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config kangaroo --config.base_workdir=runs/tiny \\
         --workdir runs/kangaroo
     python infer/generate.py --workdir runs/kangaroo --strategy kangaroo --prompt "def main("
 """

@@ -1,41 +1,41 @@
 """The embedded default: a byte-level Llama trained on the Python standard library's source.
 
 Sized to train in minutes on a 2-core CPU with early exits good enough for self-speculation.
-    python train/train.py --config configs/tiny_code.py --workdir runs/tiny
+    python train/train.py --config tiny_code --workdir runs/tiny
 
 Variant `smoke`: a 4-layer model of width 64 trained for 100 short steps (about 20 s on 2
 cores), whose first exit already drafts: the README's smoke run and the notebooks' test size.
-    python train/train.py --config configs/tiny_code.py:smoke --workdir runs/smoke
+    python train/train.py --config tiny_code:smoke --workdir runs/smoke
 
 Variant `peer25m`: a 25.8M-parameter model (8 layers, width 512, MHA) for the peer benchmark
 against Hugging Face transformers, trained briefly (400 steps of 8 x 256 bytes, ~30 min on 2 cores).
-    python train/train.py --config configs/tiny_code.py:peer25m --workdir runs/peer25m
+    python train/train.py --config tiny_code:peer25m --workdir runs/peer25m
 
 Variant `draft`: a separate draft model for the default (`--strategy draft --draft_workdir`):
 4 layers of width 128 (0.77M parameters, an eighth of the default), same bytes and corpus.
-    python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft
-    python train/train.py --config configs/tiny_code.py:draft --workdir runs/draft_distilled \
+    python train/train.py --config tiny_code:draft --workdir runs/draft
+    python train/train.py --config tiny_code:draft --workdir runs/draft_distilled \
         --config.distill.teacher_workdir=runs/tiny
 
 Variant `hybrid`: Mamba-2 and attention layers (three Mamba-2 layers, then one attention layer,
 twice; Bamba-style layers with an MLP each), the default's width, exits and training.
-    python train/train.py --config configs/tiny_code.py:hybrid --workdir runs/hybrid
+    python train/train.py --config tiny_code:hybrid --workdir runs/hybrid
 
 Variant `mamba2`: eight Mamba-2 layers without MLPs (Mamba2ForCausalLM's layout, expand 2).
-    python train/train.py --config configs/tiny_code.py:mamba2 --workdir runs/mamba2
+    python train/train.py --config tiny_code:mamba2 --workdir runs/mamba2
 
 Variant `standin`: a stand-in for a public checkpoint (the recipe in the README): a plain 12-layer
 Llama (13.5M parameters, 54 MB in float32: more than a CPU's last-level cache, as every real
 checkpoint is) on a 2,048-id BPE tokenizer, trained without LayerSkip (loss at the last exit,
 no layer dropout), then exported to Hugging Face format.
-    python train/tokenizer.py --config configs/tiny_code.py --vocab_size 2048 --output_dir runs/bpe
-    python train/train.py --config configs/tiny_code.py:standin --workdir runs/standin
+    python train/tokenizer.py --config tiny_code --vocab_size 2048 --output_dir runs/bpe
+    python train/train.py --config tiny_code:standin --workdir runs/standin
     python infer/convert.py --to_hf --workdir runs/standin --hf_dir runs/standin_hf
 
 Variant `continual`: LayerSkip continual pretraining of --config.init.source (a Hugging Face
 directory or a workdir): the source's model and tokenizer, early exits 1 and 2 supervised
 beside the last, their loss warmed up over the first 50 steps.
-    python train/train.py --config configs/tiny_code.py:continual \
+    python train/train.py --config tiny_code:continual \
         --config.init.source=runs/standin_hf --workdir runs/continual
 
 Variant `smollm2`: LayerSkip continual training of SmolLM2-135M-Instruct (30 layers, imported
@@ -45,17 +45,17 @@ and 8 supervised beside the last, each early exit's target mostly the last layer
 loss near the checkpoint's; 80 steps of 8 x 256 tokens (about an hour on 2 cores).
 `smollm2_gpu`: the same at a GPU's size (2,000 steps of 32 x 1,024 tokens in 4 micro-steps,
 bfloat16 compute; about 22 minutes on an H200).
-    python train/train.py --config configs/tiny_code.py:smollm2 --workdir runs/smollm2_ls
+    python train/train.py --config tiny_code:smollm2 --workdir runs/smollm2_ls
 
 Variant `smollm2_draft`: a draft model for SmolLM2 (4 layers of width 256 on its 49,152-id
 tokenizer, 16M parameters: a draft token costs about a ninth of a SmolLM2 token) distilled
 from it (DistillSpec) on the embedded corpus.
-    python train/train.py --config configs/tiny_code.py:smollm2_draft --workdir runs/smollm2_draft
+    python train/train.py --config tiny_code:smollm2_draft --workdir runs/smollm2_draft
 
 Variant `gpu1b`: a 1.0B-parameter Llama (22 layers of width 2048, GQA 16:8) in bfloat16 for one
 GPU: the train step's model-FLOPs utilisation, then a short run whose early exits draft.
-    python train/step_bench.py --config configs/tiny_code.py:gpu1b
-    python train/train.py --config configs/tiny_code.py:gpu1b --workdir runs/gpu1b
+    python train/step_bench.py --config tiny_code:gpu1b
+    python train/train.py --config tiny_code:gpu1b --workdir runs/gpu1b
 """
 
 import ml_collections

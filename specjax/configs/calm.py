@@ -2,7 +2,7 @@
 on the normalised hidden state of any exit, trained at every exit below the last to predict
 whether that exit's argmax is already the final layer's. Decoding from its workdir exits early
 with it (--calm_measure classifier; the model, tokenizer and data come from the base).
-    python train/train.py --config configs/calm.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config calm --config.base_workdir=runs/tiny \\
         --workdir runs/calm
     python infer/generate.py --workdir runs/calm --strategy calm --prompt "def main("
     python infer/calibrate.py --workdir runs/calm --consistency risk

@@ -1,7 +1,7 @@
 """Medusa heads on a trained model (its base, frozen): 4 heads on the last hidden state, head k
 trained on the corpus token k + 1 places after the next. The model, tokenizer and data come
 from the base.
-    python train/train.py --config configs/medusa.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config medusa --config.base_workdir=runs/tiny \\
         --workdir runs/medusa
     python infer/generate.py --workdir runs/medusa --strategy medusa --prompt "def main("
 """

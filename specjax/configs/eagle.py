@@ -2,7 +2,7 @@
 states after three layers (EAGLE-3's 2, L // 2, L - 3 unless `layers` says), trained on its own
 unrolled drafts (training-time test, 4 depths), distilled to the base. The model, tokenizer and
 data come from the base.
-    python train/train.py --config configs/eagle.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config eagle --config.base_workdir=runs/tiny \\
         --workdir runs/eagle
     python infer/generate.py --workdir runs/eagle --strategy eagle --prompt "def main("
 """

@@ -1,7 +1,7 @@
 """DeepSeek-style multi-token-prediction modules on a trained model (its base, frozen): 2
 modules on the last hidden state, trained on their own unrolled drafts (training-time test),
 distilled to the base. The model, tokenizer and data come from the base.
-    python train/train.py --config configs/mtp.py --config.base_workdir=runs/tiny \\
+    python train/train.py --config mtp --config.base_workdir=runs/tiny \\
         --workdir runs/mtp
     python infer/generate.py --workdir runs/mtp --strategy mtp --prompt "def main("
 """

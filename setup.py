@@ -28,6 +28,7 @@ setup(
         "safetensors>=0.4",
         "tokenizers>=0.20",
         "jinja2>=3.1",  # chat templates (specjax/chat.py)
+        "huggingface_hub>=0.34",  # Hub ids (specjax/convert/hub.py)
     ],
     extras_require={
         # nbclient, nbformat and ipykernel execute the notebooks (tests/test_notebooks.py).

@@ -3,6 +3,7 @@ files to specjax workdirs and back, and imports published drafters for a model (
 EAGLE-3 heads).
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
+    python infer/convert.py --hf_id HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2_hf
     python infer/convert.py --gguf path/to/model.gguf --workdir runs/imported
     python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
     python infer/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
@@ -22,12 +23,16 @@ from absl import app, flags
 from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
+from specjax.convert.hub import checkpoint_folder
 from specjax.outputs import check_destinations
 from specjax.training.heads.eagle import import_eagle, is_eagle3
 from specjax.training.heads.medusa import import_medusa
 
 flags.DEFINE_string("hf_dir", None, "Hugging Face checkpoint directory (read, or written with "
                     "--to_hf).")
+flags.DEFINE_string("hf_id", None, "A Hugging Face Hub id (org/name) to import instead of "
+                    "--hf_dir: downloaded, or found in the cache (HF_HUB_CACHE), with "
+                    "huggingface_hub; a model or, with --base_workdir, its drafter.")
 flags.DEFINE_string("gguf", None, "A GGUF file to import instead of --hf_dir (Llama family; "
                     "its tensors dequantized to --dtype, its tokenizer from its metadata; needs "
                     "the `gguf` package).")
@@ -64,8 +69,19 @@ def main(argv):
 def _check_sources() -> None:
     if FLAGS.gguf is not None and (FLAGS.to_hf or FLAGS.base_workdir):
         raise ValueError("--gguf imports a model: it takes no --to_hf or --base_workdir")
-    if (FLAGS.hf_dir is None) == (FLAGS.gguf is None):
-        raise ValueError("give --hf_dir (or, to import a GGUF file, --gguf instead)")
+    if FLAGS.hf_id is not None and FLAGS.to_hf:
+        raise ValueError("--hf_id names a checkpoint to import: --to_hf writes to --hf_dir")
+    if [FLAGS.hf_dir, FLAGS.gguf, FLAGS.hf_id].count(None) != 2:
+        raise ValueError("give --hf_dir (or, to import, a Hub id with --hf_id or a GGUF file "
+                         "with --gguf instead)")
+
+
+def _source() -> dict[str, str]:
+    """The checkpoint to import, by its flag: --hf_id's id as its local folder (downloaded,
+    or found in the cache), else --gguf or --hf_dir."""
+    if FLAGS.hf_id is not None:
+        return {"--hf_id": checkpoint_folder(FLAGS.hf_id)}
+    return {"--gguf": FLAGS.gguf} if FLAGS.gguf else {"--hf_dir": FLAGS.hf_dir}
 
 
 def _export() -> list[str]:
@@ -85,14 +101,15 @@ def _import_drafter() -> str:
     refuse_flags(("max_shard_gb", "overwrite", "dtype", "tokenizer"), "a model's conversion")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
+    source = _source()
     check_destinations({"--workdir": FLAGS.workdir},
-                       {"--hf_dir": FLAGS.hf_dir, "--base_workdir": FLAGS.base_workdir},
-                       folders=True)
-    if is_eagle3(FLAGS.hf_dir):
-        layers = import_eagle(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
+                       {**source, "--base_workdir": FLAGS.base_workdir}, folders=True)
+    folder = next(iter(source.values()))
+    if is_eagle3(folder):
+        layers = import_eagle(folder, FLAGS.base_workdir, FLAGS.workdir)
         return (f"imported an EAGLE-3 head on layers {','.join(map(str, layers))} into "
                 f"{FLAGS.workdir} (decode with --strategy eagle)")
-    heads = import_medusa(FLAGS.hf_dir, FLAGS.base_workdir, FLAGS.workdir)
+    heads = import_medusa(folder, FLAGS.base_workdir, FLAGS.workdir)
     return f"imported {heads} Medusa heads into {FLAGS.workdir} (decode with --strategy medusa)"
 
 
@@ -100,9 +117,9 @@ def _import() -> ModelConfig:
     refuse_flags(("max_shard_gb", "overwrite"), "an export (--to_hf)")
     if os.path.isfile(FLAGS.workdir):
         raise ValueError(f"--workdir {FLAGS.workdir} is a file, not a directory")
-    source = {"--gguf": FLAGS.gguf} if FLAGS.gguf else {"--hf_dir": FLAGS.hf_dir}
+    source = _source()
     check_destinations({"--workdir": FLAGS.workdir}, source, folders=True)
-    return import_checkpoint(FLAGS.gguf or FLAGS.hf_dir, FLAGS.workdir, dtype=FLAGS.dtype,
+    return import_checkpoint(next(iter(source.values())), FLAGS.workdir, dtype=FLAGS.dtype,
                              tokenizer=FLAGS.tokenizer)
 
 

@@ -352,18 +352,22 @@ def bench(workdir: str, settings: Mapping[str, Mapping[str, Any]],
 
 def import_hf(hf_dir: str | None = None, workdir: str | None = None, *, gguf: str | None = None,
               dtype: str | None = None, tokenizer: str | None = None) -> LanguageModel:
-    """Imports a Hugging Face checkpoint directory (Llama, Mistral, Qwen2, Mamba-2, Bamba:
-    config.json and safetensors) or a Llama-family GGUF file into a new workdir, as
-    `infer/convert.py` does, and loads it; its tokenizer comes along, with its conventions
-    and chat template (`tokenizer="bytes"`: specjax's byte tokenizer instead)."""
+    """Imports a Hugging Face checkpoint (Llama, Mistral, Qwen2, Mamba-2, Bamba: config.json
+    and safetensors) or a Llama-family GGUF file into a new workdir, as `infer/convert.py`
+    does, and loads it; its tokenizer comes along, with its conventions and chat template
+    (`tokenizer="bytes"`: specjax's byte tokenizer instead). `hf_dir`: a local folder, or a
+    Hub id ("HuggingFaceTB/SmolLM2-135M") downloaded or found in the Hugging Face cache."""
     from specjax.convert.hf import import_checkpoint
+    from specjax.convert.hub import checkpoint_folder
 
     if (hf_dir is None) == (gguf is None) or workdir is None:
-        raise ValueError("import_hf takes a Hugging Face folder or gguf=FILE, and a workdir")
+        raise ValueError("import_hf takes a Hugging Face folder or Hub id, or gguf=FILE, and a "
+                         "workdir")
     for name, path in (("hf_dir", hf_dir), ("gguf", gguf), ("workdir", workdir)):
         if path is not None:
             _require_path(name, path)
-    import_checkpoint(gguf or hf_dir, workdir, dtype=dtype, tokenizer=tokenizer)
+    import_checkpoint(gguf or checkpoint_folder(hf_dir), workdir, dtype=dtype,
+                      tokenizer=tokenizer)
     return load(workdir)
 
 

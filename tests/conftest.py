@@ -61,10 +61,10 @@ def script_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-# Variables a process reads only as it starts (Python's, JAX's at import, the C libraries'):
-# a script run whose environment differs from the server's in one of them gets a fresh
-# interpreter.
-STARTUP_VARIABLES = ("JAX_", "PYTHON", "TMPDIR", "LANG", "LC_", "OMP_", "OPENBLAS_")
+# Variables a process reads only as it starts (Python's, JAX's and huggingface_hub's at import,
+# the C libraries'): a script run whose environment differs from the server's in one of them
+# gets a fresh interpreter.
+STARTUP_VARIABLES = ("JAX_", "PYTHON", "TMPDIR", "LANG", "LC_", "OMP_", "OPENBLAS_", "HF_")
 
 
 class _ScriptServer:

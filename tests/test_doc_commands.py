@@ -65,6 +65,8 @@ SMOKE = {
 NOT_RUN = {
     "~/models/": "a published checkpoint the reader has; imports run on stand-ins in "
                  "test_hf_interop.py, test_medusa.py and test_feature_head_cli.py",
+    "--hf_id": "a download from the Hugging Face Hub (no network in the tests): "
+               "test_hub_ids.py imports a Hub id from a Hub-layout cache offline",
     "path/to/": "a published head the reader has; the imports run on stand-ins in "
                 "test_medusa.py and test_feature_head_cli.py",
     "--distributed": "one of two processes; test_sharding.py runs the pair",

@@ -1,7 +1,10 @@
-"""Wall-clock timing shared by the specjax and peer benchmarks."""
+"""Wall-clock timing shared by the specjax and peer benchmarks, and the progress bars of long
+loops (on a terminal, or in a notebook as one line updated in place)."""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -10,11 +13,53 @@ from typing import Any
 from tqdm import tqdm
 
 
+def tqdm_bar(iterable: Iterable | None = None, **options: Any) -> tqdm:
+    """A tqdm bar (`options` are tqdm's) where the user looks: in a Jupyter kernel tqdm's
+    notebook display, one line updated in place (a text line where ipywidgets is missing),
+    elsewhere its terminal bar on stderr. A terminal bar in a notebook would add an output
+    per refresh: hundreds of lines per training cell."""
+    if not in_notebook():
+        return tqdm(iterable, file=sys.stderr, **options)
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.notebook import tqdm as notebook_tqdm
+
+        return notebook_tqdm(iterable, **options)
+    return _TextLineBar(iterable, **{**options, "disable": bool(options.get("disable"))})
+
+
 def progress_bar(iterable: Iterable | None = None, *, desc: str,
                  total: int | None = None) -> tqdm:
-    """A bar with the time left for a long command's loop: on stderr, shown on a terminal only
-    (logs, notebooks and tests stay quiet), cleared when done."""
-    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, disable=None, leave=False)
+    """A bar with the time left for a long command's loop: shown on a terminal or in a
+    notebook (logs and tests stay quiet), cleared when done."""
+    return tqdm_bar(iterable, desc=desc, total=total, disable=None, leave=False)
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's, as in Jupyter and Colab)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in shell.config
+
+
+class _TextLineBar(tqdm):
+    """tqdm's bar as one text output of the running cell, replaced at each refresh: a Jupyter
+    kernel without ipywidgets, where tqdm's notebook display cannot draw."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from IPython.display import DisplayHandle
+
+        self._line, self._shown = DisplayHandle(), False
+        kwargs.setdefault("ascii", False)  # blocks, as a terminal draws them
+        super().__init__(*args, file=io.StringIO(), **kwargs)  # drawn by `display` alone
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        text = {"text/plain": str(self) if msg is None else msg}
+        if self._shown:
+            self._line.update(text, raw=True)
+        else:
+            self._line.display(text, raw=True)
+            self._shown = True
+        return True
 
 
 def time_left(started: float, done: int, total: int) -> str:

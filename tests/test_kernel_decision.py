@@ -4,6 +4,7 @@ once per CPU (cached beside the kernel's library, a corrupt cache measured again
 skips it, and either choice decodes the same tokens."""
 
 import json
+import logging
 
 import jax
 import numpy as np
@@ -75,7 +76,7 @@ def test_decoding_runs_a_kernel_only_where_it_measured_faster(auto, monkeypatch,
 
 @needs_kernels
 def test_a_decision_is_measured_once_per_cpu_and_a_corrupt_cache_again(auto, monkeypatch,
-                                                                       capsys):
+                                                                       caplog):
     """Catches a measurement repeated in every process (it is cached in a file), a corrupt cache
     file that raises instead of being measured again, and a cache shared between CPUs (its name
     follows the library's, which follows the CPU signature)."""
@@ -86,9 +87,9 @@ def test_a_decision_is_measured_once_per_cpu_and_a_corrupt_cache_again(auto, mon
         return {"typical": 1.5, "worst": 1.2}
 
     cache = auto / "decisions.json"
+    caplog.set_level(logging.DEBUG)
     assert decision.use_kernel("matmul", cpu_matmul.SWITCH, cache, "1x8x8", measure)
-    assert "measured for 1x8x8: 1.50x XLA's speed, 1.20x at worst -> kernel" in \
-        capsys.readouterr().err
+    assert "measured for 1x8x8: 1.50x XLA's speed, 1.20x at worst -> kernel" in caplog.text
     monkeypatch.setattr(decision, "_decided", {})  # a new process
     assert decision.use_kernel("matmul", cpu_matmul.SWITCH, cache, "1x8x8", measure)
     assert len(calls) == 1 and json.loads(cache.read_text())["matmul 1x8x8"]["worst"] == 1.2
@@ -101,6 +102,21 @@ def test_a_decision_is_measured_once_per_cpu_and_a_corrupt_cache_again(auto, mon
     paths.add(library._library_path(library._DIRECTORY / cpu_matmul.SOURCE, "c++",
                                     library.FLAGS))
     assert len(paths) == 2
+
+
+@needs_kernels
+def test_measuring_logs_one_info_line_per_process_and_prints_nothing(auto, monkeypatch,
+                                                                     caplog, capsys):
+    """Catches a line per measured shape class on stderr (dozens in a notebook's cells) or at
+    INFO: three measurements leave one INFO line and each result at DEBUG, nothing printed."""
+    monkeypatch.setattr(decision, "_announced", False)  # a new process
+    caplog.set_level(logging.DEBUG)
+    for shape in ("1x8x8", "2x8x8", "4x8x8"):
+        decision.use_kernel("matmul", cpu_matmul.SWITCH, auto / "decisions.json", shape,
+                            lambda: {"typical": 1.5, "worst": 1.2})
+    levels = [record.levelno for record in caplog.records if "specjax: " in record.getMessage()]
+    assert levels == [logging.INFO] + [logging.DEBUG] * 3
+    assert capsys.readouterr() == ("", "")
 
 
 @needs_kernels

@@ -8,9 +8,10 @@ Each kernel's switch (`SPECJAX_CPU_MATMUL`, `SPECJAX_CPU_ATTENTION`) is one of
         machines with the kernel give the same bits;
   0     XLA's ops everywhere.
 The two paths may round differently, so `summary()` goes into bench reports and generated rows.
-A measurement runs when a shape class is first traced on a CPU (about a second each),
-prints one line, and is cached in a JSON file beside the kernel's library, whose name changes
-with its source, compiler, jax version and CPU signature, so a new CPU is measured afresh. The
+A measurement runs when a shape class is first traced on a CPU (about a second each), goes to
+the log (one INFO line per process, each result at DEBUG: notebooks and terminals stay quiet),
+and is cached in a JSON file beside the kernel's library, whose name changes with its source,
+compiler, jax version and CPU signature, so a new CPU is measured afresh. The
 decision is made when a program is traced, so it costs nothing when it runs.
 """
 
@@ -19,12 +20,12 @@ from __future__ import annotations
 import os
 import pathlib
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from specjax import outputs
 from specjax.timing import timed
@@ -38,6 +39,7 @@ MAX_COPIES = 32  # of a call's weights or cache, cycled through (`ratios_per_cal
 Ratios = dict[str, float]  # {"typical": ..., "worst": ...}: XLA's seconds over the kernel's
 _decided: dict[tuple[str, str], bool] = {}  # this process's decisions by (switch, shape class)
 _modes: dict[str, str] = {}  # each switch's value when it was last read
+_announced = False  # whether this process logged its INFO line on measuring
 
 
 def mode(switch: str) -> str:
@@ -68,12 +70,23 @@ def use_kernel(kernel: str, switch: str, cache: pathlib.Path | None, shape: str,
             with jax.ensure_compile_time_eval():  # runs now, not staged into the trace
                 ratios = measure()
             _store(cache, f"{kernel} {shape}", ratios)
-            print(f"specjax: CPU {kernel} kernel measured for {shape}: {ratios['typical']:.2f}x "
-                  f"XLA's speed, {ratios['worst']:.2f}x at worst -> "
-                  f"{'kernel' if kernel_wins(ratios) else 'XLA'} (once per CPU; {switch}=1 or 0 "
-                  "pins it)", file=sys.stderr, flush=True)
+            _log_measurement(kernel, shape, ratios)
         _decided[(switch, shape)] = kernel_wins(ratios)
     return _decided[(switch, shape)]
+
+
+def _log_measurement(kernel: str, shape: str, ratios: Ratios) -> None:
+    """A measurement's result at DEBUG, and the first of this process as one INFO line: a
+    session measures dozens of shape classes, a line each would bury a notebook's output."""
+    global _announced
+    if not _announced:
+        logging.info("specjax: measuring the CPU kernels against XLA's ops for each new shape "
+                     "class (about a second each, once per CPU, cached; SPECJAX_CPU_MATMUL or "
+                     "SPECJAX_CPU_ATTENTION=1 or 0 pins them)")
+        _announced = True
+    logging.debug("specjax: CPU %s kernel measured for %s: %.2fx XLA's speed, %.2fx at worst "
+                  "-> %s", kernel, shape, ratios["typical"], ratios["worst"],
+                  "kernel" if kernel_wins(ratios) else "XLA")
 
 
 def kernel_wins(ratios: Ratios) -> bool:

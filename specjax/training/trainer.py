@@ -30,6 +30,7 @@ from specjax.io.workdir import exclusive_workdir
 from specjax.outputs import check_writable
 from specjax.processes import any_process, is_leader
 from specjax.sharding import with_shardings
+from specjax.timing import tqdm_bar
 from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
 from specjax.training.init_source import resolve_init
 from specjax.training.interrupt import catch_interrupts
@@ -181,8 +182,8 @@ class Trainer:
                        f"{rows[0]}:{rows[1]} of each batch of {train.batch_size}")
         tokens_per_step = train.batch_size * self.run.data.seq_len
         report, interrupted, announced = None, False, False
-        bar = tqdm(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
-                   dynamic_ncols=True, disable=not is_leader())
+        bar = tqdm_bar(total=train.total_steps, initial=step, desc="train", mininterval=1.0,
+                       dynamic_ncols=True, disable=not is_leader())
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()

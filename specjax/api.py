@@ -374,9 +374,10 @@ def import_hf(hf_dir: str | None = None, workdir: str | None = None, *, gguf: st
 def train(config: str | Mapping[str, Any], workdir: str,
           overrides: Mapping[str, Any] | None = None) -> LanguageModel:
     """Trains the run `config` describes in `workdir` (or resumes it; a finished run is only
-    loaded) and returns its model. `config`: a config file as `train/train.py` takes it
-    ("tiny_code:smoke") or its sections as a dict; `overrides`: dotted fields
-    ({"train.total_steps": 50}), which must exist in the config, as on the command line."""
+    loaded) and returns its model. `config`: a shipped config's name or a config file, as
+    `train/train.py` takes it ("tiny_code:smoke", "my_config.py:variant"), or its sections as
+    a dict; `overrides`: dotted fields ({"train.total_steps": 50}), which must exist in the
+    config, as on the command line."""
     from specjax.training.trainer import train_and_evaluate  # training stays out of `load`
 
     _require_path("workdir", workdir)
@@ -403,8 +404,9 @@ def train(config: str | Mapping[str, Any], workdir: str,
 
 
 def read_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
-    """A config's sections as a fresh dict: a config file's `get_config(variant)`
-    ("tiny_code:smoke", as `train/train.py` takes it) or a copy of a dict."""
+    """A config's sections as a fresh dict: a shipped config's or a config file's
+    `get_config(variant)` ("tiny_code:smoke", as `train/train.py` takes it) or a copy of a
+    dict."""
     if isinstance(config, str):
         config = load_config_file(config)
     if hasattr(config, "to_dict"):  # an ml_collections.ConfigDict

@@ -19,6 +19,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.~])(/(home|root|tmp|work|mnt|Users|private|v
                           r"|[A-Za-z]:\\Users\\)")
 TERMINAL_BAR = re.compile(r"\r|\d+%\|")  # tqdm's terminal bar: carriage returns, "37%|###"
 LOG_LINE = re.compile(r"kernel measured for|TqdmWarning")
+BARS_PER_CELL = 3  # a cell may run a few bars (one output each), not an output per refresh
 
 
 def _texts(cell) -> list[str]:
@@ -43,7 +44,7 @@ def test_there_are_notebooks_to_check():
 def test_committed_outputs_hold_no_machine_paths_bar_spam_or_log_lines(path):
     """Catches a committed output naming the machine it ran on (/work/..., /home/...), a
     terminal progress bar saved refresh by refresh (hundreds of lines per training cell),
-    kernel-measurement log lines, and more than one bar per cell."""
+    kernel-measurement log lines, and more bars per cell than it runs."""
     notebook = nbformat.read(path, as_version=4)
     problems = []
     for index, cell in enumerate(notebook.cells):
@@ -53,7 +54,7 @@ def test_committed_outputs_hold_no_machine_paths_bar_spam_or_log_lines(path):
                 found = pattern.search(text)
                 if found:
                     problems.append(f"cell {index}: {text[max(0, found.start() - 30):][:90]!r}")
-        if sum(bool(TERMINAL_BAR.search(text)) for text in texts) > 1 or any(
+        if sum(bool(TERMINAL_BAR.search(text)) for text in texts) > BARS_PER_CELL or any(
                 "\r" in text for text in texts):
             problems.append(f"cell {index}: progress-bar spam")
     assert not problems, f"{os.path.basename(path)}: {problems[:5]}"

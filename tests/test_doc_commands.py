@@ -55,6 +55,7 @@ SMOKE = {
     "infer/busy_bench.py": [*DECODE, "--pairs=1"],
     "infer/attention_bench.py": ["--calls=5", "--repeats=1"],
     "infer/exits.py": ["--max_tokens=256", "--context=32", "--repeats=1", "--num_drafts=2"],
+    "infer/draft_vocab.py": ["--max_tokens=4096"],
     "infer/tree_scan_bench.py": ["--prompt_len=16", "--repeats=1"],
     "train/step_bench.py": ["--steps=2"],
     "train/data_bench.py": ["--repeats=1", "--config.data.max_documents=20"],

@@ -1,6 +1,8 @@
 """Multi-process runs through JAX's own multi-controller runtime (`jax.distributed`): every
 process runs the same program on its own devices, one mesh spans them all, and the first process
-alone writes what is written once (metrics, the workdir's lock)."""
+alone writes what is written once (metrics, the workdir's lock). Each process reads only the
+training rows its devices hold (`sharding.process_rows`), and a signal on any process stops
+all of them at the same step."""
 
 from __future__ import annotations
 

@@ -9,7 +9,12 @@ the same keys), so they are laid out by the same lookup. A dimension the mesh ax
 is replicated instead.
 
 The mesh's axes are `Auto`: jit's sharding propagation places the intermediate values, so the
-model code stays free of sharding annotations, on jax 0.10 and 0.11 alike.
+model code stays free of sharding annotations, on jax 0.10 and 0.11 alike (tested with simulated
+CPU devices; the one-GPU runs of docs/results/2026-11-27-gpu-1b.md used a mesh of one device).
+Decoding restores a workdir straight into this layout (`io.checkpoint.load_params(mesh=)`),
+never whole on one device; a frozen base for training is read whole by each process (its
+checksum reads every weight) and then placed. The train step and the generate loop lower for
+TPU and GPU (`jax.export` for both platforms is tested on CPU).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""What every command-line entry point shares: user errors end as one line, not a traceback."""
+"""What every command-line entry point shares: user errors end as one line, not a traceback.
+
+A flag or config error (a missing or broken config file included) is one `error: ...` line and
+exit status 1; Ctrl-C outside training exits 130 with one line (training saves first: its
+statuses are `train/train.py`'s)."""
 
 import gc
 import os

@@ -16,7 +16,9 @@ LayerSkip). The loop calls its hooks:
 The loop owns acceptance, the target cache's commit, EOS, budgets and statistics. New ideas
 (Kangaroo, a draft model, CALM) are new drafters: a module in `decoding.drafters` that exports
 `STRATEGIES`, {name: `Strategy`}, which the registry discovers, with the options it reads
-declared beside it (`decoding.options`). Every drafter derives from `DrafterBase`, which gives
+declared beside it (`decoding.options`). A drafter with trained weights (`needs_weights`) gets
+them from the `Generator` by strategy name (`DraftWeights`; `bind` checks the exit they were
+trained on). Every drafter derives from `DrafterBase`, which gives
 the optional hooks (weights of its own, traced settings, the Hugging Face peer's options, what
 verification reuses, the target's features it reads) their defaults. A drafter that proposes
 every depth at once (heads per depth, copied text) drafts through `proposal.depth_step`; a

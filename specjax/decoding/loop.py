@@ -4,8 +4,14 @@ A round is propose (the drafter) -> verify (one target pass, `verify.verify`) ->
 rule the proposal's shape implies, `acceptance.accept`) -> commit (the target cache, the
 drafter's state, the output). One compiled program per (model config, drafter, static shapes,
 greedy or sampling). Rows are independent: each keeps its own committed length, output count,
-done flag and statistics, and a finished row simply stops committing while the others go on.
-The host sees nothing until the loop ends.
+done flag and statistics, and a finished row simply stops committing while the others go on;
+statistics count only committed tokens. The host sees nothing until the loop ends
+(`Generator.stream` compiles a second program that hands each round over, `streaming`).
+
+Each output slot also gets, written with its token, the draft depth it was accepted at and
+whatever per-position values the verification reports (`Verified.trace`: CALM's exit and
+confidence), so the per-round record (drafts accepted per round, acceptance by depth, drafts
+shaded in text) costs no host round-trip (`DecodeOutput.trace`, `Generation.trace`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Every module of `specjax.decoding.drafters` that exports `STRATEGIES` ({name: `S
 registered here: adding a drafter is adding its file (and its tests). `DecodingConfig` joins
 the option groups of every registered strategy (`decoding.options`): the checkpoint's
 `decoding` section, the entry points' flags and the benchmark's sweep axes all read it.
+A builder sees only the fields it declares; what a strategy reads is recorded while it is
+built (`require_used`), so a flag it ignores is an error without a table. A strategy that
+declares `VocabOptions` gets the draft-vocabulary size set on its drafter here.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ checkpoints in `calibrated_decoding.json`.
 Loading the workdir (`loading.load_model`) lays them over the checkpoint's own decoding
 section, and flags still override both. A calibration holds for the weights it was measured
 on: it records the checkpoint step, and a workdir that has trained on since ignores it, with a
-warning, until it is calibrated again.
+warning, until it is calibrated again. A value that is no option of the model is an error
+naming the file; `infer/calibrate.py` checks that it can write there before its sweep.
 """
 
 from __future__ import annotations

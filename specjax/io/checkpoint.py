@@ -3,7 +3,10 @@
 Each step is one orbax checkpoint with three items: `params`, `opt_state` and `meta` (JSON: the
 full run config, the model config, the data position). Orbax writes to a temporary directory and
 renames it when complete, so a crash mid-save never leaves a half-written "latest" checkpoint.
-Inference restores `params` alone.
+Inference restores `params` alone. Resume is exact (same data order and PRNG stream); a
+different model config, a corrupt or missing checkpoint or a NaN loss is a one-line error and
+the last good checkpoint is kept. An unreadable latest checkpoint names the step folder to
+remove (training) or falls back to the newest readable one with a warning (inference).
 """
 
 from __future__ import annotations

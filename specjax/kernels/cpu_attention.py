@@ -5,6 +5,16 @@ loops, each dispatched on its own: tens of microseconds a layer for one decode s
 little of the cache is filled. The kernel attends each query over the slots its mask shows, in
 one pass on the calling thread. Built on first use (`library`); `decision` picks it per shape
 class (`SPECJAX_CPU_ATTENTION`: auto, 1 or 0).
+
+Measured on the default model: XLA took 12 us a layer for one token at 512 slots, about 30%
+of an `ar` token. Per kv head the kernel scores the blocks of slots some new token sees, up to
+8 queries at once while a block's keys sit in L1 (one query at a time was 2.5x slower on
+verification's 14 queries), then a vectorised `exp` (Cephes' polynomial, about 1 ulp) and the
+weighted values in registers. A query's bits are independent of the other queries, tokens and
+rows of the call (cpu_attention.cc), tested for the 16- and the 8-lane build. A query that sees
+nothing gets zeros (XLA's ops: the mean of the values; in decoding every query sees itself).
+Prefill (more than `MAX_TOKENS` tokens), other dtypes and meshes of several devices use XLA's
+ops; the derivative is XLA's attention's (`nn.attention`, `custom_jvp`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ verified at slot before + 1 + i; the pending token at slot before), or None for 
 accepted drafts already sit in the slots after the committed length. An attention layer
 gathers a tree's accepted path into those slots (`LayerKV`); a state-space layer folds the
 accepted tokens' values from its window into its state in closed form (`LayerSSM`). Only the
-`Cache` decides the new lengths. A prefill commits its own tokens: the loop then sets the
-lengths without a layer commit (`Cache.prefilled`).
+`Cache` decides the new lengths. A drafter's pass through the shallow layers writes these
+caches as verification would (K/V, or the SSM window), so verification reuses either alike.
+A prefill commits its own tokens: the loop then sets the lengths without a layer commit
+(`Cache.prefilled`).
 
 Attention layout. Each attention layer owns two buffers of shape [B * num_kv_heads, max_len,
 head_dim]: the batch and kv-head axes are already merged into the single batch axis of the

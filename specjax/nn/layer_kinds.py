@@ -1,9 +1,21 @@
 """The layer kinds a model stacks (`ModelConfig.layer_pattern`), as one table.
 
 Each kind says how to initialise one layer, run it over whole sequences (training, no cache), run
-it on new tokens against its own cache (decoding, prefill), propagate an early-exited token's
-state through it without running it (CALM), and allocate that cache. `model.py` only walks the
-pattern and looks kinds up here; adding a kind touches only this table.
+it on new tokens against its own cache (decoding, prefill, chains and trees), propagate an
+early-exited token's state through it without running it (CALM), allocate that cache, the
+bytes a decode step moves and its FLOPs beyond the weights' products, the layout axes of its
+parameters and cache leaves (`sharding`), the parameters exempt from weight decay and its
+Hugging Face tensors (`hf_leaves`). Each kind's layers are stacked under its own `params_key`
+(`layers`, `mamba2_layers`); every layer of any kind is an exit, so LayerSkip's layer dropout,
+early-exit loss and curricula apply unchanged. `model.py` only walks the pattern and looks
+kinds up here; `ModelConfig` imports no layer, so the kinds a pattern names are checked here
+(`check_layer_kinds`).
+
+Besides its entry here a kind brings its layer cache (a `LayerCache` of `nn.cache`, as Mamba-2
+brought `LayerSSM`), its settings in `ModelConfig` if it has any (Mamba-2's `SsmConfig`) and,
+for Hugging Face interop, its `hf_leaves` (`nn.hf_layout`) and each architecture's names and
+config keys (`specjax.convert`). `tests/test_layer_kind_contract.py` registers a toy kind from
+the test file and trains, decodes, lays out and checkpoints it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ with h a multiple of g (heads h*g/h .. share group g's B and C, as HF's `n_group
                   leaves the state unchanged); returns the final state for the cache.
   `ssd_reference` the quadratic form over the whole sequence at once, after
                   state-spaces/mamba `ssd_minimal.py`: short, O(l^2), for tests.
+  `ssd_tree`      STree's tree scan (decoding, drafting, verifying chains and trees): the
+                  quadratic form with the causal mask replaced by the ancestor mask the
+                  attention layers use too, log-decays summed along each path.
+  `ssd_fold`      the state after the accepted path's tokens, in closed form (`LayerSSM.commit`).
+Each form is tested against a float64 recurrence (along every path, for the tree scan).
 
 Segment sums (`segsum`) are formed from masked cumulative sums and masked to -inf before `exp`,
 never as differences of long cumulative sums, which lose precision and overflow off the mask.

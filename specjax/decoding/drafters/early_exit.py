@@ -2,14 +2,17 @@
 exit where its confidence reaches a threshold, and the layers it skips still get its K/V.
 
 A pass runs the layers exit segment by exit segment (static segments between the candidate
-exits). After each segment the shared head reads the exit, a confidence measure scores it, and
+exits). After each segment the shared head reads the exit, a confidence measure scores it
+(`MEASURES`: the softmax response, top-1 minus top-2 probability; saturation, the cosine of
+consecutive hidden states; or the learned classifier of `specjax.heads.confidence_head`), and
 every token whose confidence reaches its threshold leaves with that exit's logits. Exits are
 per token: a token that has left keeps its hidden state frozen while the others go on, so the
 next segments still run on it, masked, and write the K/V each skipped layer projects from the
 exited hidden state (CALM's state propagation; copying the exit layer's K/V instead is much
 worse, per the paper). Once every token of the pass has left, the remaining segments run only
-those K/V projections (`either`), skipping attention and MLP. A token's exit therefore never
-depends on the other rows of its batch.
+those K/V projections (`either`: a while loop of zero or one trip, since a `lax.cond` there
+copied every layer cache it updated, about 8% of a decode step), skipping attention and MLP.
+A token's exit therefore never depends on the other rows of its batch.
 
 Thresholds decay with the position of the generated token (t5x `contrib/calm`):
 lambda_t = lambda * (0.9 + 0.1 * exp(-tau * t / N)), N the generation budget. The paper prints

@@ -8,6 +8,9 @@ output repeats its context (code edits, summaries, retrieval), and proposes noth
 plain decoding) where nothing matches.
 
 Lossless like every drafter here: a draft is a point mass, accepted with probability p(x).
+The state is the text so far, [B, cache_len + 1] tokens: the prompt at prefill, then each
+round's accepted drafts and next pending token written at commit. Positions past the text, or
+rows without a match, are invalid nodes. Measured: docs/results/2026-11-26-ngram-and-layout.md.
 """
 
 from __future__ import annotations

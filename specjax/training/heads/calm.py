@@ -8,7 +8,8 @@ cross-entropy, class-balanced per exit (each class weighted by half over its fre
 batch, so the rare class counts as much as the common one; CALM §3.3) and averaged over the
 exits; the base runs forward only. Evaluation compares it, per exit, with CALM's softmax
 response (top-1 minus top-2 probability), the measure that needs no training: AUC, how well
-each ranks exits that agree above exits that do not.
+each ranks exits that agree above exits that do not. It is the one head two strategies read
+(`calm` and `calmdraft`: `HeadOnBase.strategies`).
 """
 
 from __future__ import annotations

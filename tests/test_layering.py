@@ -64,3 +64,47 @@ def test_no_import_circle_between_files_or_groups():
         groups.setdefault(_group(name), set()).update(
             _group(other) for other in imported if _group(other) != _group(name))
     assert _cycle(groups) is None, f"groups import each other: {' -> '.join(_cycle(groups))}"
+
+
+def _group_graph() -> dict[str, set[str]]:
+    """Each group's short name (`decoding`, `model`) to the groups it imports."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        short = _group(name).removeprefix("specjax").lstrip(".")
+        graph.setdefault(short, set()).update(
+            _group(other).split(".")[-1] for other in _imports(path, modules)
+            if _group(other) != _group(name))
+    return graph
+
+
+def _design_picture() -> tuple[list[tuple[str, set[str]]], set[str]]:
+    """docs/design.md's picture of the layers: its rows top to bottom (group, the groups it
+    shows that group importing) and the shared pieces named below them."""
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("## The package's layers", 1)[1].split("```")[1]
+    _, rows, shared = block.split("─" * 94)
+    picture = []
+    for line in rows.strip().splitlines():
+        name, _, imported = line.partition("→")
+        picture.append((name.split()[0].removesuffix("/").removesuffix(".py"),
+                        set(imported.split())))
+    names = shared.split(":", 1)[1].split("(", 1)[0].split()
+    return picture, set(names)
+
+
+def test_design_picture_of_the_layers_matches_the_imports():
+    """Catches docs/design.md's picture of the layers drifting from the code: a group that
+    imports a group the picture does not show it importing, or no longer imports one it
+    shows, a row importing a row above it, a group missing from the picture, or a shared
+    piece importing anything but shared pieces."""
+    graph = _group_graph()
+    picture, shared = _design_picture()
+    shown = [name for name, _ in picture]
+    assert set(graph) - {""} == set(shown) | shared, "groups missing from or extra in design.md"
+    for row, (name, imported) in enumerate(picture):
+        assert imported == graph[name] - shared, f"design.md: {name} imports {graph[name] - shared}"
+        assert imported <= set(shown[row + 1:]), f"design.md: {name} is drawn below an import"
+    for name in shared:
+        assert graph[name] <= shared, f"{name} imports {graph[name] - shared}: not a shared piece"

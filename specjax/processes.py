@@ -1,8 +1,11 @@
 """Multi-process runs through JAX's own multi-controller runtime (`jax.distributed`): every
 process runs the same program on its own devices, one mesh spans them all, and the first process
 alone writes what is written once (metrics, the workdir's lock). Each process reads only the
-training rows its devices hold (`sharding.process_rows`), and a signal on any process stops
-all of them at the same step."""
+training rows its devices hold (`sharding.process_rows`; every process still loads the
+corpus, since the embedded and local-file corpora are in memory), the step's batch is
+assembled from every process's rows (`jax.make_array_from_process_local_data`), so a resumed
+run continues at the same data position, and a signal on any process stops all of them at the
+same step."""
 
 from __future__ import annotations
 

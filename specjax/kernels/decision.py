@@ -17,8 +17,8 @@ decision is made when a program is traced, so it costs nothing when it runs.
 Why measured: each kernel was tuned on one VM and lost to XLA on another (a Zen 2 VM: 0.84x
 under load). A shape class is a product's (rows rounded up to `cpu_matmul.ROW_CLASSES`, K, N)
 or an attention call's (batch, heads, head_dim, slots, tokens rounded up to
-`cpu_attention.TOKEN_CLASSES`); each is timed on a thread of its own, outside the trace being
-built. An unreadable cache is measured again; the tests pin both kernels (`1`).
+`cpu_attention.TOKEN_CLASSES`), measured at the class's largest size (`class_of`). An
+unreadable cache is measured again; the tests pin both kernels (`1`).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ class ModelConfig:
     layer `e` (1-based), so exit `num_layers` is the ordinary final output. `exit_layers` lists the
     exits that training supervises (default: all of them). `attention_bias` adds biases to the
     query/key/value projections (Qwen2-style checkpoints); `partial_rotary_factor` is the share
-    of each head's channels RoPE rotates, the first ones (Bamba: half). `layer_pattern` names
+    of each head's channels RoPE rotates, the first ones (Bamba: half). `qk_norm` normalises
+    each query and key head (an RMSNorm over head_dim, before RoPE: Qwen3). `layer_pattern` names
     each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2
     layers take their sizes from `ssm`. `mtp_depth` > 0 gives the model DeepSeek-V3's
     multi-token-prediction modules (`nn.mtp`), trained with it and drafting for it.
@@ -107,6 +108,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     attention_bias: bool = False
+    qk_norm: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02

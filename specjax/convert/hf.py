@@ -128,7 +128,7 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
     if dtype is not None:
         cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
         params = jax.tree.map(lambda w: w.astype(cfg.weight_dtype), params)
-    export_architecture(cfg)  # a model no HF architecture computes fails before any file
+    export_architecture(cfg, _imported(meta))  # no HF architecture computes it: before any file
     if cfg.mtp_depth:
         print(f"note: the model's {cfg.mtp_depth} MTP module(s) are not exported: the Hugging "
               "Face architecture has no place for them", file=sys.stderr)
@@ -139,8 +139,9 @@ def export_checkpoint(workdir: str, hf_dir: str, *, max_shard_bytes: int = 4 * 2
 
 def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str, out_dir: str,
               max_shard_bytes: int) -> list[str]:
-    files = save_hf_params(params, cfg, out_dir, export_architecture(cfg), max_shard_bytes)
-    config = hf_config_from_model(cfg)
+    arch = export_architecture(cfg, _imported(meta))
+    files = save_hf_params(params, cfg, out_dir, arch, max_shard_bytes)
+    config = hf_config_from_model(cfg, arch)
     tokenizer = meta.get("tokenizer")
     if isinstance(tokenizer, dict):
         files += get_tokenizer(tokenizer, workdir).save_files(out_dir)
@@ -152,3 +153,9 @@ def _write_hf(params: Any, cfg: ModelConfig, meta: dict[str, Any], workdir: str,
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
     return files + ["config.json"]
+
+
+def _imported(meta: dict[str, Any]) -> str | None:
+    """The architecture a workdir was imported from (`HfFolder.summary`), if any."""
+    source = meta.get("source")
+    return source.get("architecture") if isinstance(source, dict) else None

@@ -1,5 +1,6 @@
-"""Hugging Face `config.json` <-> ModelConfig: Llama-family decoders, Mamba2ForCausalLM (Mamba-2
-layers only) and BambaForCausalLM (Mamba-2 and attention layers, each followed by an MLP).
+"""Hugging Face `config.json` <-> ModelConfig: the attention decoders of `FAMILIES` (Llama,
+Mistral, Qwen2, Qwen3, ...), Mamba2ForCausalLM (Mamba-2 layers only) and BambaForCausalLM
+(Mamba-2 and attention layers, each followed by an MLP).
 
 Reads both the transformers 4 keys (`rope_theta`, `rope_scaling`) and the transformers 5 key
 (`rope_parameters`); writes the former, which both versions load. A feature specjax's layers do
@@ -8,16 +9,48 @@ not have (biased Mamba-2 projections, a clamped time step, ...) is refused by na
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
 from specjax.errors import SpecjaxError
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                 "Mamba2ForCausalLM", "BambaForCausalLM")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """An all-attention decoder architecture, as a Llama config.json plus its differences:
+    `sets`, the ModelConfig `FEATURES` it always has (the others are off); `reads`, those it
+    takes from its config.json (`free` names them) and `writes`, their config.json keys;
+    `tied`, whether its embeddings are tied when config.json does not say."""
+
+    model_type: str
+    sets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    free: tuple[str, ...] = ()
+    reads: Callable[[dict[str, Any]], dict[str, Any]] = lambda hf: {}
+    writes: Callable[[ModelConfig], dict[str, Any]] = lambda cfg: {}
+    tied: bool = True
+
+    def computes(self, cfg: ModelConfig) -> bool:
+        """Whether this architecture computes exactly the attention model `cfg`."""
+        return all(getattr(cfg, name) == self.sets.get(name, off)
+                   for name, off in FEATURES.items() if name not in self.free)
+
+
+# The ModelConfig fields by which attention decoders differ from Llama's, with their Llama value.
+FEATURES = {"attention_bias": False, "qk_norm": False}
+# Export picks the first family that computes a model (the imported one's first).
+FAMILIES = {
+    "LlamaForCausalLM": Family("llama", tied=False),
+    "MistralForCausalLM": Family("mistral", writes=lambda cfg: {"sliding_window": None}),
+    "Qwen2ForCausalLM": Family("qwen2", sets={"attention_bias": True}),
+    "Qwen3ForCausalLM": Family("qwen3", sets={"qk_norm": True}, tied=False),
+}
+ARCHITECTURES = (*FAMILIES, "Mamba2ForCausalLM", "BambaForCausalLM")
 BAMBA_ROTARY_FACTOR = 0.5  # transformers' Bamba rotates the first half of each head, always
 MAX_POSITIONS = 8192  # written to exported configs; RoPE itself has no length limit
 
@@ -100,9 +133,9 @@ def _model_config(hf: dict[str, Any], dtype: str | None) -> ModelConfig:
         return _mamba2_config(hf, common)
     if arch == "BambaForCausalLM":
         return _bamba_config(hf, common)
+    family = FAMILIES[arch]
     _require_equal(hf, "mlp_bias", False, arch)
-    if arch == "LlamaForCausalLM":
-        _require_equal(hf, "attention_bias", False, arch)  # Llama would bias o_proj too
+    _require_equal(hf, "attention_bias", False, arch)  # it would bias o_proj too
     if hf.get("sliding_window") is not None and hf.get("use_sliding_window", True):
         raise ConversionError(f"{arch} with sliding_window={hf['sliding_window']} is not supported "
                               "(full attention only)")
@@ -112,8 +145,8 @@ def _model_config(hf: dict[str, Any], dtype: str | None) -> ModelConfig:
         **common, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
         mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim") or None, rope_theta=theta,
         rope_scaling=scaling, norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", arch != "LlamaForCausalLM")),
-        attention_bias=arch == "Qwen2ForCausalLM")
+        tie_embeddings=bool(hf.get("tie_word_embeddings", family.tied)),
+        **{**FEATURES, **family.sets, **family.reads(hf)})
 
 
 def _mamba2_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
@@ -159,10 +192,18 @@ def _bamba_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
                             for i in range(common["num_layers"])), ssm=ssm)
 
 
-def export_architecture(cfg: ModelConfig) -> str:
-    """The HF architecture that computes exactly this model; a clear error if none does."""
+def export_architecture(cfg: ModelConfig, imported: str | None = None) -> str:
+    """The HF architecture that computes exactly this model (`imported`, the architecture it
+    was imported from, where that one does); a clear error if none does."""
     if cfg.layer_pattern is None:
-        return "Qwen2ForCausalLM" if cfg.attention_bias else "LlamaForCausalLM"
+        order = [imported] if imported in FAMILIES else []
+        found = [arch for arch in [*order, *FAMILIES] if FAMILIES[arch].computes(cfg)]
+        if not found:
+            features = {name: getattr(cfg, name) for name in FEATURES
+                        if getattr(cfg, name) != FEATURES[name]}
+            raise ConversionError(f"no Hugging Face architecture computes an attention model "
+                                  f"with {features}; supported: {list(FAMILIES)}")
+        return found[0]
     if cfg.ssm.inner_dim % cfg.d_model:
         raise ConversionError(f"Mamba2Config and BambaConfig need the Mamba-2 inner width "
                               f"(ssm.num_heads * ssm.head_dim = {cfg.ssm.inner_dim}) to be a "
@@ -172,7 +213,7 @@ def export_architecture(cfg: ModelConfig) -> str:
     refusals = [(not cfg.ssm.mlp, "an MLP after every Mamba-2 layer (ssm.mlp=True)"),
                 (cfg.partial_rotary_factor != BAMBA_ROTARY_FACTOR,
                  f"rotates half of each head (partial_rotary_factor={BAMBA_ROTARY_FACTOR})"),
-                (cfg.attention_bias, "no attention biases"),
+                (cfg.attention_bias, "no attention biases"), (cfg.qk_norm, "no Q/K norms"),
                 (cfg.rope_scaling is not None, "unscaled RoPE"),
                 (cfg.head_dim * cfg.num_heads != cfg.d_model, "head_dim = d_model / num_heads")]
     unmet = [need for refused, need in refusals if refused]
@@ -182,9 +223,9 @@ def export_architecture(cfg: ModelConfig) -> str:
     return "BambaForCausalLM"
 
 
-def hf_config_from_model(cfg: ModelConfig) -> dict[str, Any]:
+def hf_config_from_model(cfg: ModelConfig, imported: str | None = None) -> dict[str, Any]:
     """A config.json for the architecture `export_architecture` names."""
-    arch = export_architecture(cfg)
+    arch = export_architecture(cfg, imported)
     out = {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
            "num_hidden_layers": cfg.num_layers, "hidden_act": "silu",
            "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": cfg.param_dtype}
@@ -202,8 +243,9 @@ def hf_config_from_model(cfg: ModelConfig) -> dict[str, Any]:
                 "attn_layer_indices": [i for i, kind in enumerate(cfg.layer_kinds)
                                        if kind == "attention"],
                 "mamba_conv_bias": True, "mamba_proj_bias": False}
-    out.update({"model_type": "qwen2" if cfg.attention_bias else "llama",
-                "head_dim": cfg.head_dim, "rope_scaling": None})
+    family = FAMILIES[arch]
+    out.update({"model_type": family.model_type, "head_dim": cfg.head_dim,
+                "rope_scaling": None, **family.writes(cfg)})
     if not cfg.attention_bias:
         out["attention_bias"] = False
     if cfg.rope_scaling is not None:

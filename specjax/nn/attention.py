@@ -17,6 +17,7 @@ from specjax.kernels import cpu_attention
 from specjax.nn.cache import LayerKV
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
+from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import Rope, apply_rope
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -46,9 +47,15 @@ class Attention(nn.Module):
         out = self.param("out", nn.initializers.normal(residual_init_std(cfg)),
                          (kv_heads, group, head_dim, cfg.d_model), cfg.weight_dtype)
 
-        bias = (self.param("qkv_bias", nn.initializers.zeros, (kv_heads, group + 2, head_dim),
-                           cfg.weight_dtype) if cfg.attention_bias else None)
-        q, k, v = project(cfg, x, qkv, bias, rope)
+        weights = {"qkv": qkv}
+        if cfg.attention_bias:
+            weights["qkv_bias"] = self.param("qkv_bias", nn.initializers.zeros,
+                                             (kv_heads, group + 2, head_dim), cfg.weight_dtype)
+        if cfg.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                weights[name] = self.param(name, nn.initializers.ones, (head_dim,),
+                                           cfg.weight_dtype)
+        q, k, v = project(cfg, x, weights, rope)
         if kv is not None:
             kv = _write(kv, k, v, write_pos, kv_heads)
             k, v = kv.k, kv.v
@@ -104,22 +111,26 @@ def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
     return jnp.einsum("nqs,nsd->nqd", probs.reshape(rows, queries, -1), v)
 
 
-def project(cfg: ModelConfig, x: jax.Array, qkv: jax.Array, bias: jax.Array | None,
+def project(cfg: ModelConfig, x: jax.Array, weights: dict,
             rope: Rope) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Queries [B*K, G*T, Dh] and keys, values [B*K, T, Dh] of normalised inputs x [B, T, in],
-    rotated and in the cache's merged batch-and-kv-head layout (see cache.py). Shared by the
-    layer and by CALM's state propagation (`project_kv`), so both write the same K/V."""
+    rotated and in the cache's merged batch-and-kv-head layout (see cache.py); `weights`: the
+    layer's "qkv" and, where the config has them, "qkv_bias", "q_norm" and "k_norm". Shared by
+    the layer and by CALM's state propagation (`write_kv`), so both write the same K/V."""
     batch, steps, _ = x.shape
     kv_heads, group, head_dim = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+    qkv = weights["qkv"]
     # Matmuls against weights reshaped to 2D (free): an einsum over several weight axes can
     # make XLA re-lay the weight out in memory on every decode step.
     y = matmul(x, qkv.reshape(qkv.shape[0], -1).astype(cfg.compute_dtype)).reshape(
         batch, steps, kv_heads, group + 2, head_dim)
-    if bias is not None:
-        y = y + bias.astype(y.dtype)
-    q = apply_rope(y[:, :, :, :group], rope)              # [B, T, K, G, Dh]
-    k = apply_rope(y[:, :, :, group], rope)               # [B, T, K, Dh]
-    v = y[:, :, :, group + 1]
+    if "qkv_bias" in weights:
+        y = y + weights["qkv_bias"].astype(y.dtype)
+    q, k, v = y[:, :, :, :group], y[:, :, :, group], y[:, :, :, group + 1]
+    if cfg.qk_norm:  # per head, before RoPE (Qwen3)
+        q, k = apply_rms_norm(q, weights["q_norm"], cfg), apply_rms_norm(k, weights["k_norm"], cfg)
+    q = apply_rope(q, rope)                               # [B, T, K, G, Dh]
+    k = apply_rope(k, rope)                               # [B, T, K, Dh]
     q = q.transpose(0, 2, 3, 1, 4).reshape(batch * kv_heads, group * steps, head_dim)
     k = k.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
     v = v.transpose(0, 2, 1, 3).reshape(batch * kv_heads, steps, head_dim)
@@ -130,7 +141,7 @@ def write_kv(cfg: ModelConfig, attn_params: dict, x: jax.Array, rope: Rope, kv: 
              write_pos: jax.Array) -> LayerKV:
     """The cache after writing the K/V an attention layer (params `attn_params`) projects from
     normalised inputs x [B, T, D], without attending: CALM's state propagation."""
-    _, k, v = project(cfg, x, attn_params["qkv"], attn_params.get("qkv_bias"), rope)
+    _, k, v = project(cfg, x, attn_params, rope)
     return _write(kv, k, v, write_pos, cfg.num_kv_heads)
 
 

@@ -21,14 +21,14 @@ from specjax.config import ModelConfig
 @dataclasses.dataclass(frozen=True)
 class HfLeaf:
     """A leaf's path in a layer's params; its HF tensor names (placeholders: the module's
-    docstring); from_hf(cfg, *tensors) -> the leaf, to_hf(leaf, cfg) -> the tensors; needs_bias:
-    present only in models with attention biases."""
+    docstring); from_hf(cfg, *tensors) -> the leaf, to_hf(leaf, cfg) -> the tensors;
+    present(cfg): whether models of that config have the leaf (attention biases, Q/K norms)."""
 
     path: tuple[str, ...]
     names: tuple[str, ...]
     from_hf: Callable[..., np.ndarray]
     to_hf: Callable[[np.ndarray, ModelConfig], tuple[np.ndarray, ...]]
-    needs_bias: bool = False
+    present: Callable[[ModelConfig], bool] = lambda cfg: True
 
 
 def _qkv_from_hf(cfg: ModelConfig, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -91,7 +91,9 @@ ATTENTION_LEAVES = (
     HfLeaf(("attn", "qkv"), tuple(_ATTN + p + "_proj.weight" for p in "qkv"), _qkv_from_hf,
           _qkv_to_hf),
     HfLeaf(("attn", "qkv_bias"), tuple(_ATTN + p + "_proj.bias" for p in "qkv"), _bias_from_hf,
-          _bias_to_hf, needs_bias=True),
+          _bias_to_hf, present=lambda cfg: cfg.attention_bias),
+    *(HfLeaf(("attn", name), (_ATTN + name + ".weight",), same, same_to_hf,
+             present=lambda cfg: cfg.qk_norm) for name in ("q_norm", "k_norm")),
     HfLeaf(("attn", "out"), (_ATTN + "o_proj.weight",),
           lambda cfg, o: np.ascontiguousarray(o.T).reshape(
               cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model),
@@ -111,9 +113,9 @@ MAMBA2_LEAVES = (
 
 
 def attention_leaves(cfg: ModelConfig) -> tuple[HfLeaf, ...]:
-    """An attention layer's leaves, its MLP's included (the q/k/v biases where it has them)."""
-    return tuple(leaf for leaf in ATTENTION_LEAVES + MLP_LEAVES
-                 if cfg.attention_bias or not leaf.needs_bias)
+    """An attention layer's leaves, its MLP's included (the q/k/v biases and Q/K norms where
+    it has them)."""
+    return tuple(leaf for leaf in ATTENTION_LEAVES + MLP_LEAVES if leaf.present(cfg))
 
 
 def mamba2_leaves(cfg: ModelConfig) -> tuple[HfLeaf, ...]:

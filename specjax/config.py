@@ -89,7 +89,8 @@ class ModelConfig:
     exits that training supervises (default: all of them). `attention_bias` adds biases to the
     query/key/value projections (Qwen2-style checkpoints); `partial_rotary_factor` is the share
     of each head's channels RoPE rotates, the first ones (Bamba: half). `qk_norm` normalises
-    each query and key head (an RMSNorm over head_dim, before RoPE: Qwen3). `layer_pattern` names
+    each query and key head (an RMSNorm over head_dim, before RoPE: Qwen3). `nope_layers`: the
+    attention layers (0-based) that apply no RoPE (SmolLM3's NoPE layers). `layer_pattern` names
     each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2
     layers take their sizes from `ssm`. `mtp_depth` > 0 gives the model DeepSeek-V3's
     multi-token-prediction modules (`nn.mtp`), trained with it and drafting for it.
@@ -109,6 +110,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     attention_bias: bool = False
     qk_norm: bool = False
+    nope_layers: tuple[int, ...] = ()
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -151,6 +153,11 @@ class ModelConfig:
             _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
                      "must be strictly increasing")
             object.__setattr__(self, "exit_layers", exits)
+        nope = tuple(self.nope_layers)
+        _require(all(isinstance(i, int) and 0 <= i < self.num_layers for i in nope)
+                 and list(nope) == sorted(set(nope)), "nope_layers", nope,
+                 f"must be increasing layer indices in [0, num_layers={self.num_layers})")
+        object.__setattr__(self, "nope_layers", nope)
         self._check_layer_pattern()
 
     def _check_layer_pattern(self) -> None:
@@ -194,7 +201,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict(to_dict())` round-trips."""
         out = dataclasses.asdict(self)
-        for name in ("exit_layers", "layer_pattern"):
+        for name in ("exit_layers", "layer_pattern", "nope_layers"):
             if getattr(self, name) is not None:
                 out[name] = list(getattr(self, name))
         return out
@@ -210,7 +217,7 @@ class ModelConfig:
         ssm = values.get("ssm")
         if ssm is not None and not isinstance(ssm, SsmConfig):
             values["ssm"] = dataclass_from_mapping(SsmConfig, ssm, "model.ssm")
-        for name in ("exit_layers", "layer_pattern"):
+        for name in ("exit_layers", "layer_pattern", "nope_layers"):
             if values.get(name) is not None:
                 values[name] = tuple(values[name])
         return dataclass_from_mapping(cls, values, "model")

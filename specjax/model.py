@@ -6,8 +6,9 @@
 Layers are of the kinds `cfg.layer_pattern` names (`nn.layer_kinds`; all attention by default).
 For training each kind's layers are stacked on a leading axis under the kind's key (a kind the
 pattern lacks has no key), and `run_layers` scans each run of consecutive layers of one kind
-with `lax.scan`. Decoding takes the layers unstacked (`unstack_layers`: `layers` becomes a tuple
-of per-layer pytrees in model order) and runs the layer range in a Python loop
+and variant (`layer_variant`: e.g. a NoPE layer among rotating ones) with `lax.scan`.
+Decoding takes the layers unstacked (`unstack_layers`: `layers` becomes a tuple of per-layer
+pytrees in model order) and runs the layer range in a Python loop
 (`run_layers_cached`). On XLA:CPU a slice of a stacked weight inside the decode loop is a copy;
 per-layer buffers are read in place. Both paths apply the same layer modules.
 
@@ -29,7 +30,7 @@ from specjax.nn.layer_kinds import LAYER_KINDS, Step, check_layer_kinds
 from specjax.nn.linear import matmul
 from specjax.nn.mtp import init_mtp
 from specjax.nn.norm import apply_rms_norm
-from specjax.nn.rope import rope_tables
+from specjax.nn.rope import Rope, rope_tables
 from specjax.sharding import constrain_cache
 
 Params = dict[str, Any]
@@ -119,9 +120,11 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
         stacked = jax.tree.map(lambda w, rank=rank, n=last - first: w[rank:rank + n],
                                params[kind.params_key])
 
-        def layer(h, xs, kind=kind):
+        run_rope = layer_rope(cfg, first, rope)
+
+        def layer(h, xs, kind=kind, run_rope=run_rope):
             layer_params, keep_layer = xs
-            out = kind.forward(cfg, layer_params, h, rope, mask)
+            out = kind.forward(cfg, layer_params, h, run_rope, mask)
             out = jnp.where(keep_layer[:, None, None], out, h)
             return out, out
 
@@ -133,16 +136,27 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
 
 
 def layer_runs(cfg: ModelConfig, start: int, stop: int) -> list[tuple[str, int, int]]:
-    """The maximal runs of consecutive layers of one kind in [start, stop): (kind, first,
-    stop)."""
+    """The maximal runs of consecutive layers of one kind and variant (`layer_variant`) in
+    [start, stop): (kind, first, stop)."""
     runs: list[tuple[str, int, int]] = []
     for index in range(start, stop):
         name = cfg.layer_kinds[index]
-        if runs and runs[-1][0] == name:
+        if runs and layer_variant(cfg, runs[-1][1]) == layer_variant(cfg, index):
             runs[-1] = (name, runs[-1][1], index + 1)
         else:
             runs.append((name, index, index + 1))
     return runs
+
+
+def layer_variant(cfg: ModelConfig, index: int) -> tuple[str, bool]:
+    """What a layer's computation takes from its index beyond its weights (static): its kind
+    and whether it applies RoPE. One `lax.scan` runs layers of one variant."""
+    return cfg.layer_kinds[index], index not in cfg.nope_layers
+
+
+def layer_rope(cfg: ModelConfig, index: int, rope: Rope) -> Rope | None:
+    """The RoPE tables layer `index` applies: `rope`, or None in a NoPE layer."""
+    return rope if layer_variant(cfg, index)[1] else None
 
 
 def _rank(cfg: ModelConfig, index: int) -> int:
@@ -206,7 +220,8 @@ def _run_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cach
     for index in range(start, stop):
         kind = LAYER_KINDS[cfg.layer_kinds[index]]
         hidden, layer_cache = kind.cached(cfg, layer_params(params, cfg, index), hidden,
-                                          cache.layers[index], step)
+                                          cache.layers[index],
+                                          step._replace(rope=layer_rope(cfg, index, step.rope)))
         new_layers.append(layer_cache)
     return hidden, cache.with_layers(start, tuple(new_layers))
 
@@ -223,7 +238,8 @@ def propagate_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache:
     step = Step(rope_tables(cfg, positions), mask, write_pos, cache.lengths)
     return cache.with_layers(start, tuple(
         LAYER_KINDS[cfg.layer_kinds[index]].propagate(
-            cfg, layer_params(params, cfg, index), hidden, cache.layers[index], step)
+            cfg, layer_params(params, cfg, index), hidden, cache.layers[index],
+            step._replace(rope=layer_rope(cfg, index, step.rope)))
         for index in range(start, stop)))
 
 

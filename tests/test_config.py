@@ -22,6 +22,9 @@ from tests.conftest import TINY_MODEL, tiny_run
     ("exit_layers", (1, 5), "must lie in [1, num_layers=4]"),
     ("exit_layers", (2, 1), "must be strictly increasing"),
     ("exit_layers", (), "must not be empty"),
+    ("nope_layers", (4,), "ModelConfig.nope_layers=(4,) must be increasing layer indices in "
+                          "[0, num_layers=4)"),
+    ("nope_layers", (2, 1), "ModelConfig.nope_layers=(2, 1) must be increasing"),
 ])
 def test_invalid_model_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
@@ -40,7 +43,7 @@ def test_a_repeated_exit_layer_is_refused():
 
 
 def test_model_config_round_trips_and_rejects_unknown_fields():
-    cfg = ModelConfig(**TINY_MODEL, exit_layers=(1, 4))
+    cfg = ModelConfig(**TINY_MODEL, exit_layers=(1, 4), nope_layers=(3,))
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match=r"model: unknown field\(s\) \['hidden'\]"):
         ModelConfig.from_dict({**TINY_MODEL, "hidden": 3})

@@ -24,9 +24,11 @@ pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this fil
 # GQA 4:2 with head_dim 12 (not d_model / heads), 3 layers, untied: every size differs.
 BASE = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             head_dim=12, intermediate_size=56, vocab_size=97, tie_word_embeddings=False,
-            initializer_range=0.2)
+            initializer_range=0.2, pad_token_id=None, bos_token_id=None, eos_token_id=None)
 CONFIGS = {
     "qwen3": ("Qwen3", {}),
+    # layers 0 and 2 rotate, layer 1 is NoPE (the default interval would make only the 4th)
+    "smollm3": ("SmolLM3", dict(no_rope_layers=[1, 0, 1])),
 }
 PROMPT = [5, 17, 3, 90, 42, 7]
 
@@ -54,7 +56,8 @@ def _imported(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_logits_and_greedy_tokens_match_transformers(name, tmp_path):
     """Catches each family's own math missing or misplaced (Qwen3: the per-head Q/K RMSNorm
-    left out, applied after RoPE, or over the whole projection), and a mis-mapped tensor:
+    left out, applied after RoPE, or over the whole projection; SmolLM3: its NoPE layer
+    rotated, or the wrong layer left unrotated), and a mis-mapped tensor:
     the logits would differ by far more than fp32 rounding and greedy decoding would diverge."""
     hf_model, params, cfg = _imported(name, tmp_path)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 11))

@@ -20,7 +20,6 @@ from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
 from specjax.errors import SpecjaxError
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Family:
     """An all-attention decoder architecture, as a Llama config.json plus its differences:
@@ -42,13 +41,18 @@ class Family:
 
 
 # The ModelConfig fields by which attention decoders differ from Llama's, with their Llama value.
-FEATURES = {"attention_bias": False, "qk_norm": False}
+FEATURES = {"attention_bias": False, "qk_norm": False, "nope_layers": ()}
 # Export picks the first family that computes a model (the imported one's first).
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", tied=False),
     "MistralForCausalLM": Family("mistral", writes=lambda cfg: {"sliding_window": None}),
     "Qwen2ForCausalLM": Family("qwen2", sets={"attention_bias": True}),
     "Qwen3ForCausalLM": Family("qwen3", sets={"qk_norm": True}, tied=False),
+    "SmolLM3ForCausalLM": Family(
+        "smollm3", free=("nope_layers",), reads=lambda hf: {"nope_layers": _nope_layers(hf)},
+        writes=lambda cfg: {"no_rope_layers": [int(i not in cfg.nope_layers)
+                                               for i in range(cfg.num_layers)],
+                            "use_sliding_window": False}),
 }
 ARCHITECTURES = (*FAMILIES, "Mamba2ForCausalLM", "BambaForCausalLM")
 BAMBA_ROTARY_FACTOR = 0.5  # transformers' Bamba rotates the first half of each head, always
@@ -244,8 +248,10 @@ def hf_config_from_model(cfg: ModelConfig, imported: str | None = None) -> dict[
                                        if kind == "attention"],
                 "mamba_conv_bias": True, "mamba_proj_bias": False}
     family = FAMILIES[arch]
+    # pad_token_id: the tokenizer's to give (`convert.hf`); a family's default may lie past
+    # the vocabulary (SmolLM3's 128004), which transformers refuses
     out.update({"model_type": family.model_type, "head_dim": cfg.head_dim,
-                "rope_scaling": None, **family.writes(cfg)})
+                "rope_scaling": None, "pad_token_id": None, **family.writes(cfg)})
     if not cfg.attention_bias:
         out["attention_bias"] = False
     if cfg.rope_scaling is not None:
@@ -284,6 +290,16 @@ def _rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
         original_max_position=int(scaling.get("original_max_position_embeddings", 8192)))
+
+
+def _nope_layers(hf: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` (1: rotates, 0: NoPE), else every
+    `no_rope_layer_interval`-th layer, as transformers' SmolLM3Config derives them."""
+    rotates = hf.get("no_rope_layers")
+    if rotates is None:
+        interval = hf.get("no_rope_layer_interval", 4)
+        rotates = [(i + 1) % interval != 0 for i in range(hf["num_hidden_layers"])]
+    return tuple(i for i, rotate in enumerate(rotates) if not rotate)
 
 
 def _stored_dtype(hf: dict[str, Any]) -> str:

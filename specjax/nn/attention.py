@@ -36,7 +36,8 @@ class Attention(nn.Module):
     in_features: int = 0
 
     @nn.compact
-    def __call__(self, x: jax.Array, rope: Rope, mask: jax.Array, kv: LayerKV | None = None,
+    def __call__(self, x: jax.Array, rope: Rope | None, mask: jax.Array,
+                 kv: LayerKV | None = None,
                  write_pos: jax.Array | None = None) -> tuple[jax.Array, LayerKV | None]:
         cfg = self.cfg
         batch, steps, _ = x.shape
@@ -112,7 +113,7 @@ def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
 
 
 def project(cfg: ModelConfig, x: jax.Array, weights: dict,
-            rope: Rope) -> tuple[jax.Array, jax.Array, jax.Array]:
+            rope: Rope | None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Queries [B*K, G*T, Dh] and keys, values [B*K, T, Dh] of normalised inputs x [B, T, in],
     rotated and in the cache's merged batch-and-kv-head layout (see cache.py); `weights`: the
     layer's "qkv" and, where the config has them, "qkv_bias", "q_norm" and "k_norm". Shared by
@@ -137,8 +138,8 @@ def project(cfg: ModelConfig, x: jax.Array, weights: dict,
     return q, k, v
 
 
-def write_kv(cfg: ModelConfig, attn_params: dict, x: jax.Array, rope: Rope, kv: LayerKV,
-             write_pos: jax.Array) -> LayerKV:
+def write_kv(cfg: ModelConfig, attn_params: dict, x: jax.Array, rope: Rope | None,
+             kv: LayerKV, write_pos: jax.Array) -> LayerKV:
     """The cache after writing the K/V an attention layer (params `attn_params`) projects from
     normalised inputs x [B, T, D], without attending: CALM's state propagation."""
     _, k, v = project(cfg, x, attn_params, rope)

@@ -17,7 +17,8 @@ class DecoderBlock(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, rope: Rope, mask: jax.Array, kv: LayerKV | None = None,
+    def __call__(self, x: jax.Array, rope: Rope | None, mask: jax.Array,
+                 kv: LayerKV | None = None,
                  write_pos: jax.Array | None = None) -> tuple[jax.Array, LayerKV | None]:
         attended, kv = Attention(self.cfg, name="attn")(
             RMSNorm(self.cfg, name="attn_norm")(x), rope, mask, kv, write_pos)
@@ -26,8 +27,8 @@ class DecoderBlock(nn.Module):
         return x, kv
 
 
-def propagate_state(cfg: ModelConfig, params: dict, x: jax.Array, rope: Rope, kv: LayerKV,
-                    write_pos: jax.Array) -> LayerKV:
+def propagate_state(cfg: ModelConfig, params: dict, x: jax.Array, rope: Rope | None,
+                    kv: LayerKV, write_pos: jax.Array) -> LayerKV:
     """The K/V the layer with `params` writes for inputs x [B, T, D], and nothing else: the
     cache of a layer that a token skipped after an early exit (CALM's state propagation: later
     tokens attend to K/V projected from the exited hidden state, not copied from below)."""

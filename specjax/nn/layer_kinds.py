@@ -43,7 +43,7 @@ class Step(NamedTuple):
     [B, T]), the committed `lengths` [B], and for a prefill the prompts' real lengths [B]
     (the tokens are then right-padded prompts from slot 0, committed by the pass itself)."""
 
-    rope: Rope
+    rope: Rope | None  # None: a NoPE layer
     mask: jax.Array
     write_pos: jax.Array
     lengths: jax.Array
@@ -99,8 +99,8 @@ def _attention_init(cfg: ModelConfig, key: jax.Array) -> Params:
     return DecoderBlock(cfg).init(key, *_one_token(cfg))["params"]
 
 
-def _attention_forward(cfg: ModelConfig, params: Params, hidden: jax.Array, rope: Rope,
-                       mask: jax.Array) -> jax.Array:
+def _attention_forward(cfg: ModelConfig, params: Params, hidden: jax.Array,
+                       rope: Rope | None, mask: jax.Array) -> jax.Array:
     return DecoderBlock(cfg).apply({"params": params}, hidden, rope, mask)[0]
 
 

@@ -46,9 +46,12 @@ def rope_tables(cfg: ModelConfig, positions: jax.Array) -> Rope:
     return Rope(jnp.cos(angles), jnp.sin(angles))
 
 
-def apply_rope(x: jax.Array, rope: Rope) -> jax.Array:
+def apply_rope(x: jax.Array, rope: Rope | None) -> jax.Array:
     """Rotates the first 2 * (the tables' width) channels of x [B, T, *heads, head_dim] by the
-    tables of `rope`; the other channels pass unchanged."""
+    tables of `rope`; the other channels pass unchanged (all of them where `rope` is None: a
+    NoPE layer's)."""
+    if rope is None:
+        return x
     extra = (1,) * (x.ndim - 3)
     cos = rope.cos.reshape(rope.cos.shape[:2] + extra + rope.cos.shape[2:]).astype(x.dtype)
     sin = rope.sin.reshape(rope.sin.shape[:2] + extra + rope.sin.shape[2:]).astype(x.dtype)

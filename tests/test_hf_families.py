@@ -3,6 +3,7 @@ a tiny random checkpoint imports with logits and greedy generation identical to 
 exports back bit for bit (in its own layout), and exits early through its own final norm.
 Needs the `hf` extra; the reference models are created locally, in float32."""
 
+import json
 import os
 
 import jax
@@ -16,6 +17,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from specjax import model as M  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
+from specjax.convert.hf_config import ConversionError, model_config_from_hf  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
 
@@ -29,6 +31,8 @@ CONFIGS = {
     "qwen3": ("Qwen3", {}),
     # layers 0 and 2 rotate, layer 1 is NoPE (the default interval would make only the 4th)
     "smollm3": ("SmolLM3", dict(no_rope_layers=[1, 0, 1])),
+    # RoPE on the first half of each head, as Phi-4-mini's 0.75 rotates part of it
+    "phi3": ("Phi3", dict(partial_rotary_factor=0.5)),
 }
 PROMPT = [5, 17, 3, 90, 42, 7]
 
@@ -57,7 +61,9 @@ def _imported(name, tmp_path):
 def test_logits_and_greedy_tokens_match_transformers(name, tmp_path):
     """Catches each family's own math missing or misplaced (Qwen3: the per-head Q/K RMSNorm
     left out, applied after RoPE, or over the whole projection; SmolLM3: its NoPE layer
-    rotated, or the wrong layer left unrotated), and a mis-mapped tensor:
+    rotated, or the wrong layer left unrotated; Phi-3: fused q/k/v or gate/up split at the
+    wrong rows or in the wrong order, a partial rotation applied to the whole head), and a
+    mis-mapped tensor:
     the logits would differ by far more than fp32 rounding and greedy decoding would diverge."""
     hf_model, params, cfg = _imported(name, tmp_path)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 11))
@@ -106,3 +112,25 @@ def test_exit_at_layer_one_is_the_truncated_models_output(name, tmp_path):
         expected = truncated(torch.tensor(tokens)).logits.numpy()
     per_layer = M.run_layers(params, cfg, M.embed(params, cfg, jnp.asarray(tokens)))
     np.testing.assert_allclose(M.exit_logits(params, cfg, per_layer[0]), expected, atol=5e-5)
+
+
+def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
+    """Catches Phi-3's longrope scaling (or a sliding window) imported as plain RoPE over full
+    attention (a model that decodes, but not as transformers does), and a fused qkv_proj that
+    does not split into config.json's heads reaching a traceback instead of naming both."""
+    hf_model = _hf_model("phi3")
+    source = str(tmp_path / "hf")
+    hf_model.save_pretrained(source)
+    hf = json.loads(open(os.path.join(source, "config.json")).read())
+    longrope = {**hf, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4,
+                                          "short_factor": [1.0] * 3, "long_factor": [2.0] * 3}}
+    with pytest.raises(ConversionError, match="^rope type 'longrope' is not supported"):
+        model_config_from_hf(longrope)
+    with pytest.raises(ConversionError, match="Phi3ForCausalLM with sliding_window=2047 is not "
+                                              "supported"):
+        model_config_from_hf({**hf, "sliding_window": 2047})
+    with open(os.path.join(source, "config.json"), "w") as f:
+        json.dump({**hf, "num_key_value_heads": 1}, f)
+    with pytest.raises(ConversionError, match=r"model.layers.0.self_attn.qkv_proj.weight "
+                                              r"\(96, 40\) does not split into the \(48, 12, 12\)"):
+        import_checkpoint(source, str(tmp_path / "workdir"))

@@ -41,7 +41,8 @@ class Family:
 
 
 # The ModelConfig fields by which attention decoders differ from Llama's, with their Llama value.
-FEATURES = {"attention_bias": False, "qk_norm": False, "nope_layers": ()}
+FEATURES = {"attention_bias": False, "qk_norm": False, "nope_layers": (),
+            "partial_rotary_factor": 1.0}
 # Export picks the first family that computes a model (the imported one's first).
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", tied=False),
@@ -53,6 +54,13 @@ FAMILIES = {
         writes=lambda cfg: {"no_rope_layers": [int(i not in cfg.nope_layers)
                                                for i in range(cfg.num_layers)],
                             "use_sliding_window": False}),
+    "Phi3ForCausalLM": Family(  # fused qkv_proj and gate_up_proj: convert.hf_weights._FUSIONS
+        "phi3", free=("partial_rotary_factor",), tied=False,
+        reads=lambda hf: {"partial_rotary_factor": float(
+            (hf.get("rope_parameters") or {}).get("partial_rotary_factor")
+            or hf.get("partial_rotary_factor", 1.0))},
+        writes=lambda cfg: {"partial_rotary_factor": cfg.partial_rotary_factor,
+                            "sliding_window": None}),
 }
 ARCHITECTURES = (*FAMILIES, "Mamba2ForCausalLM", "BambaForCausalLM")
 BAMBA_ROTARY_FACTOR = 0.5  # transformers' Bamba rotates the first half of each head, always

@@ -1,12 +1,13 @@
-"""Hugging Face safetensors <-> specjax parameters: Llama-family decoders, Mamba2ForCausalLM and
-BambaForCausalLM.
+"""Hugging Face safetensors <-> specjax parameters: the attention families
+(`hf_config.FAMILIES`), Mamba2ForCausalLM and BambaForCausalLM.
 
 Each layer kind declares its parameter leaves (`LayerKind.hf_leaves`, `nn.hf_layout`): the HF
 tensors each is made of, named through an architecture's `_Layout` here, how to build it from
 them, and the exact inverse; the model's own leaves (embeddings, final norm, unembedding) are
 `_GLOBAL_LEAVES`. Each kind's layers form their own stack, filled from the HF layers of that
-kind in order. Both directions are reshapes, transposes and concatenations, so a round trip is
-bit-identical.
+kind in order. An architecture that stores tensors fused (Phi-3's qkv_proj and gate_up_proj,
+`_FUSIONS`) is read split into Llama's names and written concatenated again. Both directions
+are reshapes, transposes, splits and concatenations, so a round trip is bit-identical.
 
 Import streams: every stacked leaf is allocated once in its final dtype and filled one HF tensor
 at a time, then moved to the device; the largest extra host allocation is one stacked leaf. Only
@@ -19,7 +20,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import jax
@@ -63,6 +64,31 @@ _LAYOUTS = {
     "Mamba2ForCausalLM": _Layout(embed="backbone.embeddings.weight",
                                  final_norm="backbone.norm_f.weight", layer="backbone.layers.{i}.",
                                  mixer_norm="norm.", mixer="mixer.", mlp_norm="", mlp=""),
+}
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fusion:
+    """Tensors an architecture stores concatenated along their first axis: the fused tensor's
+    name (`{i}` the layer index), its parts' names in Llama's layout and each part's rows."""
+
+    fused: str
+    parts: tuple[str, ...]
+    rows: Callable[[ModelConfig], tuple[int, ...]]
+
+
+_PHI3_LAYER = "model.layers.{i}."
+_FUSIONS = {
+    "Phi3ForCausalLM": (
+        _Fusion(_PHI3_LAYER + "self_attn.qkv_proj.weight",
+                tuple(f"{_PHI3_LAYER}self_attn.{p}_proj.weight" for p in "qkv"),
+                lambda cfg: tuple(n * cfg.head_dim for n in (cfg.num_heads, cfg.num_kv_heads,
+                                                             cfg.num_kv_heads))),
+        _Fusion(_PHI3_LAYER + "mlp.gate_up_proj.weight",
+                (_PHI3_LAYER + "mlp.gate_proj.weight", _PHI3_LAYER + "mlp.up_proj.weight"),
+                lambda cfg: (cfg.mlp_dim,) * 2),
+    ),
 }
 
 _GLOBAL_LEAVES = (
@@ -137,6 +163,57 @@ class SafetensorsReader:
             return np.asarray(f.get_tensor(name))
 
 
+class _UnfusedReader:
+    """A checkpoint's tensors with its `_FUSIONS` split into their parts' names; a fused
+    tensor whose rows are not its parts' (as config.json sizes them) is a one-line error."""
+
+    def __init__(self, reader: TensorReader, fusions: tuple[_Fusion, ...], cfg: ModelConfig):
+        self.reader, self.cfg, self.parts = reader, cfg, {}
+        self.files = dict(reader.files)
+        for fusion in fusions:
+            pattern = re.compile(re.escape(fusion.fused).replace(re.escape("{i}"), r"(\d+)"))
+            for name in list(self.files):
+                if match := pattern.fullmatch(name):
+                    for k, part in enumerate(fusion.parts):
+                        self.parts[part.format(i=match.group(1))] = (name, fusion, k)
+                        self.files[part.format(i=match.group(1))] = self.files[name]
+                    del self.files[name]
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.parts:
+            return self.reader.get(name)
+        fused, fusion, k = self.parts[name]
+        tensor = self.reader.get(fused)
+        rows = fusion.rows(self.cfg)
+        if tensor.shape[0] != sum(rows):
+            raise ConversionError(f"the weights' {fused} {tuple(tensor.shape)} does not split "
+                                  f"into the {rows} rows config.json gives: the config and the "
+                                  "weights disagree")
+        return np.split(tensor, np.cumsum(rows)[:-1])[k]
+
+
+def _fused(tensors: Iterator[tuple[str, np.ndarray]], fusions: tuple[_Fusion, ...]
+           ) -> Iterator[tuple[str, np.ndarray]]:
+    """`tensors` with the parts of each of `fusions` concatenated into the fused tensor, which
+    comes when its last part does."""
+    parts = {part: (fusion, k) for fusion in fusions for k, part in enumerate(fusion.parts)}
+    patterns = [(re.compile(re.escape(part).replace(re.escape("{i}"), r"(\d+)")), part)
+                for part in parts]
+    pending: dict[str, list] = {}
+    for name, tensor in tensors:
+        found = next(((m, part) for pattern, part in patterns
+                      if (m := pattern.fullmatch(name))), None)
+        if found is None:
+            yield name, tensor
+            continue
+        fusion, k = parts[found[1]]
+        fused = fusion.fused.format(i=found[0].group(1))
+        pieces = pending.setdefault(fused, [None] * len(fusion.parts))
+        pieces[k] = tensor
+        if all(piece is not None for piece in pieces):
+            yield fused, np.concatenate(pending.pop(fused))
+
+
 def _readable(path: str):
     """`safe_open` of a safetensors file, a truncated or empty one a one-line error naming it
     (the library raises its own error types)."""
@@ -156,6 +233,8 @@ def load_hf_params(source: str | TensorReader, cfg: ModelConfig, arch: str, *,
     the config does not give is a one-line `ConversionError`, which names the config.json
     field (of `hf`, the config `cfg` was made from) that disagrees."""
     reader = SafetensorsReader(source) if isinstance(source, str) else source
+    if arch in _FUSIONS:
+        reader = _UnfusedReader(reader, _FUSIONS[arch], cfg)
     _check_layer_count(reader, cfg, arch)
     dtype = jnp.dtype(cfg.weight_dtype)
     expected = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
@@ -253,7 +332,13 @@ def _fits(leaf: HfLeaf, is_global: bool, path: tuple[str, ...], tensors: list[np
 
 
 def hf_tensors(params: Params, cfg: ModelConfig, arch: str) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, tensor) pairs of a specjax model in `arch`'s layout, one tensor at a time."""
+    """(HF name, tensor) pairs of a specjax model in `arch`'s layout, one tensor at a time
+    (a fused one once its parts are made: `_FUSIONS`)."""
+    return _fused(_unfused_tensors(params, cfg, arch), _FUSIONS.get(arch, ()))
+
+
+def _unfused_tensors(params: Params, cfg: ModelConfig,
+                     arch: str) -> Iterator[tuple[str, np.ndarray]]:
     for leaf in _global_leaves(cfg):
         for name, tensor in zip(_names(leaf, arch), leaf.to_hf(_host(params, leaf.path), cfg),
                                 strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.machinery
 import importlib.util
 import numbers
@@ -16,9 +17,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The MLP's gate activations (`ModelConfig.mlp_activation`); "gelu_tanh" is transformers'
+# gelu_pytorch_tanh (Gemma's GeGLU).
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +95,18 @@ class ModelConfig:
     query/key/value projections (Qwen2-style checkpoints); `partial_rotary_factor` is the share
     of each head's channels RoPE rotates, the first ones (Bamba: half). `qk_norm` normalises
     each query and key head (an RMSNorm over head_dim, before RoPE: Qwen3). `nope_layers`: the
-    attention layers (0-based) that apply no RoPE (SmolLM3's NoPE layers). `layer_pattern` names
-    each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None: all attention); Mamba-2
-    layers take their sizes from `ssm`. `mtp_depth` > 0 gives the model DeepSeek-V3's
-    multi-token-prediction modules (`nn.mtp`), trained with it and drafting for it.
+    attention layers (0-based) that apply no RoPE (SmolLM3's NoPE layers). Gemma-2/3's options:
+    `scale_embeddings` multiplies embeddings by sqrt(d_model); every RMSNorm scales by
+    `norm_offset` + w (Gemma: 1 + w); `post_norms` adds an RMSNorm after attention and after the
+    MLP, before each residual add; `mlp_activation` gates the MLP ("silu": SwiGLU, "gelu_tanh":
+    GeGLU); attention scores are scaled by `query_pre_attn_scalar`**-0.5 (None: head_dim**-0.5)
+    and soft-capped to (-`attn_softcap`, `attn_softcap`) (tanh; None: not capped), logits at
+    every exit to `logit_softcap`; the attention layers `sliding_layers` see only the last
+    `sliding_window` positions, and rotate with `local_rope_theta` (None: rope_theta).
+    `layer_pattern` names each layer's kind (`nn.layer_kinds`: "attention" or "mamba2"; None:
+    all attention); Mamba-2 layers take their sizes from `ssm`. `mtp_depth` > 0 gives the model
+    DeepSeek-V3's multi-token-prediction modules (`nn.mtp`), trained with it and drafting for
+    it.
     """
 
     vocab_size: int
@@ -111,6 +124,16 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     nope_layers: tuple[int, ...] = ()
+    scale_embeddings: bool = False
+    norm_offset: float = 0.0
+    post_norms: bool = False
+    mlp_activation: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -153,12 +176,26 @@ class ModelConfig:
             _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
                      "must be strictly increasing")
             object.__setattr__(self, "exit_layers", exits)
-        nope = tuple(self.nope_layers)
-        _require(all(isinstance(i, int) and 0 <= i < self.num_layers for i in nope)
-                 and list(nope) == sorted(set(nope)), "nope_layers", nope,
-                 f"must be increasing layer indices in [0, num_layers={self.num_layers})")
-        object.__setattr__(self, "nope_layers", nope)
         self._check_layer_pattern()
+        for name in ("nope_layers", "sliding_layers"):
+            layers = tuple(getattr(self, name))
+            _require(all(isinstance(i, int) and 0 <= i < self.num_layers
+                         and self.layer_kinds[i] == "attention" for i in layers)
+                     and list(layers) == sorted(set(layers)), name, layers,
+                     f"must be increasing indices of attention layers in [0, num_layers="
+                     f"{self.num_layers})")
+            object.__setattr__(self, name, layers)
+        _require(self.mlp_activation in ACTIVATIONS, "mlp_activation", self.mlp_activation,
+                 f"must be one of {sorted(ACTIVATIONS)}")
+        for name in ("query_pre_attn_scalar", "attn_softcap", "logit_softcap",
+                     "local_rope_theta"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, name, value, "must be > 0 (or None)")
+        _require(self.sliding_window is None or (isinstance(self.sliding_window, int)
+                                                 and self.sliding_window > 0),
+                 "sliding_window", self.sliding_window, "must be a positive int (or None)")
+        _require(not self.sliding_layers or self.sliding_window is not None, "sliding_window",
+                 self.sliding_window, "must be set when sliding_layers are")
 
     def _check_layer_pattern(self) -> None:
         """Its length; the kinds it names are checked where they are looked up
@@ -201,7 +238,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict(to_dict())` round-trips."""
         out = dataclasses.asdict(self)
-        for name in ("exit_layers", "layer_pattern", "nope_layers"):
+        for name in ("exit_layers", "layer_pattern", "nope_layers", "sliding_layers"):
             if getattr(self, name) is not None:
                 out[name] = list(getattr(self, name))
         return out
@@ -217,7 +254,7 @@ class ModelConfig:
         ssm = values.get("ssm")
         if ssm is not None and not isinstance(ssm, SsmConfig):
             values["ssm"] = dataclass_from_mapping(SsmConfig, ssm, "model.ssm")
-        for name in ("exit_layers", "layer_pattern", "nope_layers"):
+        for name in ("exit_layers", "layer_pattern", "nope_layers", "sliding_layers"):
             if values.get(name) is not None:
                 values[name] = tuple(values[name])
         return dataclass_from_mapping(cls, values, "model")

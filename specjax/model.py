@@ -25,11 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.nn.attention import softcap
 from specjax.nn.cache import Cache
 from specjax.nn.layer_kinds import LAYER_KINDS, Step, check_layer_kinds
 from specjax.nn.linear import matmul
 from specjax.nn.mtp import init_mtp
-from specjax.nn.norm import apply_rms_norm
+from specjax.nn.norm import apply_rms_norm, norm_init
 from specjax.nn.rope import Rope, rope_tables
 from specjax.sharding import constrain_cache
 
@@ -50,7 +51,7 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
         indices = jnp.asarray([i for i, k in enumerate(cfg.layer_kinds) if k == name])
         params[kind.params_key] = jax.vmap(lambda k, kind=kind: kind.init(cfg, k))(
             layer_keys[indices])
-    params["final_norm"] = {"scale": jnp.ones((cfg.d_model,), cfg.weight_dtype)}
+    params["final_norm"] = {"scale": norm_init(cfg)(key, (cfg.d_model,), cfg.weight_dtype)}
     if not cfg.tie_embeddings:
         params["unembed"] = _normal(k_unembed, (cfg.d_model, cfg.vocab_size), cfg)
     if cfg.mtp_depth:  # its own key: a model without them draws the same weights
@@ -66,21 +67,30 @@ def _normal(key: jax.Array, shape: tuple[int, ...], cfg: ModelConfig) -> jax.Arr
 
 
 def embed(params: Params, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
-    """Token ids [B, T] -> hidden states [B, T, D] in the compute dtype."""
-    return params["embed"][tokens].astype(cfg.compute_dtype)
+    """Token ids [B, T] -> hidden states [B, T, D] in the compute dtype (times sqrt(d_model)
+    where `cfg.scale_embeddings`: Gemma)."""
+    hidden = params["embed"][tokens].astype(cfg.compute_dtype)
+    if cfg.scale_embeddings:
+        hidden = hidden * jnp.asarray(cfg.d_model ** 0.5, cfg.compute_dtype)
+    return hidden
 
 
 def exit_logits(params: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """The shared exit head: final norm + unembedding of any layer's hidden state, float32."""
+    """The shared exit head: final norm + unembedding (soft-capped where the config says) of
+    any layer's hidden state, float32."""
     return unembed(params, cfg, apply_rms_norm(hidden, params["final_norm"]["scale"], cfg))
 
 
 def unembed(params: Params, cfg: ModelConfig, normed: jax.Array) -> jax.Array:
-    """Logits [..., V] (float32) of normalised hidden states: the head without its norm."""
+    """Logits [..., V] (float32) of normalised hidden states: the head without its norm,
+    soft-capped to `cfg.logit_softcap` (Gemma-2) at every exit."""
     if cfg.tie_embeddings:  # contract with the [V, D] table as stored: no transposed copy
-        return matmul(normed, params["embed"].astype(cfg.compute_dtype), transpose_w=True,
-                      out_dtype=jnp.float32)
-    return matmul(normed, params["unembed"].astype(cfg.compute_dtype), out_dtype=jnp.float32)
+        logits = matmul(normed, params["embed"].astype(cfg.compute_dtype), transpose_w=True,
+                        out_dtype=jnp.float32)
+    else:
+        logits = matmul(normed, params["unembed"].astype(cfg.compute_dtype),
+                        out_dtype=jnp.float32)
+    return softcap(logits, cfg.logit_softcap)
 
 
 def causal_mask(steps: int) -> jax.Array:
@@ -110,7 +120,6 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
     batch, steps, _ = hidden.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(steps), (batch, steps))
-    rope, mask = rope_tables(cfg, positions), causal_mask(steps)
     if keep is None:
         keep = jnp.ones((stop - start, batch), bool)
     per_layer = []
@@ -120,11 +129,11 @@ def run_layers(params: Params, cfg: ModelConfig, hidden: jax.Array, *,
         stacked = jax.tree.map(lambda w, rank=rank, n=last - first: w[rank:rank + n],
                                params[kind.params_key])
 
-        run_rope = layer_rope(cfg, first, rope)
+        rope, mask = layer_inputs(cfg, first, positions, causal_mask(steps), positions)
 
-        def layer(h, xs, kind=kind, run_rope=run_rope):
+        def layer(h, xs, kind=kind, rope=rope, mask=mask):
             layer_params, keep_layer = xs
-            out = kind.forward(cfg, layer_params, h, run_rope, mask)
+            out = kind.forward(cfg, layer_params, h, rope, mask)
             out = jnp.where(keep_layer[:, None, None], out, h)
             return out, out
 
@@ -148,15 +157,26 @@ def layer_runs(cfg: ModelConfig, start: int, stop: int) -> list[tuple[str, int, 
     return runs
 
 
-def layer_variant(cfg: ModelConfig, index: int) -> tuple[str, bool]:
-    """What a layer's computation takes from its index beyond its weights (static): its kind
-    and whether it applies RoPE. One `lax.scan` runs layers of one variant."""
-    return cfg.layer_kinds[index], index not in cfg.nope_layers
+def layer_variant(cfg: ModelConfig, index: int) -> tuple[str, bool, bool]:
+    """What a layer's computation takes from its index beyond its weights (static): its kind,
+    whether it applies RoPE, whether it attends over a sliding window. One `lax.scan` runs
+    layers of one variant."""
+    return (cfg.layer_kinds[index], index not in cfg.nope_layers,
+            index in cfg.sliding_layers)
 
 
-def layer_rope(cfg: ModelConfig, index: int, rope: Rope) -> Rope | None:
-    """The RoPE tables layer `index` applies: `rope`, or None in a NoPE layer."""
-    return rope if layer_variant(cfg, index)[1] else None
+def layer_inputs(cfg: ModelConfig, index: int, positions: jax.Array, mask: jax.Array,
+                 key_positions: jax.Array) -> tuple[Rope | None, jax.Array]:
+    """The RoPE tables and the mask layer `index` applies, given the new tokens' positions
+    [B, T], the model's mask [1 or B, T, S] and the positions [1 or B, S] of what they attend
+    to: no tables in a NoPE layer; in a sliding layer, `local_rope_theta`'s tables (Gemma-3)
+    and only keys less than `sliding_window` positions back (transformers' rule)."""
+    _, rotates, sliding = layer_variant(cfg, index)
+    theta = cfg.local_rope_theta if sliding else None
+    rope = rope_tables(cfg, positions, theta) if rotates else None
+    if sliding:
+        mask = mask & (key_positions[:, None, :] > positions[:, :, None] - cfg.sliding_window)
+    return rope, mask
 
 
 def _rank(cfg: ModelConfig, index: int) -> int:
@@ -193,8 +213,9 @@ def run_layers_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache
         positions = write_pos[:, None] + jnp.arange(steps)[None, :]
     if mask is None:
         mask = chain_mask(write_pos, steps, cache.max_len)
-    step = Step(rope_tables(cfg, positions), mask, write_pos, cache.lengths)
-    return _run_cached(params, cfg, hidden, cache, step, layers or (0, cfg.num_layers))
+    step = Step(None, mask, write_pos, cache.lengths)
+    return _run_cached(params, cfg, hidden, cache, step, positions,
+                       layers or (0, cfg.num_layers))
 
 
 def prefill_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
@@ -207,13 +228,14 @@ def prefill_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: C
     batch, steps, _ = hidden.shape
     write_pos = jnp.zeros((batch,), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(steps), (batch, steps))
-    step = Step(rope_tables(cfg, positions), chain_mask(write_pos, steps, cache.max_len),
-                write_pos, cache.lengths, prompt_lengths)
-    return _run_cached(params, cfg, hidden, cache, step, layers or (0, cfg.num_layers))
+    step = Step(None, chain_mask(write_pos, steps, cache.max_len), write_pos, cache.lengths,
+                prompt_lengths)
+    return _run_cached(params, cfg, hidden, cache, step, positions,
+                       layers or (0, cfg.num_layers))
 
 
 def _run_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache, step: Step,
-                layers: tuple[int, int]) -> tuple[jax.Array, Cache]:
+                positions: jax.Array, layers: tuple[int, int]) -> tuple[jax.Array, Cache]:
     start, stop = layers
     _check_range(cfg, start, stop)
     new_layers = []
@@ -221,9 +243,19 @@ def _run_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cach
         kind = LAYER_KINDS[cfg.layer_kinds[index]]
         hidden, layer_cache = kind.cached(cfg, layer_params(params, cfg, index), hidden,
                                           cache.layers[index],
-                                          step._replace(rope=layer_rope(cfg, index, step.rope)))
+                                          _layer_step(cfg, index, step, positions))
         new_layers.append(layer_cache)
     return hidden, cache.with_layers(start, tuple(new_layers))
+
+
+def _layer_step(cfg: ModelConfig, index: int, step: Step, positions: jax.Array) -> Step:
+    """`step` (its `rope` unset) for layer `index` (`layer_inputs`). A cache slot's key is at
+    the position of the slot's index: exactly so for committed tokens and a chain's; a tree
+    node's slot is at least its position, which a window wider than a round's tokens cannot
+    tell apart (`allocate_cache` refuses narrower ones)."""
+    rope, mask = layer_inputs(cfg, index, positions, step.mask,
+                              jnp.arange(step.mask.shape[-1])[None])
+    return step._replace(rope=rope, mask=mask)
 
 
 def propagate_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache: Cache,
@@ -235,22 +267,32 @@ def propagate_cached(params: Params, cfg: ModelConfig, hidden: jax.Array, cache:
     exiting early (CALM)."""
     start, stop = layers
     _check_range(cfg, start, stop)
-    step = Step(rope_tables(cfg, positions), mask, write_pos, cache.lengths)
+    step = Step(None, mask, write_pos, cache.lengths)
     return cache.with_layers(start, tuple(
         LAYER_KINDS[cfg.layer_kinds[index]].propagate(
             cfg, layer_params(params, cfg, index), hidden, cache.layers[index],
-            step._replace(rope=layer_rope(cfg, index, step.rope)))
+            _layer_step(cfg, index, step, positions))
         for index in range(start, stop)))
 
 
 def allocate_cache(cfg: ModelConfig, batch: int, max_len: int, window: int = 1) -> Cache:
     """Zero-filled caches for `batch` rows of at most `max_len` slots each, every layer's of its
     kind; `window`: the most tokens a round puts after the committed length (1 + the proposal's
-    nodes), which state-space layers keep uncommitted."""
+    nodes), which state-space layers keep uncommitted (`check_window`)."""
+    check_window(cfg, window)
     layers = tuple(LAYER_KINDS[name].allocate(cfg, batch, max_len, window)
                    for name in cfg.layer_kinds)
     return constrain_cache(Cache(layers=layers, lengths=jnp.zeros((batch,), jnp.int32),
                                  max_len=max_len), batch)
+
+
+def check_window(cfg: ModelConfig, window: int) -> None:
+    """A one-line error when sliding-window layers would decode rounds of `window` tokens (1 +
+    the drafts): a window narrower than a round cannot tell a tree node's slot from its
+    position (`_layer_step`)."""
+    if cfg.sliding_layers and window > cfg.sliding_window:
+        raise ValueError(f"ModelConfig.sliding_window={cfg.sliding_window} is narrower than a "
+                         f"decoding round's {window} tokens (1 + the drafts): draft fewer")
 
 
 def chain_mask(write_pos: jax.Array, steps: int, max_len: int) -> jax.Array:

@@ -22,9 +22,12 @@ from tests.conftest import TINY_MODEL, tiny_run
     ("exit_layers", (1, 5), "must lie in [1, num_layers=4]"),
     ("exit_layers", (2, 1), "must be strictly increasing"),
     ("exit_layers", (), "must not be empty"),
-    ("nope_layers", (4,), "ModelConfig.nope_layers=(4,) must be increasing layer indices in "
-                          "[0, num_layers=4)"),
+    ("nope_layers", (4,), "ModelConfig.nope_layers=(4,) must be increasing indices of "
+                          "attention layers in [0, num_layers=4)"),
     ("nope_layers", (2, 1), "ModelConfig.nope_layers=(2, 1) must be increasing"),
+    ("sliding_layers", (1,), "ModelConfig.sliding_window=None must be set when sliding_layers"),
+    ("mlp_activation", "gelu", "ModelConfig.mlp_activation='gelu' must be one of"),
+    ("logit_softcap", 0.0, "ModelConfig.logit_softcap=0.0 must be > 0 (or None)"),
 ])
 def test_invalid_model_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")

@@ -18,7 +18,12 @@ from safetensors.torch import load_file  # noqa: E402
 from specjax import model as M  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError, model_config_from_hf  # noqa: E402
+from specjax.decoding.drafters.calm import CalmDraft  # noqa: E402
+from specjax.decoding.drafters.early_exit import EarlyExit  # noqa: E402
+from specjax.decoding.drafters.layerskip import SelfSpeculative  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
+from specjax.decoding.shapes.chain import Chain  # noqa: E402
+from specjax.decoding.shapes.static_tree import StaticTree  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
@@ -27,21 +32,33 @@ pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this fil
 BASE = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             head_dim=12, intermediate_size=56, vocab_size=97, tie_word_embeddings=False,
             initializer_range=0.2, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+# name: (config class, model class, options); windows of 5 < the 11 to 26 tokens tested
 CONFIGS = {
-    "qwen3": ("Qwen3", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
     # layers 0 and 2 rotate, layer 1 is NoPE (the default interval would make only the 4th)
-    "smollm3": ("SmolLM3", dict(no_rope_layers=[1, 0, 1])),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0, 1])),
     # RoPE on the first half of each head, as Phi-4-mini's 0.75 rotates part of it
-    "phi3": ("Phi3", dict(partial_rotary_factor=0.5)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5)),
+    # layers 0 and 2 slide, 1 is global; both soft-caps low enough to bite
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(query_pre_attn_scalar=16, sliding_window=5, attn_logit_softcapping=5.0,
+                    final_logit_softcapping=10.0)),
+    # a local theta far from the global one, so that swapping them shows
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(query_pre_attn_scalar=16, sliding_window=5,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={
+                        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
 }
 PROMPT = [5, 17, 3, 90, 42, 7]
 
 
 def _hf_model(name, **extra):
-    family, options = CONFIGS[name]
+    config_class, model_class, options = CONFIGS[name]
     torch.manual_seed(0)
-    config = getattr(transformers, f"{family}Config")(**{**BASE, **options, **extra})
-    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    config = getattr(transformers, config_class)(**{**BASE, **options, **extra})
+    model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # norms start at one (or zero): make every norm weight matter
         for param_name, param in model.named_parameters():
             if "norm" in param_name:
@@ -49,8 +66,18 @@ def _hf_model(name, **extra):
     return model
 
 
-def _imported(name, tmp_path):
-    hf_model = _hf_model(name)
+def _damped(hf_model):
+    """Gemma with the layers after the first contributing a tenth (their post-norms' 1 + w at
+    0.1): exit 1 then drafts what the model decodes often enough for trees to be accepted."""
+    with torch.no_grad():
+        for layer in hf_model.model.layers[1:]:
+            for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+                norm.weight.fill_(-0.9)
+    return hf_model
+
+
+def _imported(name, tmp_path, damped=False):
+    hf_model = _damped(_hf_model(name)) if damped else _hf_model(name)
     hf_model.save_pretrained(str(tmp_path / "hf"))
     import_checkpoint(str(tmp_path / "hf"), str(tmp_path / "workdir"))
     params, cfg, _ = load_params(str(tmp_path / "workdir"))
@@ -115,9 +142,19 @@ def test_exit_at_layer_one_is_the_truncated_models_output(name, tmp_path):
 
 
 def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
-    """Catches Phi-3's longrope scaling (or a sliding window) imported as plain RoPE over full
-    attention (a model that decodes, but not as transformers does), and a fused qkv_proj that
-    does not split into config.json's heads reaching a traceback instead of naming both."""
+    """Catches Phi-3's longrope scaling (or a sliding window) and Gemma-3's linearly scaled
+    global RoPE imported as plain RoPE, Gemma's bidirectional variant as a causal decoder
+    (models that decode, but not as transformers does), and a fused qkv_proj that does not
+    split into config.json's heads reaching a traceback instead of naming both."""
+    gemma = _hf_model("gemma3")
+    gemma.save_pretrained(str(tmp_path / "gemma"))
+    hf = json.loads((tmp_path / "gemma" / "config.json").read_text())
+    linear = {**hf, "rope_parameters": {**hf["rope_parameters"], "full_attention": {
+        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}
+    with pytest.raises(ConversionError, match="^rope type 'linear' is not supported"):
+        model_config_from_hf(linear)
+    with pytest.raises(ConversionError, match="^Gemma with use_bidirectional_attention=true"):
+        model_config_from_hf({**hf, "use_bidirectional_attention": True})
     hf_model = _hf_model("phi3")
     source = str(tmp_path / "hf")
     hf_model.save_pretrained(source)
@@ -134,3 +171,26 @@ def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConversionError, match=r"model.layers.0.self_attn.qkv_proj.weight "
                                               r"\(96, 40\) does not split into the \(48, 12, 12\)"):
         import_checkpoint(source, str(tmp_path / "workdir"))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_speculation_over_sliding_windows_equals_autoregressive_decoding(name, tmp_path):
+    """Self-speculative chains and trees and CALM's state propagation on Gemma's windows of 5
+    (as wide as a round: the pending token and 4 drafts; the tree's depth-2 nodes sit in slots
+    past their positions), 20 tokens past a 6-token prompt, equal `ar` token for token; a round
+    wider than the window is refused in one line (the damped model: drafts are accepted, deep
+    nodes included). Catches a tree node's window taken from its slot instead of its position
+    (a verified node seeing one key fewer than `ar` does)."""
+    _, params, cfg = _imported(name, tmp_path, damped=True)
+    generator = Generator(params, cfg)
+    reference = generator.generate([PROMPT], max_new_tokens=20).tokens
+    strategies = [SelfSpeculative(1, Chain(4)),
+                  SelfSpeculative(1, StaticTree.from_branching((2, 1))),
+                  CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(3))]
+    for strategy in strategies:
+        out = generator.generate([PROMPT], max_new_tokens=20, strategy=strategy)
+        assert out.tokens == reference and out.total.accepted > 0, strategy
+    with pytest.raises(ValueError, match=r"^ModelConfig.sliding_window=5 is narrower than a "
+                                         r"decoding round's 6 tokens \(1 \+ the drafts\): "
+                                         r"draft fewer$"):
+        generator.generate([PROMPT], max_new_tokens=20, strategy=SelfSpeculative(1, Chain(5)))

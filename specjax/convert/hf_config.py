@@ -23,9 +23,10 @@ from specjax.errors import SpecjaxError
 @dataclasses.dataclass(frozen=True)
 class Family:
     """An all-attention decoder architecture, as a Llama config.json plus its differences:
-    `sets`, the ModelConfig `FEATURES` it always has (the others are off); `reads`, those it
-    takes from its config.json (`free` names them) and `writes`, their config.json keys;
-    `tied`, whether its embeddings are tied when config.json does not say."""
+    `sets`, the ModelConfig `FEATURES` it always has (the others are off); `reads`, the fields
+    it takes from its config.json beyond Llama's (`free` names the `FEATURES` among them) and
+    `writes`, their config.json keys; `tied`, whether its embeddings are tied when config.json
+    does not say."""
 
     model_type: str
     sets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -42,7 +43,17 @@ class Family:
 
 # The ModelConfig fields by which attention decoders differ from Llama's, with their Llama value.
 FEATURES = {"attention_bias": False, "qk_norm": False, "nope_layers": (),
-            "partial_rotary_factor": 1.0}
+            "partial_rotary_factor": 1.0, "scale_embeddings": False, "norm_offset": 0.0,
+            "post_norms": False, "mlp_activation": "silu", "query_pre_attn_scalar": None,
+            "attn_softcap": None, "logit_softcap": None, "sliding_window": None,
+            "sliding_layers": (), "local_rope_theta": None}
+# The MLP activations by their config.json names (`hidden_act`, Gemma's `hidden_activation`).
+HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
+# Gemma-2 and -3: scaled embeddings, (1 + w) norms, post-norms, GeGLU; their attention options.
+_GEMMA = {"scale_embeddings": True, "norm_offset": 1.0, "post_norms": True,
+          "mlp_activation": "gelu_tanh"}
+_GEMMA_FREE = ("query_pre_attn_scalar", "attn_softcap", "logit_softcap", "sliding_window",
+               "sliding_layers")
 # Export picks the first family that computes a model (the imported one's first).
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", tied=False),
@@ -61,6 +72,19 @@ FAMILIES = {
             or hf.get("partial_rotary_factor", 1.0))},
         writes=lambda cfg: {"partial_rotary_factor": cfg.partial_rotary_factor,
                             "sliding_window": None}),
+    "Gemma2ForCausalLM": Family(
+        "gemma2", sets=_GEMMA, free=_GEMMA_FREE,
+        reads=lambda hf: _gemma_options(hf, attn_softcap=50.0, logit_softcap=30.0, every=2),
+        writes=lambda cfg: _gemma_keys(cfg)),
+    "Gemma3ForCausalLM": Family(
+        "gemma3_text", sets={**_GEMMA, "qk_norm": True},
+        free=(*_GEMMA_FREE, "local_rope_theta"),
+        reads=lambda hf: {**_gemma_options(hf, attn_softcap=None, logit_softcap=None, every=6),
+                          **_gemma3_rope(hf)},
+        writes=lambda cfg: {**_gemma_keys(cfg), "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": cfg.local_rope_theta or cfg.rope_theta}}}),
 }
 ARCHITECTURES = (*FAMILIES, "Mamba2ForCausalLM", "BambaForCausalLM")
 BAMBA_ROTARY_FACTOR = 0.5  # transformers' Bamba rotates the first half of each head, always
@@ -138,27 +162,30 @@ def _model_config(hf: dict[str, Any], dtype: str | None) -> ModelConfig:
     weights = dtype or _stored_dtype(hf)
     if weights not in DTYPES:
         raise ConversionError(f"dtype {weights!r} is not one of {sorted(DTYPES)}")
-    _require_equal(hf, "hidden_act", "silu", arch)
     common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
                   num_layers=hf["num_hidden_layers"], dtype=weights, param_dtype=weights)
-    if arch == "Mamba2ForCausalLM":
-        return _mamba2_config(hf, common)
-    if arch == "BambaForCausalLM":
-        return _bamba_config(hf, common)
+    if arch in ("Mamba2ForCausalLM", "BambaForCausalLM"):
+        _require_equal(hf, "hidden_act", "silu", arch)
+        return (_mamba2_config if arch == "Mamba2ForCausalLM" else _bamba_config)(hf, common)
     family = FAMILIES[arch]
     _require_equal(hf, "mlp_bias", False, arch)
     _require_equal(hf, "attention_bias", False, arch)  # it would bias o_proj too
-    if hf.get("sliding_window") is not None and hf.get("use_sliding_window", True):
+    windows = "sliding_layers" in family.free
+    if (not windows and hf.get("sliding_window") is not None
+            and hf.get("use_sliding_window", True)):
         raise ConversionError(f"{arch} with sliding_window={hf['sliding_window']} is not supported "
                               "(full attention only)")
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
+    fields = {**FEATURES, **family.sets, "rope_theta": theta, "rope_scaling": scaling}
+    fields.update(family.reads(hf))
+    for key in ("hidden_act", "hidden_activation"):
+        _require_equal(hf, key, HF_ACTIVATIONS[fields["mlp_activation"]], arch)
     return ModelConfig(
         **common, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-        mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim") or None, rope_theta=theta,
-        rope_scaling=scaling, norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", family.tied)),
-        **{**FEATURES, **family.sets, **family.reads(hf)})
+        mlp_dim=hf["intermediate_size"], head_dim=hf.get("head_dim") or None,
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", family.tied)), **fields)
 
 
 def _mamba2_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
@@ -298,6 +325,57 @@ def _rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
         original_max_position=int(scaling.get("original_max_position_embeddings", 8192)))
+
+
+def _gemma_options(hf: dict[str, Any], *, attn_softcap: float | None,
+                   logit_softcap: float | None, every: int) -> dict[str, Any]:
+    """Gemma-2/3's attention options from config.json (the defaults: the family's, where the
+    file lacks a key); sliding layers from `layer_types`, else all but every `every`-th
+    (`sliding_window_pattern`), as transformers derives them."""
+    if hf.get("use_bidirectional_attention"):
+        raise ConversionError("Gemma with use_bidirectional_attention=true is not supported "
+                              "(a causal decoder only)")
+    every = hf.get("sliding_window_pattern", every)
+    types = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % every else "full_attention"
+        for i in range(hf["num_hidden_layers"])]
+    window = hf.get("sliding_window")
+    sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    return {"query_pre_attn_scalar": hf.get("query_pre_attn_scalar", 256),
+            "attn_softcap": hf.get("attn_logit_softcapping", attn_softcap),
+            "logit_softcap": hf.get("final_logit_softcapping", logit_softcap),
+            "sliding_window": window if window and sliding else None,
+            "sliding_layers": sliding if window else ()}
+
+
+def _gemma3_rope(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma-3's RoPE: `rope_parameters` per layer type in transformers 5 (global and local
+    theta; the global may be scaled as `_rope` reads it), else `rope_theta` and
+    `rope_local_base_freq`."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" not in params:
+        _, scaling = _rope(hf)
+        return {"rope_theta": float(hf.get("rope_theta", 1e6)), "rope_scaling": scaling,
+                "local_rope_theta": float(hf.get("rope_local_base_freq", 1e4))}
+    local = params.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ConversionError(f"rope type {local['rope_type']!r} on Gemma-3's sliding layers "
+                              "is not supported (default only)")
+    theta, scaling = _rope({"rope_parameters": params["full_attention"]})
+    return {"rope_theta": theta, "rope_scaling": scaling,
+            "local_rope_theta": float(local.get("rope_theta", 1e4))}
+
+
+def _gemma_keys(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma-2/3's config.json keys of what `_gemma_options` reads."""
+    activation = HF_ACTIVATIONS[cfg.mlp_activation]
+    return {"hidden_act": activation, "hidden_activation": activation,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+            "attn_logit_softcapping": cfg.attn_softcap,
+            "final_logit_softcapping": cfg.logit_softcap,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": ["sliding_attention" if i in cfg.sliding_layers else "full_attention"
+                            for i in range(cfg.num_layers)]}
 
 
 def _nope_layers(hf: dict[str, Any]) -> tuple[int, ...]:

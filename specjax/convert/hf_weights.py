@@ -56,6 +56,10 @@ _LAYOUTS = {
     "llama": _Layout(embed="model.embed_tokens.weight", final_norm="model.norm.weight",
                      layer="model.layers.{i}.", mixer_norm="", mixer="",
                      mlp_norm="post_attention_layernorm.", mlp="mlp."),
+    **{arch: _Layout(embed="model.embed_tokens.weight", final_norm="model.norm.weight",
+                     layer="model.layers.{i}.", mixer_norm="", mixer="",
+                     mlp_norm="pre_feedforward_layernorm.", mlp="mlp.")
+       for arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")},
     "BambaForCausalLM": _Layout(embed="model.embed_tokens.weight",
                                 final_norm="model.final_layernorm.weight",
                                 layer="model.layers.{i}.", mixer_norm="input_layernorm.",

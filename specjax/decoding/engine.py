@@ -21,7 +21,7 @@ from specjax.decoding.drafter import Drafter, DraftWeights
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
-from specjax.model import Params, unstack_layers
+from specjax.model import Params, check_window, unstack_layers
 from specjax.sharding import place_batch, tree_shardings
 
 PAD_MULTIPLE = 16  # caches are padded to multiples of this to reuse compilations
@@ -220,6 +220,7 @@ class Generator:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy, draft_params = self.with_weights(strategy, draft_params)
         strategy.validate(self.cfg)
+        check_window(self.cfg, 1 + strategy.shape.num_nodes)
         padded, lengths = self.pad(prompts)
         capacity = bucket(max_new_tokens, MIN_BUDGET)  # traced: budgets in a bucket share
         if padded.shape[1] + capacity + strategy.shape.num_nodes > self.max_cache_len:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.model import Params, unembed
+from specjax.nn.attention import softcap
 from specjax.nn.linear import matmul
 from specjax.nn.norm import apply_rms_norm
 
@@ -48,7 +49,8 @@ def head_logits(params: Params, cfg: ModelConfig, normed: jax.Array,
     ids only when one is given."""
     if vocab is None:
         return unembed(params, cfg, normed)
-    return vocab.expand(matmul(normed, vocab.rows, transpose_w=True, out_dtype=jnp.float32))
+    return vocab.expand(softcap(matmul(normed, vocab.rows, transpose_w=True,
+                                       out_dtype=jnp.float32), cfg.logit_softcap))
 
 
 def exit_head_logits(params: Params, cfg: ModelConfig, hidden: jax.Array,

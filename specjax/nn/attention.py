@@ -17,7 +17,7 @@ from specjax.kernels import cpu_attention
 from specjax.nn.cache import LayerKV
 from specjax.nn.linear import matmul
 from specjax.nn.mlp import residual_init_std
-from specjax.nn.norm import apply_rms_norm
+from specjax.nn.norm import apply_rms_norm, norm_init
 from specjax.nn.rope import Rope, apply_rope
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -54,8 +54,7 @@ class Attention(nn.Module):
                                              (kv_heads, group + 2, head_dim), cfg.weight_dtype)
         if cfg.qk_norm:
             for name in ("q_norm", "k_norm"):
-                weights[name] = self.param(name, nn.initializers.ones, (head_dim,),
-                                           cfg.weight_dtype)
+                weights[name] = self.param(name, norm_init(cfg), (head_dim,), cfg.weight_dtype)
         q, k, v = project(cfg, x, weights, rope)
         if kv is not None:
             kv = _write(kv, k, v, write_pos, kv_heads)
@@ -77,7 +76,8 @@ def _on_kernel(cfg: ModelConfig, q: jax.Array, k: jax.Array, batch: int, steps: 
     float32, a few new tokens (decoding, verification; not prefill), one device, the kernel
     available and measured faster than `_attend` on this CPU. The choice is made when tracing;
     `lax.platform_dependent` keeps GPU/TPU programs on `_attend`."""
-    return (q.dtype == k.dtype == jnp.float32 and traced_for_one_device()
+    return (q.dtype == k.dtype == jnp.float32 and cfg.attn_softcap is None
+            and traced_for_one_device()
             and cpu_attention.chosen(batch, cfg.num_kv_heads, cfg.group_size, steps, k.shape[1],
                                      cfg.head_dim, functools.partial(_attend, cfg)))
 
@@ -88,7 +88,7 @@ def _kernel_or_xla(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
     """`_attend` on the CPU kernel (mask [B, T, S]); its derivative is `_attend`'s."""
     return jax.lax.platform_dependent(
         q, k, v, mask, default=functools.partial(_attend, cfg),
-        cpu=functools.partial(cpu_attention.cached_attention, scale=cfg.head_dim ** -0.5))
+        cpu=functools.partial(cpu_attention.cached_attention, scale=score_scale(cfg)))
 
 
 @_kernel_or_xla.defjvp
@@ -100,16 +100,30 @@ def _kernel_or_xla_jvp(cfg, primals, tangents):
 
 def _attend(cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array,
             mask: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(Dh)) v over the slots `mask` [1 or B, T, S] shows, in XLA: queries
-    [B*K, G*T, Dh] (`project`'s layout), keys and values [B*K, S, Dh]; the same layout out."""
-    rows, queries, head_dim = q.shape
+    """softmax(q k^T * `score_scale`) v over the slots `mask` [1 or B, T, S] shows (scores
+    soft-capped where the config says), in XLA: queries [B*K, G*T, Dh] (`project`'s layout),
+    keys and values [B*K, S, Dh]; the same layout out."""
+    rows, queries, _ = q.shape
     steps = mask.shape[1]
     scores = jnp.einsum("nqd,nsd->nqs", q, k, preferred_element_type=jnp.float32)
     scores = scores.reshape(-1, cfg.num_kv_heads, queries // steps, steps,
-                            k.shape[1]) * head_dim ** -0.5
+                            k.shape[1]) * score_scale(cfg)
+    scores = softcap(scores, cfg.attn_softcap)
     scores = jnp.where(mask[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
     return jnp.einsum("nqs,nsd->nqd", probs.reshape(rows, queries, -1), v)
+
+
+def score_scale(cfg: ModelConfig) -> float:
+    """What attention scores are multiplied by: 1 / sqrt(head_dim), or Gemma's
+    1 / sqrt(query_pre_attn_scalar)."""
+    return (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap): Gemma's soft-capping of scores and logits (x itself without a
+    cap)."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def project(cfg: ModelConfig, x: jax.Array, weights: dict,

@@ -1,4 +1,5 @@
-"""A pre-norm Llama decoder layer: x + attn(norm(x)), then + mlp(norm(x))."""
+"""A pre-norm Llama decoder layer: x + attn(norm(x)), then + mlp(norm(x)); with
+`ModelConfig.post_norms` (Gemma-2/3) each branch's output is normalised again before the add."""
 
 import flax.linen as nn
 import jax
@@ -22,9 +23,12 @@ class DecoderBlock(nn.Module):
                  write_pos: jax.Array | None = None) -> tuple[jax.Array, LayerKV | None]:
         attended, kv = Attention(self.cfg, name="attn")(
             RMSNorm(self.cfg, name="attn_norm")(x), rope, mask, kv, write_pos)
-        x = x + attended
-        x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
-        return x, kv
+        x = x + self._post_norm(attended, "attn_post_norm")
+        mlp = MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="mlp_norm")(x))
+        return x + self._post_norm(mlp, "mlp_post_norm"), kv
+
+    def _post_norm(self, branch: jax.Array, name: str) -> jax.Array:
+        return RMSNorm(self.cfg, name=name)(branch) if self.cfg.post_norms else branch
 
 
 def propagate_state(cfg: ModelConfig, params: dict, x: jax.Array, rope: Rope | None,

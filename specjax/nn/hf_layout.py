@@ -94,6 +94,11 @@ ATTENTION_LEAVES = (
           _bias_to_hf, present=lambda cfg: cfg.attention_bias),
     *(HfLeaf(("attn", name), (_ATTN + name + ".weight",), same, same_to_hf,
              present=lambda cfg: cfg.qk_norm) for name in ("q_norm", "k_norm")),
+    # Gemma's norms after attention and after the MLP (its MLP's own is pre_feedforward_...)
+    *(HfLeaf((name, "scale"), (f"{{layer}}{hf_name}.weight",), same, same_to_hf,
+             present=lambda cfg: cfg.post_norms)
+      for name, hf_name in (("attn_post_norm", "post_attention_layernorm"),
+                            ("mlp_post_norm", "post_feedforward_layernorm"))),
     HfLeaf(("attn", "out"), (_ATTN + "o_proj.weight",),
           lambda cfg, o: np.ascontiguousarray(o.T).reshape(
               cfg.num_kv_heads, cfg.group_size, cfg.head_dim, cfg.d_model),

@@ -1,15 +1,16 @@
-"""SwiGLU feed-forward block with a fused gate/up projection."""
+"""Gated feed-forward block (SwiGLU, or Gemma's GeGLU) with a fused gate/up projection."""
 
 import flax.linen as nn
 import jax
 
-from specjax.config import ModelConfig
+from specjax.config import ACTIVATIONS, ModelConfig
 from specjax.nn.linear import matmul
 
 
 class MLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up share one [d_model, 2, mlp_dim] kernel so that
-    a decode step reads them with one matrix-vector product."""
+    """down(act(gate(x)) * up(x)), act `ACTIVATIONS[cfg.mlp_activation]`; gate and up share
+    one [d_model, 2, mlp_dim] kernel so that a decode step reads them with one matrix-vector
+    product."""
 
     cfg: ModelConfig
 
@@ -22,7 +23,7 @@ class MLP(nn.Module):
                           (cfg.mlp_dim, cfg.d_model), cfg.weight_dtype)
         y = matmul(x, gate_up.reshape(cfg.d_model, -1).astype(cfg.compute_dtype))
         gate, up = y[..., :cfg.mlp_dim], y[..., cfg.mlp_dim:]
-        hidden = jax.nn.silu(gate) * up
+        hidden = ACTIVATIONS[cfg.mlp_activation](gate) * up
         return matmul(hidden, down.astype(cfg.compute_dtype))
 
 

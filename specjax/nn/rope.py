@@ -17,12 +17,14 @@ class Rope(NamedTuple):
     sin: jax.Array
 
 
-def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured."""
+def inverse_frequencies(cfg: ModelConfig, theta: float | None = None) -> np.ndarray:
+    """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured;
+    `theta`: another base, unscaled (Gemma-3's sliding layers)."""
     dim = cfg.rotary_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    base = theta or cfg.rope_theta
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     inv_freq = inv_freq.astype(np.float32)
-    if cfg.rope_scaling is not None:
+    if cfg.rope_scaling is not None and theta is None:
         inv_freq = _llama3_scale(inv_freq, cfg.rope_scaling)
     return inv_freq
 
@@ -40,9 +42,10 @@ def _llama3_scale(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def rope_tables(cfg: ModelConfig, positions: jax.Array) -> Rope:
-    """cos/sin for integer positions [B, T]."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inverse_frequencies(cfg))
+def rope_tables(cfg: ModelConfig, positions: jax.Array, theta: float | None = None) -> Rope:
+    """cos/sin for integer positions [B, T] (`theta`: as in `inverse_frequencies`)."""
+    angles = (positions.astype(jnp.float32)[..., None]
+              * jnp.asarray(inverse_frequencies(cfg, theta)))
     return Rope(jnp.cos(angles), jnp.sin(angles))
 
 

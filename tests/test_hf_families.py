@@ -34,11 +34,16 @@ BASE = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=4, num_key_
             initializer_range=0.2, pad_token_id=None, bos_token_id=None, eos_token_id=None)
 # name: (config class, model class, options); windows of 5 < the 11 to 26 tokens tested
 CONFIGS = {
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # layers 1 and 2 slide (from max_window_layers on)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(use_sliding_window=True, sliding_window=5, max_window_layers=1)),
+    # Mistral-7B-v0.1's window on every layer
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5)),
     # layers 0 and 2 rotate, layer 1 is NoPE (the default interval would make only the 4th)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0, 1])),
-    # RoPE on the first half of each head, as Phi-4-mini's 0.75 rotates part of it
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5)),
+    # RoPE on the first half of each head, as Phi-4-mini's 0.75 rotates part of it; a window
+    # on every layer, as Phi-3-mini-4k's 2047
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, sliding_window=5)),
     # layers 0 and 2 slide, 1 is global; both soft-caps low enough to bite
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                dict(query_pre_attn_scalar=16, sliding_window=5, attn_logit_softcapping=5.0,
@@ -89,9 +94,10 @@ def test_logits_and_greedy_tokens_match_transformers(name, tmp_path):
     """Catches each family's own math missing or misplaced (Qwen3: the per-head Q/K RMSNorm
     left out, applied after RoPE, or over the whole projection; SmolLM3: its NoPE layer
     rotated, or the wrong layer left unrotated; Phi-3: fused q/k/v or gate/up split at the
-    wrong rows or in the wrong order, a partial rotation applied to the whole head), and a
-    mis-mapped tensor:
-    the logits would differ by far more than fp32 rounding and greedy decoding would diverge."""
+    wrong rows or in the wrong order, a partial rotation applied to the whole head; Gemma: any
+    of its options left out; Mistral, Qwen3, Phi-3 and Gemma: a window on the wrong layers, or
+    one key too many or too few), and a mis-mapped tensor: the logits would differ by far more
+    than fp32 rounding and greedy decoding would diverge."""
     hf_model, params, cfg = _imported(name, tmp_path)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 11))
     with torch.no_grad():
@@ -142,8 +148,9 @@ def test_exit_at_layer_one_is_the_truncated_models_output(name, tmp_path):
 
 
 def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
-    """Catches Phi-3's longrope scaling (or a sliding window) and Gemma-3's linearly scaled
-    global RoPE imported as plain RoPE, Gemma's bidirectional variant as a causal decoder
+    """Catches Phi-3's longrope scaling and Gemma-3's linearly scaled global RoPE imported as
+    plain RoPE, SmolLM3's sliding window as full attention, Gemma's bidirectional variant as a
+    causal decoder
     (models that decode, but not as transformers does), and a fused qkv_proj that does not
     split into config.json's heads reaching a traceback instead of naming both."""
     gemma = _hf_model("gemma3")
@@ -163,9 +170,10 @@ def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
                                           "short_factor": [1.0] * 3, "long_factor": [2.0] * 3}}
     with pytest.raises(ConversionError, match="^rope type 'longrope' is not supported"):
         model_config_from_hf(longrope)
-    with pytest.raises(ConversionError, match="Phi3ForCausalLM with sliding_window=2047 is not "
-                                              "supported"):
-        model_config_from_hf({**hf, "sliding_window": 2047})
+    with pytest.raises(ConversionError, match="^SmolLM3ForCausalLM with sliding_window=2047 is "
+                                              "not supported"):
+        model_config_from_hf({**hf, "architectures": ["SmolLM3ForCausalLM"],
+                              "sliding_window": 2047, "use_sliding_window": True})
     with open(os.path.join(source, "config.json"), "w") as f:
         json.dump({**hf, "num_key_value_heads": 1}, f)
     with pytest.raises(ConversionError, match=r"model.layers.0.self_attn.qkv_proj.weight "

@@ -25,20 +25,23 @@ class Family:
     """An all-attention decoder architecture, as a Llama config.json plus its differences:
     `sets`, the ModelConfig `FEATURES` it always has (the others are off); `reads`, the fields
     it takes from its config.json beyond Llama's (`free` names the `FEATURES` among them) and
-    `writes`, their config.json keys; `tied`, whether its embeddings are tied when config.json
-    does not say."""
+    `writes`, their config.json keys; `accepts`, which values of those it can write (Mistral
+    and Phi-3: a window on every layer or none); `tied`, whether its embeddings are tied when
+    config.json does not say."""
 
     model_type: str
     sets: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     free: tuple[str, ...] = ()
     reads: Callable[[dict[str, Any]], dict[str, Any]] = lambda hf: {}
     writes: Callable[[ModelConfig], dict[str, Any]] = lambda cfg: {}
+    accepts: Callable[[ModelConfig], bool] = lambda cfg: True
     tied: bool = True
 
     def computes(self, cfg: ModelConfig) -> bool:
         """Whether this architecture computes exactly the attention model `cfg`."""
-        return all(getattr(cfg, name) == self.sets.get(name, off)
-                   for name, off in FEATURES.items() if name not in self.free)
+        return self.accepts(cfg) and all(getattr(cfg, name) == self.sets.get(name, off)
+                                         for name, off in FEATURES.items()
+                                         if name not in self.free)
 
 
 # The ModelConfig fields by which attention decoders differ from Llama's, with their Llama value.
@@ -52,26 +55,33 @@ HF_ACTIVATIONS = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 # Gemma-2 and -3: scaled embeddings, (1 + w) norms, post-norms, GeGLU; their attention options.
 _GEMMA = {"scale_embeddings": True, "norm_offset": 1.0, "post_norms": True,
           "mlp_activation": "gelu_tanh"}
-_GEMMA_FREE = ("query_pre_attn_scalar", "attn_softcap", "logit_softcap", "sliding_window",
-               "sliding_layers")
+_WINDOWS = ("sliding_window", "sliding_layers")
+_GEMMA_FREE = ("query_pre_attn_scalar", "attn_softcap", "logit_softcap", *_WINDOWS)
 # Export picks the first family that computes a model (the imported one's first).
 FAMILIES = {
     "LlamaForCausalLM": Family("llama", tied=False),
-    "MistralForCausalLM": Family("mistral", writes=lambda cfg: {"sliding_window": None}),
-    "Qwen2ForCausalLM": Family("qwen2", sets={"attention_bias": True}),
-    "Qwen3ForCausalLM": Family("qwen3", sets={"qk_norm": True}, tied=False),
+    "MistralForCausalLM": Family(
+        "mistral", free=_WINDOWS, reads=lambda hf: _every_layer_window(hf),
+        writes=lambda cfg: _every_layer_window_keys(cfg), accepts=lambda cfg: _every_or_none(cfg)),
+    "Qwen2ForCausalLM": Family(
+        "qwen2", sets={"attention_bias": True}, free=_WINDOWS,
+        reads=lambda hf: _listed_windows(hf), writes=lambda cfg: _listed_window_keys(cfg)),
+    "Qwen3ForCausalLM": Family(
+        "qwen3", sets={"qk_norm": True}, free=_WINDOWS, tied=False,
+        reads=lambda hf: _listed_windows(hf), writes=lambda cfg: _listed_window_keys(cfg)),
     "SmolLM3ForCausalLM": Family(
         "smollm3", free=("nope_layers",), reads=lambda hf: {"nope_layers": _nope_layers(hf)},
         writes=lambda cfg: {"no_rope_layers": [int(i not in cfg.nope_layers)
                                                for i in range(cfg.num_layers)],
                             "use_sliding_window": False}),
     "Phi3ForCausalLM": Family(  # fused qkv_proj and gate_up_proj: convert.hf_weights._FUSIONS
-        "phi3", free=("partial_rotary_factor",), tied=False,
-        reads=lambda hf: {"partial_rotary_factor": float(
+        "phi3", free=("partial_rotary_factor", *_WINDOWS), tied=False,
+        reads=lambda hf: {**_every_layer_window(hf), "partial_rotary_factor": float(
             (hf.get("rope_parameters") or {}).get("partial_rotary_factor")
             or hf.get("partial_rotary_factor", 1.0))},
-        writes=lambda cfg: {"partial_rotary_factor": cfg.partial_rotary_factor,
-                            "sliding_window": None}),
+        writes=lambda cfg: {**_every_layer_window_keys(cfg),
+                            "partial_rotary_factor": cfg.partial_rotary_factor},
+        accepts=lambda cfg: _every_or_none(cfg)),
     "Gemma2ForCausalLM": Family(
         "gemma2", sets=_GEMMA, free=_GEMMA_FREE,
         reads=lambda hf: _gemma_options(hf, attn_softcap=50.0, logit_softcap=30.0, every=2),
@@ -170,8 +180,7 @@ def _model_config(hf: dict[str, Any], dtype: str | None) -> ModelConfig:
     family = FAMILIES[arch]
     _require_equal(hf, "mlp_bias", False, arch)
     _require_equal(hf, "attention_bias", False, arch)  # it would bias o_proj too
-    windows = "sliding_layers" in family.free
-    if (not windows and hf.get("sliding_window") is not None
+    if ("sliding_layers" not in family.free and hf.get("sliding_window") is not None
             and hf.get("use_sliding_window", True)):
         raise ConversionError(f"{arch} with sliding_window={hf['sliding_window']} is not supported "
                               "(full attention only)")
@@ -336,16 +345,52 @@ def _gemma_options(hf: dict[str, Any], *, attn_softcap: float | None,
         raise ConversionError("Gemma with use_bidirectional_attention=true is not supported "
                               "(a causal decoder only)")
     every = hf.get("sliding_window_pattern", every)
-    types = hf.get("layer_types") or [
-        "sliding_attention" if (i + 1) % every else "full_attention"
-        for i in range(hf["num_hidden_layers"])]
-    window = hf.get("sliding_window")
-    sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
     return {"query_pre_attn_scalar": hf.get("query_pre_attn_scalar", 256),
             "attn_softcap": hf.get("attn_logit_softcapping", attn_softcap),
             "logit_softcap": hf.get("final_logit_softcapping", logit_softcap),
-            "sliding_window": window if window and sliding else None,
+            **_windows(hf, hf.get("sliding_window"), lambda i: (i + 1) % every != 0)}
+
+
+def _windows(hf: dict[str, Any], window: int | None,
+             slides: Callable[[int], bool]) -> dict[str, Any]:
+    """`sliding_window` and `sliding_layers` of a config.json whose window is `window` (None:
+    none): the layers its `layer_types` marks "sliding_attention", else those `slides`
+    (transformers' default for the family)."""
+    types = hf.get("layer_types") or ["sliding_attention" if slides(i) else "full_attention"
+                                      for i in range(hf["num_hidden_layers"])]
+    sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    return {"sliding_window": window if window and sliding else None,
             "sliding_layers": sliding if window else ()}
+
+
+def _layer_types(cfg: ModelConfig) -> list[str]:
+    return ["sliding_attention" if i in cfg.sliding_layers else "full_attention"
+            for i in range(cfg.num_layers)]
+
+
+def _every_layer_window(hf: dict[str, Any]) -> dict[str, Any]:
+    """Mistral's and Phi-3's window: on every layer, where `sliding_window` is set."""
+    return _windows({**hf, "layer_types": None}, hf.get("sliding_window"), lambda i: True)
+
+
+def _every_layer_window_keys(cfg: ModelConfig) -> dict[str, Any]:
+    return {"sliding_window": cfg.sliding_window if cfg.sliding_layers else None}
+
+
+def _every_or_none(cfg: ModelConfig) -> bool:
+    return cfg.sliding_layers in ((), tuple(range(cfg.num_layers)))
+
+
+def _listed_windows(hf: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2's and Qwen3's: where `use_sliding_window`, the layers `layer_types` lists, else
+    those from `max_window_layers` on."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
+    return _windows(hf, window, lambda i: i >= hf.get("max_window_layers", 28))
+
+
+def _listed_window_keys(cfg: ModelConfig) -> dict[str, Any]:
+    return {"use_sliding_window": bool(cfg.sliding_layers),
+            "sliding_window": cfg.sliding_window, "layer_types": _layer_types(cfg)}
 
 
 def _gemma3_rope(hf: dict[str, Any]) -> dict[str, Any]:
@@ -373,9 +418,7 @@ def _gemma_keys(cfg: ModelConfig) -> dict[str, Any]:
             "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
             "attn_logit_softcapping": cfg.attn_softcap,
             "final_logit_softcapping": cfg.logit_softcap,
-            "sliding_window": cfg.sliding_window,
-            "layer_types": ["sliding_attention" if i in cfg.sliding_layers else "full_attention"
-                            for i in range(cfg.num_layers)]}
+            "sliding_window": cfg.sliding_window, "layer_types": _layer_types(cfg)}
 
 
 def _nope_layers(hf: dict[str, Any]) -> tuple[int, ...]:

@@ -43,7 +43,7 @@ class Step(NamedTuple):
     [B, T]), the committed `lengths` [B], and for a prefill the prompts' real lengths [B]
     (the tokens are then right-padded prompts from slot 0, committed by the pass itself)."""
 
-    rope: Rope | None  # None: a NoPE layer
+    rope: Rope | None  # per layer (model._layer_step); None: a NoPE layer
     mask: jax.Array
     write_pos: jax.Array
     lengths: jax.Array

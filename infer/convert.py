@@ -1,6 +1,6 @@
-"""Converts Hugging Face checkpoints (Llama, Mistral, Qwen2, Mamba-2, Bamba) and Llama-family GGUF
-files to specjax workdirs and back, and imports published drafters for a model (Medusa heads,
-EAGLE-3 heads).
+"""Converts Hugging Face checkpoints (Llama, Mistral, Qwen2/3, SmolLM3, Phi-3, Gemma-2/3 text,
+Mamba-2, Bamba: docs/guide/huggingface.md) and Llama-family GGUF files to specjax workdirs and
+back, and imports published drafters for a model (Medusa heads, EAGLE-3 heads).
 
     python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
     python infer/convert.py --hf_id HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2_hf

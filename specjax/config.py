@@ -36,13 +36,13 @@ class RopeScaling:
     original_max_position: int = 8192
 
     def __post_init__(self) -> None:
-        _require(self.factor >= 1.0, "rope_scaling.factor", self.factor, "must be >= 1")
-        _require(self.low_freq_factor > 0, "rope_scaling.low_freq_factor", self.low_freq_factor,
-                 "must be > 0")
-        _require(self.high_freq_factor > self.low_freq_factor, "rope_scaling.high_freq_factor",
-                 self.high_freq_factor, "must be > low_freq_factor")
-        _require(self.original_max_position > 0, "rope_scaling.original_max_position",
-                 self.original_max_position, "must be > 0")
+        check(self.factor >= 1.0, "rope_scaling.factor", self.factor, "must be >= 1")
+        check(self.low_freq_factor > 0, "rope_scaling.low_freq_factor", self.low_freq_factor,
+              "must be > 0")
+        check(self.high_freq_factor > self.low_freq_factor, "rope_scaling.high_freq_factor",
+              self.high_freq_factor, "must be > low_freq_factor")
+        check(self.original_max_position > 0, "rope_scaling.original_max_position",
+              self.original_max_position, "must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +67,13 @@ class SsmConfig:
     def __post_init__(self) -> None:
         for name in ("num_heads", "head_dim", "state_size", "groups", "conv_width", "chunk_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, f"ssm.{name}", value,
-                     "must be a positive int")
-        _require(self.conv_width >= 2, "ssm.conv_width", self.conv_width, "must be >= 2")
-        _require(self.num_heads % self.groups == 0, "ssm.groups", self.groups,
-                 f"must divide num_heads={self.num_heads}")
-        _require(0 < self.dt_min < self.dt_max, "ssm.dt_min", self.dt_min,
-                 f"must lie in (0, dt_max={self.dt_max})")
+            check(isinstance(value, int) and value > 0, f"ssm.{name}", value,
+                  "must be a positive int")
+        check(self.conv_width >= 2, "ssm.conv_width", self.conv_width, "must be >= 2")
+        check(self.num_heads % self.groups == 0, "ssm.groups", self.groups,
+              f"must divide num_heads={self.num_heads}")
+        check(0 < self.dt_min < self.dt_max, "ssm.dt_min", self.dt_min,
+              f"must lie in (0, dt_max={self.dt_max})")
 
     @property
     def inner_dim(self) -> int:
@@ -145,36 +145,39 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, name, value, "must be a positive int")
-        _require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
-                 f"must divide num_heads={self.num_heads}")
+            check(isinstance(value, int) and value > 0, f"ModelConfig.{name}", value,
+                  "must be a positive int")
+        check(self.num_heads % self.num_kv_heads == 0, "ModelConfig.num_kv_heads",
+              self.num_kv_heads, f"must divide num_heads={self.num_heads}")
         if self.head_dim is None:  # canonical form: equal models have equal configs
-            _require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
-                     f"must divide d_model={self.d_model} (or set head_dim)")
+            check(self.d_model % self.num_heads == 0, "ModelConfig.num_heads", self.num_heads,
+                  f"must divide d_model={self.d_model} (or set head_dim)")
             object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
-        _require(isinstance(self.head_dim, int) and self.head_dim > 0, "head_dim",
-                 self.head_dim, "must be a positive int")
-        _require(self.head_dim % 2 == 0, "head_dim", self.head_dim,
-                 "must be even for rotary embeddings")
-        _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
+        check(isinstance(self.head_dim, int) and self.head_dim > 0, "ModelConfig.head_dim",
+              self.head_dim, "must be a positive int")
+        check(self.head_dim % 2 == 0, "ModelConfig.head_dim", self.head_dim,
+              "must be even for rotary embeddings")
+        check(self.rope_theta > 0, "ModelConfig.rope_theta", self.rope_theta, "must be > 0")
         rotary = int(self.head_dim * self.partial_rotary_factor)
-        _require(0 < self.partial_rotary_factor <= 1 and rotary > 0 and rotary % 2 == 0,
-                 "partial_rotary_factor", self.partial_rotary_factor,
-                 f"must rotate an even number of channels of head_dim={self.head_dim}, at most all")
-        _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
-        _require(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+        check(0 < self.partial_rotary_factor <= 1 and rotary > 0 and rotary % 2 == 0,
+              "ModelConfig.partial_rotary_factor", self.partial_rotary_factor,
+              f"must rotate an even number of channels of head_dim={self.head_dim}, at most all")
+        check(self.norm_eps > 0, "ModelConfig.norm_eps", self.norm_eps, "must be > 0")
+        check(self.init_std > 0, "ModelConfig.init_std", self.init_std, "must be > 0")
         for name in ("dtype", "param_dtype"):
-            _require(getattr(self, name) in DTYPES, name, getattr(self, name),
-                     f"must be one of {sorted(DTYPES)}")
-        _require(isinstance(self.mtp_depth, int) and self.mtp_depth >= 0, "mtp_depth",
-                 self.mtp_depth, "must be an int >= 0")
+            check(getattr(self, name) in DTYPES, f"ModelConfig.{name}", getattr(self, name),
+                  f"must be one of {sorted(DTYPES)}")
+        check(isinstance(self.mtp_depth, int) and self.mtp_depth >= 0, "ModelConfig.mtp_depth",
+              self.mtp_depth, "must be an int >= 0")
         if self.exit_layers is not None:
             exits = tuple(self.exit_layers)
-            _require(len(exits) > 0, "exit_layers", exits, "must not be empty (use None for all)")
-            _require(all(isinstance(e, int) and 1 <= e <= self.num_layers for e in exits),
-                     "exit_layers", exits, f"must lie in [1, num_layers={self.num_layers}]")
-            _require(list(exits) == sorted(set(exits)), "exit_layers", exits,
-                     "must be strictly increasing")
+            check(len(exits) > 0, "ModelConfig.exit_layers", exits,
+                  "must not be empty (use None for all)")
+            check(all(isinstance(e, int) and 1 <= e <= self.num_layers for e in exits),
+                  "ModelConfig.exit_layers", exits,
+                  f"must lie in [1, num_layers={self.num_layers}]")
+            check(list(exits) == sorted(set(exits)), "ModelConfig.exit_layers", exits,
+                  "must be strictly increasing")
             object.__setattr__(self, "exit_layers", exits)
         self._check_layer_pattern()
         for name in ("nope_layers", "sliding_layers"):
@@ -202,8 +205,8 @@ class ModelConfig:
         (`nn.layer_kinds.check_layer_kinds`: this module imports no layer)."""
         if self.layer_pattern is not None:
             pattern = tuple(self.layer_pattern)
-            _require(len(pattern) == self.num_layers, "layer_pattern", pattern,
-                     f"must name {self.num_layers} layers (num_layers)")
+            check(len(pattern) == self.num_layers, "ModelConfig.layer_pattern", pattern,
+                  f"must name {self.num_layers} layers (num_layers)")
             # canonical form: an all-attention pattern is the default
             object.__setattr__(self, "layer_pattern",
                                None if set(pattern) == {"attention"} else pattern)
@@ -391,7 +394,8 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def _require(ok: bool, field: str, value: Any, why: str) -> None:
+def check(ok: bool, field: str, value: Any, why: str) -> None:
+    """A config setting's one-line error: "section.field=value why" (every section's checks:
+    the model's, the run's and the heads')."""
     if not ok:
-        name = field if "." in field else f"ModelConfig.{field}"
-        raise ValueError(f"{name}={value!r} {why}")
+        raise ValueError(f"{field}={value!r} {why}")

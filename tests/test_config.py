@@ -3,9 +3,10 @@ import importlib
 
 import pytest
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.registry import DecodingConfig
 from specjax.training.config import parse_run_config
+from specjax.training.heads.mtp import MtpConfig
 from tests.conftest import TINY_MODEL, tiny_run
 
 
@@ -142,3 +143,21 @@ def test_layer_kinds_are_checked_where_they_are_looked_up():
                              "[m for m in sys.modules if m.startswith('specjax.nn')])"],
                             capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: ModelConfig(**{**TINY_MODEL, "norm_eps": 0.0}),
+     "ModelConfig.norm_eps=0.0 must be > 0"),
+    (lambda: SsmConfig(num_heads=4, conv_width=1), "ssm.conv_width=1 must be >= 2"),
+    (lambda: parse_run_config(tiny_run(train=dict(weight_decay=-1.0))),
+     "train.weight_decay=-1.0 must be >= 0"),
+    (lambda: MtpConfig(depth=0), "mtp.depth=0 must be an int >= 1"),
+])
+def test_every_config_section_fails_through_one_checker(build, message):
+    """The model's, a layer kind's, the run's and a head's settings all fail as exactly
+    "section.field=value why" (`config.check`). Catches a second checker coming back with its
+    own form (the model's once prefixed "ModelConfig." only to dotless names, the run's did not)
+    and a check that words the setting differently from its config key."""
+    with pytest.raises(ValueError) as caught:
+        build()
+    assert str(caught.value) == message

@@ -9,7 +9,7 @@ from typing import Any
 
 import ml_collections
 
-from specjax.config import ModelConfig, check_number_fields, dataclass_from_mapping
+from specjax.config import ModelConfig, check, check_number_fields, dataclass_from_mapping
 from specjax.data import DataConfig
 from specjax.decoding.registry import DecodingConfig
 from specjax.nn.layer_kinds import check_layer_kinds
@@ -155,13 +155,6 @@ class DistillConfig:
 def _positive(cfg: Any, name: str) -> None:
     value = getattr(cfg, name)
     check(value > 0, f"train.{name}", value, "must be > 0")
-
-
-def check(ok: bool, field: str, value: Any, why: str) -> None:
-    """A config setting's one-line error: "section.field=value why" (every section's checks,
-    the heads' included)."""
-    if not ok:
-        raise ValueError(f"{field}={value!r} {why}")
 
 
 @dataclasses.dataclass(frozen=True)

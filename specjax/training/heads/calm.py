@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check
 from specjax.decoding.drafters.early_exit import softmax_response
 from specjax.heads.confidence_head import (
     abstract_confidence_head,
@@ -31,7 +31,6 @@ from specjax.heads.confidence_head import (
     init_confidence_head,
 )
 from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.config import check
 from specjax.training.frozen_base import HeadOnBase
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState

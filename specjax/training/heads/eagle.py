@@ -14,14 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
-from specjax.config import ModelConfig, layer_numbers
+from specjax.config import ModelConfig, check, layer_numbers
 from specjax.convert.hf_config import read_config_json
 from specjax.heads.eagle import EAGLE, default_layers
 from specjax.heads.feature_head import FeatureHeadKind
 from specjax.heads.vocab_subset import MASKED_LOGIT  # a token a published head's vocab lacks
 from specjax.model import Params
 from specjax.nn.hf_layout import ATTENTION_LEAVES, MLP_LEAVES
-from specjax.training.config import check
 from specjax.training.frozen_base import load_base, save_imported_head
 from specjax.training.heads.unrolled import UnrolledHead, recorded
 

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check
 from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
-from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import HeadOnBase, base_features
 from specjax.training.train_step import TrainState

@@ -20,11 +20,10 @@ import numpy as np
 import optax
 from safetensors import safe_open
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check
 from specjax.convert.hf_config import read_config_json
 from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
 from specjax.model import Params
-from specjax.training.config import check
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import (
     HeadOnBase,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from specjax.config import check
 from specjax.heads.feature_head import FeatureHeadKind
 from specjax.heads.mtp import MTP
-from specjax.training.config import check
 from specjax.training.heads.unrolled import UnrolledHead
 
 

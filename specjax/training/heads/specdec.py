@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, check
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.heads.acceptance_head import (
     abstract_acceptance_head,
@@ -32,7 +32,6 @@ from specjax.heads.acceptance_head import (
     init_acceptance_head,
 )
 from specjax.model import Params, exit_logits
-from specjax.training.config import check
 from specjax.training.frozen_base import HeadOnBase, base_features
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState

@@ -36,7 +36,7 @@ from specjax.io.checkpoint import (
 )
 from specjax.io.draft_vocab import read_ranking
 from specjax.model import Params, unstack_layers
-from specjax.training.frozen_base import load_base, params_checksum
+from specjax.training.frozen_base import params_checksum, trained_base
 from specjax.training.heads.mtp import MtpConfig
 from specjax.training.heads.unrolled import recorded
 from specjax.training.registry import HEADS
@@ -173,11 +173,7 @@ def _load_target(workdir: str, step: int | None, mesh: Mesh | None) -> LoadedMod
                               f"model in {recorded['workdir']}, which no longer exists: move "
                               "that workdir back, or train the head again on the model where it "
                               "is now")
-    try:
-        base = load_base(recorded["workdir"], recorded["step"], mesh=mesh)
-    except CheckpointError:  # that step was rotated out: the latest must be the same weights
-        base = load_base(recorded["workdir"], mesh=mesh)
-    base.check_unchanged(recorded, workdir)
+    base = trained_base(recorded, workdir, mesh=mesh)
     meta, weights = _load_head(workdir, step, meta, mesh)
     base_note = unfinished_training(recorded["workdir"], base.meta)  # a head on a partial base
     ranking = read_ranking(workdir, base.cfg.vocab_size)

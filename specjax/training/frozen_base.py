@@ -78,6 +78,23 @@ def load_base(workdir: str, step: int | None = None, *, mesh: Mesh | None = None
                       params_checksum(params))
 
 
+def trained_base(recorded: Mapping[str, Any], user: str, *, current: FrozenBase | None = None,
+                 mesh: Mesh | None = None) -> FrozenBase:
+    """The base `user` (a head's workdir) was trained on, from its checkpoint's `recorded`
+    base: `current` when its weights are those, else the recorded step of the recorded
+    workdir (the base trained on since), else, that step rotated out, `current` or the
+    workdir's latest; refused (`FrozenBase.check_unchanged`) unless its weights are the
+    recorded ones. Resuming a head and decoding from one both read it."""
+    base = current
+    if base is None or base.checksum != recorded.get("checksum"):
+        try:
+            base = load_base(recorded["workdir"], recorded["step"], mesh=mesh)
+        except CheckpointError:
+            base = current or load_base(recorded["workdir"], mesh=mesh)
+    base.check_unchanged(recorded, user)
+    return base
+
+
 def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any]:
     """The run config with the base's model and tokenizer, and the base's data and decoding
     sections under the run's own overrides (a run cannot change the base's model)."""
@@ -226,15 +243,11 @@ class HeadOnBase:
         if meta.get("objective") != self.name:
             raise CheckpointError(f"the workdir holds a {meta.get('objective', 'layerskip')} "
                                   f"run, not a {self.name} head; use a new --workdir")
-        recorded = meta["base"]
-        if self.base.checksum != recorded.get("checksum"):
-            try:  # the base trained on since: continue on the step this head started on
-                self.base = load_base(recorded["workdir"], recorded["step"])
-                print(f"resuming on step {recorded['step']} of the base, the one this head "
-                      "started on")
-            except CheckpointError:
-                pass
-        self.base.check_unchanged(recorded, f"this {self.name} head")
+        current = self.base
+        self.base = trained_base(meta["base"], f"this {self.name} head", current=current)
+        if self.base is not current:  # the base trained on since
+            print(f"resuming on step {self.base.step} of the base, the one this head "
+                  "started on")
         # A setting added since the checkpoint was written holds its default there.
         saved = {**{field.name: field.default for field in dataclasses.fields(self.section)},
                  **meta[self.record_key]}

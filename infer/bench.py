@@ -33,7 +33,7 @@ from specjax.cli.decoding import (
     sweep_options,
 )
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig, completion_prompts, heldout_prompts
+from specjax.data import completion_prompts, heldout_data, heldout_prompts
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.kernels import decision
@@ -124,7 +124,7 @@ def benchmark() -> dict:
         prompts = encode_prompts(tokenizer, load_prompt_set(FLAGS.prompt_set, tokenizer,
                                                             FLAGS.num_prompts))
     else:
-        data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
+        data = heldout_data(meta)
         choose = completion_prompts if FLAGS.prompt_set == "completion" else heldout_prompts
         prompts = choose(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")

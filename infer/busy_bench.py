@@ -35,7 +35,7 @@ from specjax.cli.decoding import (
     whole_numbers_flag,
 )
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig, heldout_prompts
+from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.kernels import KERNELS, decision, library
@@ -74,8 +74,7 @@ def measure() -> list[dict]:
     loaded = load_model(FLAGS.workdir)
     cfg, meta = loaded.cfg, loaded.meta
     tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
-    prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
+    prompts = heldout_prompts(heldout_data(meta), tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     strategy = make_strategy(FLAGS.strategy,
                              decoding_options(decoding_defaults(meta), cfg, {}))
     generator = loaded.generator()

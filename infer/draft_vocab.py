@@ -18,13 +18,12 @@ from absl import app, flags
 from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import parse_flags, run_cli
 from specjax.cli.texts import define_texts_flags, given_texts
-from specjax.data import iter_documents
+from specjax.data import heldout_data, iter_documents
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.io.checkpoint import load_model_config
 from specjax.io.draft_vocab import rank_ids, write_ranking
 from specjax.outputs import check_writable
 from specjax.tokenizer import get_tokenizer
-from specjax.tools.exit_report import heldout_data
 
 flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
 flags.DEFINE_integer("size", None, "How many ids to draft over (N).")

@@ -16,7 +16,7 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json
 from specjax.cli.entrypoint import parse_flags
-from specjax.data import DataConfig, heldout_prompts
+from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
@@ -46,8 +46,8 @@ def run() -> list[SkipCandidate]:
     sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     loaded = load_model(FLAGS.workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
-    data = DataConfig.from_dict(loaded.meta.get("config", {}).get("data", {}))
-    prompts = heldout_prompts(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
+    prompts = heldout_prompts(heldout_data(loaded.meta), tokenizer, FLAGS.num_prompts,
+                              FLAGS.prompt_len)
     generator = loaded.generator()
     print("measuring costs and acceptance ...", file=sys.stderr, flush=True)
     costs = measure_costs(generator, FLAGS.prompt_len + FLAGS.max_new_tokens // 2, FLAGS.max_draft)

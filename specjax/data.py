@@ -254,6 +254,20 @@ def iter_documents(cfg: DataConfig, setting: str = "data.text_field"
         raise ValueError(f"data source {cfg.source!r} produced no documents")
 
 
+def run_data(meta: Mapping[str, Any]) -> DataConfig | None:
+    """The data a checkpoint's run trained on (`meta["config"]["data"]`); None where it names
+    none (an imported model)."""
+    data = (meta.get("config") or {}).get("data")
+    return DataConfig.from_dict(data) if data else None
+
+
+def heldout_data(meta: Mapping[str, Any]) -> DataConfig:
+    """The data a checkpoint's held-out text is read from: its run's (`run_data`), else the
+    embedded default corpus (an imported model's). Its tokenizer field is not used (the
+    model's own tokenizer is)."""
+    return run_data(meta) or DataConfig()
+
+
 def file_texts(path: str, field: str) -> list[str]:
     """The documents of one data file given on a command line (.jsonl/.json rows with `field`,
     .parquet, or plain text), with the readers' one-line errors naming --text_field."""

@@ -103,3 +103,26 @@ def test_max_documents_and_config_errors():
         D.DataConfig(source="files")
     with pytest.raises(ValueError, match="data.hub_name must be set"):
         D.DataConfig(source="hub")
+
+
+@pytest.mark.parametrize("meta", [{}, {"config": None}, {"config": {"decoding": {}}},
+                                  {"config": {"data": None}}])
+def test_a_checkpoint_naming_no_data_reads_as_none_or_the_default_corpus(meta):
+    """An imported model's metadata (no data section, or a null one) is `run_data` None and
+    `heldout_data` the default corpus, for every caller (bench, search, exit report, the auto
+    tree). Catches the six readers' drift back: one crashing on a null config, one giving the
+    default corpus where the caller must know the checkpoint named none."""
+    assert D.run_data(meta) is None
+    assert D.heldout_data(meta) == D.DataConfig()
+
+
+def test_a_checkpoints_data_section_is_read_as_its_run_config_reads_it():
+    """A run's data section reads as `DataConfig.from_dict` (comma-separated files split, its
+    checks applied). Catches a reader building `DataConfig(**section)` (files kept as one
+    string; a bad section not refused in one line)."""
+    meta = {"config": {"data": {"source": "files", "files": "a.jsonl, b.txt", "seq_len": 64}}}
+    assert D.run_data(meta) == D.DataConfig(source="files", files=("a.jsonl", "b.txt"),
+                                            seq_len=64)
+    assert D.heldout_data(meta) == D.run_data(meta)
+    with pytest.raises(ValueError, match=r"^data.seq_len=1 must be >= 2$"):
+        D.run_data({"config": {"data": {"seq_len": 1}}})

@@ -22,7 +22,7 @@ from specjax.config import (
     kind_problem,
     require_count,
 )
-from specjax.data import DataConfig, heldout_prompts
+from specjax.data import heldout_prompts, run_data
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, declared_options, require_used
@@ -274,8 +274,8 @@ def workdir_heldout_prompts(meta: dict, tokenizer: Tokenizer, count: int,
                             length: int) -> list[list[int]] | None:
     """`count` held-out windows of `length` tokens (`data.heldout_prompts`) from the training
     data a workdir's checkpoint names; None when it names none (an import)."""
-    data = meta.get("config", {}).get("data")
-    return heldout_prompts(DataConfig.from_dict(data), tokenizer, count, length) if data else None
+    data = run_data(meta)
+    return heldout_prompts(data, tokenizer, count, length) if data else None
 
 
 def auto_tree_prompts(meta: dict, tokenizer: Tokenizer, fallback: list[list[int]],

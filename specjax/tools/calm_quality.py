@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specjax.data import DataConfig, heldout_prompts
+from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.drafters.calm import Calm
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.timing import progress_bar
@@ -51,8 +51,8 @@ def heldout_continuations(meta: dict, tokenizer: Tokenizer, count: int, prompt_l
     """Prompts of `prompt_len` tokens from the held-out documents of a checkpoint's corpus and
     their next `new_tokens` tokens (`data.heldout_prompts` windows; `windows`: its
     skip_documents and per_document)."""
-    data = DataConfig.from_dict(meta.get("config", {}).get("data", {}))
-    found = heldout_prompts(data, tokenizer, count, prompt_len + new_tokens, **windows)
+    found = heldout_prompts(heldout_data(meta), tokenizer, count, prompt_len + new_tokens,
+                            **windows)
     return [w[:prompt_len] for w in found], [w[prompt_len:] for w in found]
 
 

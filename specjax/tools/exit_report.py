@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.data import DataConfig, validation_texts, windows
+from specjax.data import heldout_data, validation_texts, windows
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import (
     Params,
@@ -199,13 +199,6 @@ def token_windows(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int,
         raise ValueError(f"the held-out text holds {total} tokens, too few for one window of "
                          f"seq_len + 1 = {seq_len + 1} (give more text or a smaller seq_len)")
     return windows(np.concatenate(parts), seq_len)[:count]
-
-
-def heldout_data(meta: Mapping[str, Any]) -> DataConfig:
-    """The data config of a checkpoint's run (`meta["config"]["data"]`), else the embedded
-    default corpus's. Its tokenizer field is not used (the model's own tokenizer is)."""
-    data = dict((meta.get("config") or {}).get("data") or {})
-    return DataConfig.from_dict(data) if data else DataConfig()
 
 
 def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:

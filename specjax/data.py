@@ -185,25 +185,35 @@ def _file_documents(cfg: DataConfig, setting: str) -> Iterator[tuple[str, str]]:
             yield path, _read_text(path)
 
 
-def _jsonl_documents(path: str, field: str, setting: str) -> Iterator[tuple[str, str]]:
+def jsonl_rows(path: str, *, strict_utf8: bool = False) -> Iterator[tuple[int, Any]]:
+    """Each non-blank line of a JSONL file as (line number, its JSON value), a bad line a
+    one-line "path:N: ..." error. Bytes that are not UTF-8 are refused with `strict_utf8`
+    (prompts: a model would be asked about U+FFFD), else read as U+FFFD with one warning per
+    file (corpora)."""
     warned = False
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             line, whole = _utf8(raw)
+            if not whole and strict_utf8:
+                raise ValueError(f"{path}:{number}: not UTF-8 text")
             if not whole and not warned:
-                _warn_not_utf8(f"{path}, line {number}")
+                _warn_not_utf8(f"{path}:{number}")
                 warned = True
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError:
-                raise ValueError(f"{path}, line {number}: not a JSON object") from None
-            if not isinstance(row, dict) or field not in row:
-                fields = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ValueError(f"{path}, line {number}: no field {field!r} (fields: {fields}; "
-                                 f"set {setting})")
-            yield f"{path}:{number - 1}", str(row[field])
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error})") from None
+
+
+def _jsonl_documents(path: str, field: str, setting: str) -> Iterator[tuple[str, str]]:
+    for number, row in jsonl_rows(path):
+        if not isinstance(row, dict) or field not in row:
+            fields = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{path}:{number}: no field {field!r} (fields: {fields}; "
+                             f"set {setting})")
+        yield f"{path}:{number - 1}", str(row[field])
 
 
 def _parquet_documents(path: str, field: str, setting: str) -> Iterator[tuple[str, str]]:

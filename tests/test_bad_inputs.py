@@ -451,7 +451,7 @@ def test_text_that_is_not_utf8_is_read_with_a_warning(tmp_path, caplog):
             source="files", files=(str(plain), str(rows))))]
     assert texts == ["caf\ufffd\n", "ok"] + ["caf\ufffd"] * 3
     warnings = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
-    assert [w.split(" is not")[0] for w in warnings] == [str(plain), f"{rows}, line 2"]
+    assert [w.split(" is not")[0] for w in warnings] == [str(plain), f"{rows}:2"]
 
 
 def _tokenizer_json(ids: dict[str, int]) -> str:

@@ -126,3 +126,25 @@ def test_a_checkpoints_data_section_is_read_as_its_run_config_reads_it():
     assert D.heldout_data(meta) == D.run_data(meta)
     with pytest.raises(ValueError, match=r"^data.seq_len=1 must be >= 2$"):
         D.run_data({"config": {"data": {"seq_len": 1}}})
+
+
+def test_a_bad_jsonl_line_is_the_same_error_from_a_corpus_and_a_prompts_file(tmp_path):
+    """One JSONL reader (`data.jsonl_rows`) under the training corpus and `--prompts_file`:
+    a broken line is "path:N: not valid JSON (...)" from both, and bytes that are not UTF-8
+    are refused in a prompt but read (as U+FFFD, warned) in a corpus. Catches the two
+    readers drifting apart again (the corpus once said "path, line N: not a JSON object",
+    the prompts "path:N: not valid JSON")."""
+    from specjax.cli.decoding import read_prompts_file
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "a", "prompt": "a"}\n\n{oops\n')
+    corpus = D.DataConfig(source="files", files=(str(broken),))
+    for read in (lambda: list(D.iter_documents(corpus)), lambda: read_prompts_file(str(broken))):
+        with pytest.raises(ValueError, match=rf"^{broken}:3: not valid JSON \(Expecting"):
+            read()
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"text": "caf\xe9", "prompt": "caf\xe9"}\n')
+    assert [text for _, text in D.iter_documents(D.DataConfig(
+        source="files", files=(str(latin1),)))] == ["caf\ufffd"]
+    with pytest.raises(ValueError, match=rf"^{latin1}:1: not UTF-8 text$"):
+        read_prompts_file(str(latin1))

@@ -144,8 +144,8 @@ def test_globs_parquet_and_a_local_datasets_folder_read_the_same_documents(tmp_p
 @pytest.mark.parametrize("files, message", [
     (("{tmp}/nothing-*.jsonl",), "match no file"),
     (("{tmp}/empty.txt",), "is empty"),
-    (("{tmp}/wrong.jsonl",), "line 1: no field 'text'"),
-    (("{tmp}/broken.jsonl",), "line 2: not a JSON object"),
+    (("{tmp}/wrong.jsonl",), "wrong.jsonl:1: no field 'text'"),
+    (("{tmp}/broken.jsonl",), "broken.jsonl:2: not valid JSON"),
 ])
 def test_bad_data_files_are_one_line_errors(tmp_path, files, message):
     """Catches a bad data file reaching a traceback (or an empty corpus) instead of naming

@@ -22,7 +22,7 @@ from specjax.config import (
     kind_problem,
     require_count,
 )
-from specjax.data import heldout_prompts, run_data
+from specjax.data import heldout_prompts, jsonl_rows, run_data
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, declared_options, require_used
@@ -175,28 +175,17 @@ def read_prompts_file(path: str) -> list[PromptInput]:
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such prompts file")
     prompts = []
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+    for number, record in jsonl_rows(path, strict_utf8=True):
+        if isinstance(record, dict) and "messages" in record:
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"{path}:{number}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error})") from error
-            if isinstance(record, dict) and "messages" in record:
-                try:
-                    prompts.append(check_messages(record["messages"]))
-                except ValueError as error:
-                    raise ValueError(f"{path}:{number}: {error}") from None
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ValueError(f"{path}:{number}: expected an object with a string 'prompt' "
-                                 "or a 'messages' list")
-            prompts.append(record["prompt"])
+                prompts.append(check_messages(record["messages"]))
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: {error}") from None
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise ValueError(f"{path}:{number}: expected an object with a string 'prompt' "
+                             "or a 'messages' list")
+        prompts.append(record["prompt"])
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts

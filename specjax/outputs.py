@@ -127,6 +127,19 @@ def staged_dir(path: str) -> Iterator[str]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def read_json_object(path: str) -> dict:
+    """The JSON object in the file `path`; a one-line ValueError naming it when it cannot be
+    read, is not JSON, or holds another JSON value."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError included
+        raise ValueError(f"{path} is not readable JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return value
+
+
 def read_json_cache(path: str, check: Callable[[dict], Any] = lambda entries: None) -> dict:
     """The JSON object cached in `path` ({} when there is none). A file that cannot be read or
     fails `check` (truncated by an interrupted write of an older version, edited by hand) is
@@ -134,10 +147,7 @@ def read_json_cache(path: str, check: Callable[[dict], Any] = lambda entries: No
     if not os.path.exists(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            entries = json.load(f)
-        if not isinstance(entries, dict):
-            raise ValueError("not a JSON object")
+        entries = read_json_object(path)
         check(entries)
         return entries
     except (OSError, ValueError, KeyError, TypeError) as error:

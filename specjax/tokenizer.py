@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specjax.outputs import read_json_object
+
 TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 UNSET_ID = -1  # a data config's bos_id / eos_id: the ones found beside the tokenizer
@@ -297,16 +299,7 @@ def _as_list(value) -> list:
 
 def _json_beside(folder: str, name: str) -> dict:
     path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path} is not readable JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} holds no JSON object")
-    return value
+    return read_json_object(path) if os.path.isfile(path) else {}
 
 
 def load_tokenizer(path: str, bos_id: int | None = None,

@@ -69,7 +69,7 @@ def test_a_broken_config_json_is_named(hf_dir, tmp_path):
         import_checkpoint(hf_dir, str(tmp_path / "w"))
     with open(path, "w", encoding="utf-8") as f:
         f.write('{"architectures": ["LlamaForCausalLM"],')
-    with pytest.raises(ConversionError, match=f"{path} is not valid JSON"):
+    with pytest.raises(ConversionError, match=f"{path} is not readable JSON"):
         import_checkpoint(hf_dir, str(tmp_path / "w"))
     assert not (tmp_path / "w").exists()
 

@@ -98,5 +98,5 @@ def test_a_failed_write_keeps_the_previous_calibration(tmp_path, monkeypatch):
 
 def test_an_unreadable_calibration_is_a_one_line_error(tmp_path):
     (tmp_path / FILE).write_text("{not json")
-    with pytest.raises(ValueError, match=f"{FILE} is unreadable"):
+    with pytest.raises(ValueError, match=f"{FILE} is not readable JSON"):
         read_calibrated(str(tmp_path))

@@ -221,3 +221,30 @@ def test_a_staged_folder_replaces_whole_with_normal_permissions(tmp_path, monkey
     with pytest.raises(ValueError, match="holds the current directory"), staged_dir("."):
         pass
     assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+
+@pytest.mark.parametrize("text, problem", [(b"{oops", "is not readable JSON (Expecting"),
+                                           (b"[1]", "holds no JSON object"),
+                                           (b"\xff", "is not readable JSON ('utf-8' codec")])
+def test_every_json_file_reader_names_the_file_the_same_way(tmp_path, text, problem):
+    """A broken, non-object or non-UTF-8 JSON file is "path is not readable JSON (why)" or
+    "path holds no JSON object" from the tokenizer's, the HF import's and the calibration's
+    readers (`outputs.read_json_object`), and `read_json_cache` ignores it. Catches a reader of
+    its own coming back with other words (the calibration said "is unreadable", the import
+    "is not valid JSON") or a traceback for bytes that are not UTF-8 (the calibration's
+    reader caught only JSON errors)."""
+    from specjax.convert.hf_config import read_config_json
+    from specjax.io.calibrated_defaults import FILE, read_calibrated
+    from specjax.tokenizer import _json_beside
+
+    folder = str(tmp_path)
+    readers = {"config.json": lambda: read_config_json(folder, "a checkpoint"),
+               "generation_config.json": lambda: _json_beside(folder, "generation_config.json"),
+               FILE: lambda: read_calibrated(folder)}
+    for name, read in readers.items():
+        (tmp_path / name).write_bytes(text)
+        with pytest.raises(Exception) as caught:
+            read()
+        assert str(caught.value).startswith(f"{tmp_path / name} {problem}"), caught.value
+        assert read_json_cache(str(tmp_path / name)) == {}

@@ -10,7 +10,6 @@ not have (biased Mamba-2 projections, a clamped time step, ...) is refused by na
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from typing import Any
 
 from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
 from specjax.errors import SpecjaxError
+from specjax.outputs import read_json_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +128,9 @@ def read_config_json(directory: str, what: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ConversionError(f"{directory!r} has no config.json: not {what}")
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ConversionError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ConversionError(f"{path} holds no JSON object")
-    return config
+        return read_json_object(path)
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
 
 
 def architecture(hf: dict[str, Any]) -> str:

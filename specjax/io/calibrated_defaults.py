@@ -19,7 +19,7 @@ from absl import logging
 
 from specjax.config import ModelConfig, dataclass_from_mapping
 from specjax.decoding.registry import DecodingConfig
-from specjax.outputs import staged
+from specjax.outputs import read_json_object, staged
 
 FILE = "calibrated_decoding.json"
 
@@ -31,12 +31,10 @@ def read_calibrated(workdir: str) -> dict[str, Any]:
     if not os.path.exists(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is unreadable ({error}); calibrate again or delete it") \
-            from None
-    if not isinstance(record, dict) or not isinstance(record.get("decoding"), dict):
+        record = read_json_object(path)
+    except ValueError as error:
+        raise ValueError(f"{error}; calibrate again or delete it") from None
+    if not isinstance(record.get("decoding"), dict):
         raise ValueError(f"{path} has no 'decoding' section; calibrate again or delete it")
     return record
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import gzip
 import itertools
 import json
 import os
@@ -186,12 +187,12 @@ def _file_documents(cfg: DataConfig, setting: str) -> Iterator[tuple[str, str]]:
 
 
 def jsonl_rows(path: str, *, strict_utf8: bool = False) -> Iterator[tuple[int, Any]]:
-    """Each non-blank line of a JSONL file as (line number, its JSON value), a bad line a
-    one-line "path:N: ..." error. Bytes that are not UTF-8 are refused with `strict_utf8`
-    (prompts: a model would be asked about U+FFFD), else read as U+FFFD with one warning per
-    file (corpora)."""
+    """Each non-blank line of a JSONL file (gzipped where `path` ends in .gz) as (line number,
+    its JSON value), a bad line a one-line "path:N: ..." error. Bytes that are not UTF-8 are
+    refused with `strict_utf8` (prompts: a model would be asked about U+FFFD), else read as
+    U+FFFD with one warning per file (corpora)."""
     warned = False
-    with open(path, "rb") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             line, whole = _utf8(raw)
             if not whole and strict_utf8:

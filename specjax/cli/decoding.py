@@ -6,11 +6,11 @@ import dataclasses
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
-from absl import flags
+from absl import flags, logging
 from jax.sharding import Mesh
 
 from specjax.chat import check_messages
@@ -25,7 +25,12 @@ from specjax.config import (
 from specjax.data import heldout_prompts, jsonl_rows, run_data
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
-from specjax.decoding.registry import DecodingConfig, declared_options, require_used
+from specjax.decoding.registry import (
+    DecodingConfig,
+    declared_options,
+    make_strategy,
+    require_used,
+)
 from specjax.decoding.sampling import SamplingParams
 from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
 from specjax.prompt_sets import PromptInput
@@ -67,6 +72,29 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
     """The checkpoint's `decoding` config section (DecodingConfig defaults where absent)."""
     section = meta.get("config", {}).get("decoding") or {}
     return dataclass_from_mapping(DecodingConfig, section, "decoding")
+
+
+DEFAULT_STRATEGY = "selfspec"  # decoded with when no strategy is named and none is tuned
+
+
+def default_choice(meta: dict[str, Any], cfg: ModelConfig, sampling: SamplingParams | None,
+                   weights: Collection[str]) -> tuple[str, DecodingConfig]:
+    """The strategy a workdir decodes with when none is named, and its defaults: the one
+    `infer/tune.py` stored for this mode (greedy when `sampling` is None, else sampled) with
+    its options laid over the checkpoint's, else selfspec with them. A tuned strategy whose
+    trained weights are not loaded (`weights`: the strategies that have theirs) falls back to
+    selfspec, with a warning."""
+    defaults = decoding_defaults(meta)
+    choice = meta.get("tuned", {}).get("greedy" if sampling is None else "sampled")
+    if choice is None:
+        return DEFAULT_STRATEGY, defaults
+    name = choice["strategy"]
+    if name not in weights and make_strategy(name, defaults).needs_weights:
+        logging.warning("the tuned strategy %s drafts with trained weights, not loaded: "
+                        "decoding with %s (load its workdir with --draft_workdir)", name,
+                        DEFAULT_STRATEGY)
+        return DEFAULT_STRATEGY, defaults
+    return name, decoding_options(defaults, cfg, choice["options"], prefix="tuned ")
 
 
 def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapping[str, Any],

@@ -64,20 +64,25 @@ def require_used(strategies: Sequence[str], option_sets: Sequence[Any],
     strategy reads is recorded while building it, so a new strategy needs no table; an auto
     tree reads what the static tree it becomes reads. `prefix` names an option as the caller
     gave it ("--" for a flag, "" for a keyword)."""
-    read: set[str] = set()
-    for name in strategies:
-        for options in option_sets:
-            if options.tree.strip().startswith("auto"):
-                options = dataclasses.replace(options, tree="1")
-            recorder = _ReadRecorder(options)
-            make_strategy(name, recorder)
-            read |= recorder.read
+    read = {field for name in strategies for options in option_sets
+            for field in options_read(name, options)}
     unused = [name for name in chosen if name not in read]
     if unused:
         names = ", ".join(strategies)
         raise ValueError(f"{prefix}{unused[0]} is not used by strategy {names} with these options "
                          f"(it reads {', '.join(sorted(read)) or 'no decoding option'}): drop it "
                          "or choose a strategy that uses it")
+
+
+def options_read(name: str, options: Any) -> set[str]:
+    """The decoding options strategy `name` reads when built with `options` (a tree-capable
+    strategy reads `tree`; given a tree, it no longer reads `num_draft`). An auto tree reads
+    what the static tree it becomes reads."""
+    if options.tree.strip().startswith("auto"):
+        options = dataclasses.replace(options, tree="1")
+    recorder = _ReadRecorder(options)
+    make_strategy(name, recorder)
+    return recorder.read
 
 
 class _ReadRecorder:

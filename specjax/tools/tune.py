@@ -1,0 +1,220 @@
+"""The tuner: which drafter, with which options, decodes a model's prompts fastest.
+
+Every strategy the workdir can run is a candidate (`candidates`): the model-free ones (ngram,
+suffix, lookahead), selfspec at the exits the exit report ranks first, each strategy whose
+trained weights are loaded, each chain with a small grid of `num_draft`, and a static tree for
+each strategy that drafts trees. A candidate's prediction is the exit report's predicted
+speed-up (selfspec's chains) or a short measurement against `ar` on a few prompts (the others).
+The best of each kind (a strategy's chains, its tree), the few best kinds by prediction, are
+confirmed on all the prompts with the benchmark's interleaved measurement
+(`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it.
+
+A time budget stops the search: no probe starts after it is spent, and then the best prediction
+so far wins unconfirmed (the table says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from specjax.decoding.drafter import Drafter
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator
+from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy, options_read
+from specjax.decoding.sampling import SamplingParams
+from specjax.tools.bench import StrategyResult, run_benchmark
+from specjax.tools.exit_report import DraftExitReport
+
+NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
+TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
+EXITS = "selfspec"  # the strategy that drafts from the model's own exits
+# The baseline, a lossy early exit, a drafter that needs its own search (skip_layers) or its
+# own classifier, and a composite of the others: not candidates.
+LEFT_OUT = ("ar", "calm", "calmdraft", "skip", "mixed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A strategy with options overriding the workdir's decoding defaults, and the exit
+    report's predicted speed-up when it has one."""
+
+    strategy: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    predicted: float | None = None
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.strategy, *(f"{k}={v}" for k, v in self.options.items())])
+
+    @property
+    def kind(self) -> str:
+        """Candidates of one kind compete on prediction; the best of each may be confirmed."""
+        return self.strategy + (" tree" if "tree" in self.options else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One candidate's line of the table: its prediction and where it came from ("exit
+    report", "probe", "out of budget", "refused: ..."), and its confirmed result, if any."""
+
+    candidate: Candidate
+    predicted: float | None
+    source: str
+    confirmed: StrategyResult | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The table, the winner (strategy "ar": nothing beat plain decoding), whether it was
+    confirmed (False: the budget ran out first), the seconds spent and the prompts used."""
+
+    rows: list[Row]
+    winner: Candidate
+    confirmed: bool
+    seconds: float
+    num_prompts: int
+
+    @property
+    def winner_speedup(self) -> float | None:
+        """The winner's confirmed speed-up over ar (1 for ar), else its prediction."""
+        if self.winner.strategy == "ar":
+            return 1.0
+        row = next(r for r in self.rows if r.candidate == self.winner)
+        return row.confirmed.speedup if row.confirmed else row.predicted
+
+    def table(self) -> str:
+        lines = [f"{'candidate':<44}{'predicted':>10}  {'from':<14}{'confirmed':>10}{'tau':>6}"]
+        for row in sorted(self.rows, key=_rank):
+            predicted = "-" if row.predicted is None else f"{row.predicted:.2f}x"
+            done = row.confirmed
+            lines.append(f"{row.candidate.label:<44}{predicted:>10}  {row.source:<14}"
+                         + (f"{done.speedup:9.2f}x{done.stats.tau:6.2f}" if done else ""))
+        how = (f"confirmed over ar on {self.num_prompts} prompts" if self.confirmed else
+               "unconfirmed: the budget ran out before the confirmation; the best prediction")
+        lines.append(f"winner: {self.winner.label}, {self.winner_speedup:.2f}x ({how}; "
+                     f"{self.seconds:.0f} s)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"winner": {"strategy": self.winner.strategy, "options": dict(self.winner.options),
+                           "speedup": self.winner_speedup},
+                "confirmed": self.confirmed, "seconds": self.seconds,
+                "num_prompts": self.num_prompts,
+                "rows": [{"candidate": r.candidate.label, "predicted": r.predicted,
+                          "from": r.source,
+                          "confirmed_speedup": r.confirmed.speedup if r.confirmed else None,
+                          "tau": r.confirmed.stats.tau if r.confirmed else None}
+                         for r in self.rows]}
+
+
+def tunable(weights: Collection[str]) -> list[str]:
+    """The strategies a workdir can run: every registered one but `LEFT_OUT`, those that draft
+    with trained weights only when theirs are loaded (`weights`: their strategy names)."""
+    return [name for name in STRATEGIES if name not in LEFT_OUT
+            and (name in weights or not make_strategy(name, DecodingConfig()).needs_weights)]
+
+
+def candidates(strategies: Sequence[str], defaults: DecodingConfig,
+               report: DraftExitReport | None = None, *, exits: int = 2,
+               num_drafts: Sequence[int] = NUM_DRAFTS,
+               trees: Sequence[str] = (TREE,)) -> list[Candidate]:
+    """Each strategy's candidates: a chain per `num_drafts` where it reads num_draft (one
+    candidate with its defaults where it does not), and each of `trees` where it reads a tree.
+    Selfspec's are at the `exits` exits with the best predicted speed-up in `report` (which
+    must predict `num_drafts`), its chains carrying their predictions (its trees at the best
+    exit); none without a report."""
+    found = []
+    for name in strategies:
+        at_exits: list[dict[str, Any]] = [{}]
+        if name == EXITS:
+            at_exits = [{"exit_layer": e} for e in _best_exits(report, exits, num_drafts)]
+        for base in at_exits:
+            chain = options_read(name, defaults)
+            if "num_draft" in chain:
+                found += [Candidate(name, {**base, "num_draft": k},
+                                    report.speedup(base["exit_layer"], k) if base else None)
+                          for k in num_drafts]
+            else:
+                found.append(Candidate(name, base))
+            if "tree" in chain and base == at_exits[0]:
+                found += [Candidate(name, {**base, "tree": tree}) for tree in trees]
+    return found
+
+
+def _best_exits(report: DraftExitReport | None, count: int,
+                num_drafts: Sequence[int]) -> list[int]:
+    """The `count` exits (1..L-1) whose best predicted speed-up over `num_drafts` is highest."""
+    if report is None:
+        return []
+    exits = range(1, report.num_layers)
+    return sorted(exits, key=lambda e: -max(report.speedup(e, k) for k in num_drafts))[:count]
+
+
+def tune(generator: Generator, build: Callable[[Candidate], Drafter],
+         found: Sequence[Candidate], prompts: Sequence[Sequence[int]], *,
+         max_new_tokens: int, budget_s: float, started: float,
+         sampling: SamplingParams | None = None, confirm: int = 3, probe_prompts: int = 2,
+         probe_tokens: int = 32, repeats: int = 3,
+         progress: Callable[[str], None] = lambda line: None) -> Tuning:
+    """Predicts each candidate (`build` makes its drafter; a ValueError refuses it), confirms
+    the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
+    The budget counts from `started` (`time.perf_counter()`), so that work done before, such as
+    the exit report, counts too; at least one candidate is always predicted."""
+    rows: list[Row] = []
+    drafters: dict[str, Drafter] = {}  # by label
+    for candidate in found:
+        spent = time.perf_counter() - started >= budget_s
+        if spent and any(row.predicted is not None for row in rows):
+            rows.append(Row(candidate, None, "out of budget"))
+            continue
+        try:
+            drafters[candidate.label] = build(candidate)
+        except ValueError as error:
+            rows.append(Row(candidate, None, f"refused: {error}"))
+            continue
+        if candidate.predicted is not None:
+            rows.append(Row(candidate, candidate.predicted, "exit report"))
+            continue
+        progress(f"probing {candidate.label} ...")
+        probe = run_benchmark(generator, {"ar": AUTOREGRESSIVE, "probe": drafters[candidate.label]},
+                              prompts[:probe_prompts], max_new_tokens=probe_tokens, repeats=1,
+                              sampling=sampling)
+        rows.append(Row(candidate, probe[1].speedup, "probe"))
+    best = _best_of_kinds(rows, confirm)
+    if not best:
+        raise ValueError("no candidate could be built: " + "; ".join(
+            f"{row.candidate.label}: {row.source}" for row in rows))
+    if time.perf_counter() - started >= budget_s:
+        return Tuning(rows, best[0].candidate, False, time.perf_counter() - started,
+                      len(prompts))
+    progress(f"confirming {', '.join(row.candidate.label for row in best)} on {len(prompts)} "
+             "prompts ...")
+    results = run_benchmark(generator, {"ar": AUTOREGRESSIVE, **{
+        row.candidate.label: drafters[row.candidate.label] for row in best}}, prompts,
+        max_new_tokens=max_new_tokens, repeats=repeats, sampling=sampling)
+    by_label = {result.name: result for result in results}
+    rows = [dataclasses.replace(row, confirmed=by_label.get(row.candidate.label))
+            if row in best else row for row in rows]
+    fastest = max((row for row in rows if row.confirmed), key=lambda r: r.confirmed.speedup)
+    winner = fastest.candidate if fastest.confirmed.speedup > 1 else Candidate("ar")
+    return Tuning(rows, winner, True, time.perf_counter() - started, len(prompts))
+
+
+def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:
+    """The best predicted row of each kind, the `count` best of those."""
+    best: dict[str, Row] = {}
+    for row in rows:
+        kind = row.candidate.kind
+        if row.predicted is not None and (kind not in best
+                                          or row.predicted > best[kind].predicted):
+            best[kind] = row
+    return sorted(best.values(), key=lambda row: -row.predicted)[:count]
+
+
+def _rank(row: Row) -> tuple:
+    """Table order: confirmed rows fastest first, then by prediction, then the rest."""
+    if row.confirmed:
+        return (0, -row.confirmed.speedup)
+    return (1, -row.predicted) if row.predicted is not None else (2, 0.0)

@@ -1,0 +1,153 @@
+"""The tuner (`infer/tune.py`, `model.tune`): it picks a drafter known to be the best, stores
+it as the workdir's default for its mode, which `generate` then decodes with; the budget stops
+the search; bad input is refused before any work."""
+
+import json
+import os
+
+import jax
+import pytest
+
+import specjax
+from specjax import api
+from specjax.config import ModelConfig
+from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
+from specjax.model import init_params
+from specjax.tools import tune as tuner
+from tests.conftest import TINY_MODEL, model_workdir, run_script
+
+PROMPTS = ["def f(x):\n    return x", "import os\nclass A:\n"]
+TUNE = dict(max_new_tokens=24, num_drafts=[4], trees=[], exits=1, confirm=3, budget_s=600)
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+    """A target of 8 layers whose first 7 add nothing to the residual stream (zero output
+    projections) and a 1-layer draft model holding its 8th layer: the draft computes the
+    target's function exactly (it accepts every draft) at an eighth of its layers, while
+    selfspec's exits see only the embedding, which the untied head reads wrongly once the
+    8th layer's output (scaled up) dominates the stream. Wide enough that layers, not the
+    loop, are the cost."""
+    sizes = {**TINY_MODEL, "d_model": 128, "mlp_dim": 512, "tie_embeddings": False}
+    cfg = ModelConfig(**{**sizes, "num_layers": 8})
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    layers = params["layers"]
+    for part, leaf in (("attn", "out"), ("mlp", "down")):
+        layers[part][leaf] = layers[part][leaf].at[:7].set(0.0).at[7].multiply(8.0)
+    draft_cfg = ModelConfig(**{**sizes, "num_layers": 1})
+    draft = {**params, "layers": jax.tree.map(lambda w: w[7:], layers)}
+    root = tmp_path_factory.mktemp("tune")
+    return (model_workdir(str(root / "target"), params, cfg),
+            model_workdir(str(root / "draft"), draft, draft_cfg))
+
+
+@pytest.fixture(scope="module")
+def tuned(workdirs):
+    target, draft = workdirs
+    model = specjax.load(target, draft_workdir=draft)
+    return model.tune(PROMPTS, strategies=["selfspec", "draft"], **TUNE)
+
+
+def test_the_tuner_picks_the_draft_model_that_is_the_target(tuned):
+    """Selfspec at the exit the report ranks first (predicted) and the draft model (probed)
+    are both confirmed, and the draft model, which accepts everything at an eighth of the
+    cost, wins by its confirmed speed-up. Catches the slowest confirmed row taken as the
+    winner, or a loaded draft model left out of the candidates."""
+    assert tuned.confirmed
+    assert (tuned.winner.strategy, dict(tuned.winner.options)) == ("draft", {"num_draft": 4})
+    sources = {row.candidate.strategy: row.source for row in tuned.rows}
+    assert sources == {"selfspec": "exit report", "draft": "probe"}
+    confirmed = {row.candidate.strategy: row.confirmed for row in tuned.rows}
+    assert confirmed["draft"].stats.acceptance_rate >= 0.9  # all but the last round's ends
+    assert confirmed["draft"].speedup > max(1.0, confirmed["selfspec"].speedup)
+    assert "winner: draft num_draft=4" in tuned.table()
+
+
+def test_generate_then_decodes_greedy_with_the_stored_winner(tuned, workdirs, monkeypatch):
+    """After tuning, a fresh load's `generate` without a strategy decodes greedy with draft
+    K=4 (the strategy handed to the decode loop), a sampled call still with selfspec (only the
+    greedy default was tuned), and a load without the draft workdir falls back to selfspec.
+    Catches the stored default not read back by `generate` (selfspec K=3 from the checkpoint),
+    greedy and sampled tunings sharing one entry, or a failure when the drafter is absent."""
+    target, draft = workdirs
+    assert read_calibrated(target)["tuned"]["greedy"] == {"strategy": "draft",
+                                                          "options": {"num_draft": 4}}
+    model = specjax.load(target, draft_workdir=draft)
+    used = []
+    decode = model.generator.generate
+    monkeypatch.setattr(model.generator, "generate",
+                        lambda *a, **k: used.append(k["strategy"]) or decode(*a, **k))
+    model.generate(PROMPTS[0], max_new_tokens=4)
+    assert used[0].label() == "draft K=4"
+    assert model.default_strategy(temperature=0.8).label().startswith("selfspec")
+    assert specjax.load(target).default_strategy().label().startswith("selfspec")
+
+
+def test_the_budget_stops_the_search(workdirs):
+    """With a budget spent before the first probe ends, one candidate is measured, the rest
+    are marked out of budget and the winner is that one, unconfirmed. Catches a search that
+    ignores --budget_s (every candidate probed and confirmed)."""
+    model = specjax.load(workdirs[0])
+    found = [tuner.Candidate("ngram", {"num_draft": k}) for k in (2, 3, 4)]
+    tuning = tuner.tune(model.generator, lambda c: model.strategy(c.strategy, **c.options),
+                        found, [model.tokenizer.encode(p) for p in PROMPTS], max_new_tokens=8,
+                        budget_s=1e-9, started=0.0, probe_tokens=8)
+    assert [row.source for row in tuning.rows] == ["probe", "out of budget", "out of budget"]
+    assert not tuning.confirmed and tuning.winner == found[0]
+    assert "unconfirmed" in tuning.table()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(prompts=[]), "prompts must be a string or a non-empty list"),
+    (dict(budget_s=0), "budget_s=0 must be a number of seconds > 0"),
+    (dict(budget_s=-5.0), "budget_s=-5.0 must be"),
+    (dict(strategies=["calm"]), "strategy 'calm' cannot be tuned here"),
+    (dict(strategies=["draft"]), "strategy 'draft' cannot be tuned here"),
+    (dict(num_drafts=[]), "num_drafts=\\[\\] must be a non-empty list"),
+])
+def test_bad_input_is_refused_before_any_work(workdirs, monkeypatch, kwargs, message):
+    """No prompts, a budget <= 0, a strategy it cannot run (lossy calm; draft without its
+    workdir loaded) or no draft counts: a one-line error before the exit report or any probe.
+    Catches a check made after the expensive work, or missing (an empty prompt list silently
+    replaced by held-out windows)."""
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    monkeypatch.setattr(api, "model_exit_report", no_work)
+    monkeypatch.setattr(api, "tune", no_work)
+    model = specjax.load(workdirs[0])
+    with pytest.raises(ValueError, match=message):
+        model.tune(**{"prompts": PROMPTS, **kwargs})
+
+
+def test_greedy_and_sampled_defaults_are_stored_separately(tmp_path):
+    """Storing a sampled winner after a greedy one keeps both (and the decoding section);
+    a tuned strategy that is not registered is a one-line error naming the file on load.
+    Catches the second tuning replacing the first mode's entry."""
+    workdir = str(tmp_path)
+    write_calibrated(workdir, 3, {"draft_vocab": 64}, {},
+                     tuned={"greedy": {"strategy": "ngram", "options": {"num_draft": 2}}})
+    write_calibrated(workdir, 3, {}, {},
+                     tuned={"sampled": {"strategy": "suffix", "options": {}}})
+    record = read_calibrated(workdir)
+    assert record["decoding"] == {"draft_vocab": 64}
+    assert set(record["tuned"]) == {"greedy", "sampled"}
+    record["tuned"]["greedy"]["strategy"] = "nope"
+    with open(os.path.join(workdir, FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    from specjax.io.calibrated_defaults import with_calibrated
+
+    with pytest.raises(ValueError, match=f"{FILE}: tuned.greedy is not a mode"):
+        with_calibrated({"step": 3}, workdir, ModelConfig(**TINY_MODEL))
+
+
+def test_the_command_refuses_a_budget_of_zero_and_an_empty_prompts_file(workdirs, tmp_path):
+    """`infer/tune.py --budget_s 0` and a prompts file without prompts end in one-line errors
+    naming them, before the model loads. Catches the command passing them on unchecked."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for args, message in ((["--budget_s", "0"], "--budget_s=0 must be > 0"),
+                          (["--prompts_file", str(empty)], "no prompts")):
+        result = run_script("infer/tune.py", "--workdir", workdirs[0], *args)
+        assert result.returncode != 0 and message in result.stderr, result.stderr[-1000:]
+        assert "Traceback" not in result.stderr

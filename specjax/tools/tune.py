@@ -3,11 +3,13 @@
 Every strategy the workdir can run is a candidate (`candidates`): the model-free ones (ngram,
 suffix, lookahead), selfspec at the exits the exit report ranks first, each strategy whose
 trained weights are loaded, each chain with a small grid of `num_draft`, and a static tree for
-each strategy that drafts trees. A candidate's prediction is the exit report's predicted
-speed-up (selfspec's chains) or a short measurement against `ar` on a few prompts (the others).
-The best of each kind (a strategy's chains, its tree), the few best kinds by prediction, are
-confirmed on all the prompts with the benchmark's interleaved measurement
-(`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it.
+each strategy that drafts trees. A candidate's prediction is a short measurement against `ar`
+on a few prompts (a probe), except for selfspec's chains, which the exit report predicts: only
+the one it predicts fastest is probed, so that every kind competes on measured speed (the
+report's predictions are not on the bench's scale). The best of each kind (a strategy's
+chains, its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
+interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
+none beats it. Probes decode as many tokens as the confirmation, whose programs they compile.
 
 A time budget stops the search: no probe starts after it is spent, and then the best prediction
 so far wins unconfirmed (the table says so).
@@ -85,11 +87,14 @@ class Tuning:
         return row.confirmed.speedup if row.confirmed else row.predicted
 
     def table(self) -> str:
-        lines = [f"{'candidate':<44}{'predicted':>10}  {'from':<14}{'confirmed':>10}{'tau':>6}"]
+        lines = [f"{'candidate':<40}{'report':>7}{'predicted':>10}  {'from':<14}"
+                 f"{'confirmed':>10}{'tau':>6}"]
         for row in sorted(self.rows, key=_rank):
             predicted = "-" if row.predicted is None else f"{row.predicted:.2f}x"
+            report = row.candidate.predicted
+            report = "" if report is None else f"{report:.2f}x"
             done = row.confirmed
-            lines.append(f"{row.candidate.label:<44}{predicted:>10}  {row.source:<14}"
+            lines.append(f"{row.candidate.label:<40}{report:>7}{predicted:>10}  {row.source:<14}"
                          + (f"{done.speedup:9.2f}x{done.stats.tau:6.2f}" if done else ""))
         how = (f"confirmed over ar on {self.num_prompts} prompts" if self.confirmed else
                "unconfirmed: the budget ran out before the confirmation; the best prediction")
@@ -156,12 +161,18 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
          found: Sequence[Candidate], prompts: Sequence[Sequence[int]], *,
          max_new_tokens: int, budget_s: float, started: float,
          sampling: SamplingParams | None = None, confirm: int = 3, probe_prompts: int = 2,
-         probe_tokens: int = 32, repeats: int = 3,
+         repeats: int = 3,
          progress: Callable[[str], None] = lambda line: None) -> Tuning:
     """Predicts each candidate (`build` makes its drafter; a ValueError refuses it), confirms
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
     The budget counts from `started` (`time.perf_counter()`), so that work done before, such as
     the exit report, counts too; at least one candidate is always predicted."""
+    reported = {}  # the exit report's fastest candidate of each kind it predicts: probed
+    for candidate in found:
+        best = reported.get(candidate.kind)
+        if candidate.predicted is not None and (best is None
+                                                or candidate.predicted > best.predicted):
+            reported[candidate.kind] = candidate
     rows: list[Row] = []
     drafters: dict[str, Drafter] = {}  # by label
     for candidate in found:
@@ -174,13 +185,13 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         except ValueError as error:
             rows.append(Row(candidate, None, f"refused: {error}"))
             continue
-        if candidate.predicted is not None:
+        if candidate.predicted is not None and reported[candidate.kind] is not candidate:
             rows.append(Row(candidate, candidate.predicted, "exit report"))
             continue
         progress(f"probing {candidate.label} ...")
         probe = run_benchmark(generator, {"ar": AUTOREGRESSIVE, "probe": drafters[candidate.label]},
-                              prompts[:probe_prompts], max_new_tokens=probe_tokens, repeats=1,
-                              sampling=sampling)
+                              prompts[:probe_prompts], max_new_tokens=max_new_tokens,
+                              repeats=1, sampling=sampling)
         rows.append(Row(candidate, probe[1].speedup, "probe"))
     best = _best_of_kinds(rows, confirm)
     if not best:
@@ -203,14 +214,18 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:
-    """The best predicted row of each kind, the `count` best of those."""
+    """The best predicted row of each kind (a probed one before the exit report's), the
+    `count` best of those."""
     best: dict[str, Row] = {}
     for row in rows:
         kind = row.candidate.kind
-        if row.predicted is not None and (kind not in best
-                                          or row.predicted > best[kind].predicted):
+        if row.predicted is not None and (kind not in best or _merit(row) > _merit(best[kind])):
             best[kind] = row
     return sorted(best.values(), key=lambda row: -row.predicted)[:count]
+
+
+def _merit(row: Row) -> tuple[bool, float]:
+    return row.source == "probe", row.predicted
 
 
 def _rank(row: Row) -> tuple:

@@ -85,9 +85,6 @@ def run():
         num_drafts=num_drafts, trees=[tree for tree in FLAGS.trees if tree],
         confirm=FLAGS.confirm, write=FLAGS.write, progress=lambda line: print(line, flush=True))
     print(tuning.table())
-    if FLAGS.write:
-        mode = "greedy" if FLAGS.temperature == 0 else "sampled"
-        print(f"stored {tuning.winner.label} as the {mode} default of {FLAGS.workdir}")
     return tuning
 
 

@@ -26,6 +26,7 @@ from specjax.chat import check_messages
 from specjax.cli.decoding import (
     auto_tree_prompts,
     decoding_defaults,
+    decoding_mode,
     decoding_options,
     default_choice,
     resolve_auto_tree,
@@ -308,10 +309,10 @@ class LanguageModel:
         """Finds the fastest drafter for this model on these prompts (`tools.tune`: every
         strategy it can run, or `strategies`; selfspec at the `exits` best exits of the exit
         report; chains of each of `num_drafts`, each of `trees`; the `confirm` best kinds
-        confirmed with the benchmark's interleaved timing)
-        within `budget_s` seconds, and with `write` stores the winner as the workdir's default
-        for this mode (greedy at temperature 0, else sampled): `generate` without a strategy
-        then decodes with it. Prompts as `benchmark` takes them."""
+        confirmed with the benchmark's interleaved timing) within `budget_s` seconds, and with
+        `write` stores the winner as the workdir's default for this mode (greedy at
+        temperature 0, else sampled): `generate` without a strategy then decodes with it.
+        Prompts as `benchmark` takes them; `progress` receives a line per step."""
         _require_counts(num_prompts=num_prompts, prompt_len=prompt_len,
                         max_new_tokens=max_new_tokens, exits=exits, confirm=confirm)
         if isinstance(num_drafts, (str, int)) or not num_drafts:
@@ -340,12 +341,13 @@ class LanguageModel:
             max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
             sampling=sampling, confirm=confirm, progress=progress)
         if write:
-            mode = "greedy" if sampling is None else "sampled"
+            mode = decoding_mode(sampling)
             choice = {"strategy": tuning.winner.strategy, "options": dict(tuning.winner.options)}
             write_calibrated(self.workdir, int(self.step), {}, {f"tuned_{mode}": {
                 **tuning.to_dict(), "temperature": temperature, "top_k": top_k,
                 "top_p": top_p}}, tuned={mode: choice})
             self.meta.setdefault("tuned", {})[mode] = choice
+            progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
 
     def _tune_report(self, encoded: Sequence[Any], num_drafts: Sequence[int]

@@ -77,6 +77,11 @@ def decoding_defaults(meta: dict[str, Any]) -> DecodingConfig:
 DEFAULT_STRATEGY = "selfspec"  # decoded with when no strategy is named and none is tuned
 
 
+def decoding_mode(sampling: SamplingParams | None) -> str:
+    """Which of a workdir's tuned strategies applies: "greedy" (no sampling) or "sampled"."""
+    return "greedy" if sampling is None else "sampled"
+
+
 def default_choice(meta: dict[str, Any], cfg: ModelConfig, sampling: SamplingParams | None,
                    weights: Collection[str]) -> tuple[str, DecodingConfig]:
     """The strategy a workdir decodes with when none is named, and its defaults: the one
@@ -85,7 +90,7 @@ def default_choice(meta: dict[str, Any], cfg: ModelConfig, sampling: SamplingPar
     trained weights are not loaded (`weights`: the strategies that have theirs) falls back to
     selfspec, with a warning."""
     defaults = decoding_defaults(meta)
-    choice = meta.get("tuned", {}).get("greedy" if sampling is None else "sampled")
+    choice = meta.get("tuned", {}).get(decoding_mode(sampling))
     if choice is None:
         return DEFAULT_STRATEGY, defaults
     name = choice["strategy"]

@@ -107,8 +107,8 @@ class Tuning:
                            "speedup": self.winner_speedup},
                 "confirmed": self.confirmed, "seconds": self.seconds,
                 "num_prompts": self.num_prompts,
-                "rows": [{"candidate": r.candidate.label, "predicted": r.predicted,
-                          "from": r.source,
+                "rows": [{"candidate": r.candidate.label, "report": r.candidate.predicted,
+                          "predicted": r.predicted, "from": r.source,
                           "confirmed_speedup": r.confirmed.speedup if r.confirmed else None,
                           "tau": r.confirmed.stats.tau if r.confirmed else None}
                          for r in self.rows]}

@@ -4,6 +4,7 @@ the search; bad input is refused before any work."""
 
 import json
 import os
+import shutil
 
 import jax
 import pytest
@@ -151,3 +152,16 @@ def test_the_command_refuses_a_budget_of_zero_and_an_empty_prompts_file(workdirs
         result = run_script("infer/tune.py", "--workdir", workdirs[0], *args)
         assert result.returncode != 0 and message in result.stderr, result.stderr[-1000:]
         assert "Traceback" not in result.stderr
+
+
+def test_the_command_line_generates_with_the_tuned_default(workdirs, tmp_path):
+    """`infer/generate.py` without --strategy decodes with the workdir's tuned greedy default
+    (here `ar`: no acceptance to report), and --strategy still overrides it. Catches
+    generate.py keeping selfspec as its fixed default after tuning."""
+    workdir = shutil.copytree(workdirs[0], str(tmp_path / "w"))
+    write_calibrated(workdir, 0, {}, {}, tuned={"greedy": {"strategy": "ar", "options": {}}})
+    args = ["--workdir", workdir, "--prompt", "def f(", "--max_new_tokens", "4"]
+    tuned = run_script("infer/generate.py", *args)
+    named = run_script("infer/generate.py", *args, "--strategy", "selfspec")
+    assert tuned.returncode == named.returncode == 0, tuned.stderr[-1000:] + named.stderr[-1000:]
+    assert "acceptance=n/a" in tuned.stdout and "acceptance=n/a" not in named.stdout

@@ -5,6 +5,8 @@ the search; bad input is refused before any work."""
 import json
 import os
 import shutil
+import time
+import types
 
 import jax
 import pytest
@@ -165,3 +167,31 @@ def test_the_command_line_generates_with_the_tuned_default(workdirs, tmp_path):
     named = run_script("infer/generate.py", *args, "--strategy", "selfspec")
     assert tuned.returncode == named.returncode == 0, tuned.stderr[-1000:] + named.stderr[-1000:]
     assert "acceptance=n/a" in tuned.stdout and "acceptance=n/a" not in named.stdout
+
+
+def test_the_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
+    """Of selfspec's chains, the exit report's fastest K at each exit is probed and the rest
+    keep the report's figure; the kind's best probe is confirmed, whatever the report said of
+    the other exit. Catches probing only the report's overall favourite (exit 1 here, whose
+    probe is slow) or confirming a report figure over a measured one."""
+    speeds = {"selfspec exit_layer=1 num_draft=4": 1.2, "selfspec exit_layer=2 num_draft=2": 1.8}
+    probed = []
+
+    def bench(generator, strategies, prompts, **kwargs):
+        labels = [label for label in strategies if label != "ar"]
+        if labels == ["probe"]:
+            probed.append(strategies["probe"])
+            labels = [probed[-1]]
+        return [types.SimpleNamespace(name=label, speedup=speeds.get(label, 1.0),
+                                      stats=types.SimpleNamespace(tau=2.0))
+                for label in ["ar", *labels]]
+
+    monkeypatch.setattr(tuner, "run_benchmark", bench)
+    found = [tuner.Candidate("selfspec", {"exit_layer": e, "num_draft": k}, predicted)
+             for e, k, predicted in ((1, 2, 2.0), (1, 4, 2.5), (2, 2, 1.5), (2, 4, 1.4))]
+    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+                        budget_s=60, started=time.perf_counter())
+    assert probed == ["selfspec exit_layer=1 num_draft=4", "selfspec exit_layer=2 num_draft=2"]
+    assert [row.source for row in tuning.rows] == ["exit report", "probe", "probe",
+                                                   "exit report"]
+    assert tuning.winner == found[2] and tuning.confirmed

@@ -4,9 +4,10 @@ Every strategy the workdir can run is a candidate (`candidates`): the model-free
 suffix, lookahead), selfspec at the exits the exit report ranks first, each strategy whose
 trained weights are loaded, each chain with a small grid of `num_draft`, and a static tree for
 each strategy that drafts trees. A candidate's prediction is a short measurement against `ar`
-on a few prompts (a probe), except for selfspec's chains, which the exit report predicts: only
-the one it predicts fastest is probed, so that every kind competes on measured speed (the
-report's predictions are not on the bench's scale). The best of each kind (a strategy's
+on a few prompts (a probe), except for selfspec's chains, which the exit report predicts: at
+each exit tried, only the K it predicts fastest is probed, so that every kind competes on
+measured speed (the report's figures are not on the bench's scale, and its ranking of exits
+not always the bench's). The best of each kind (a strategy's
 chains, its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
 interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
 none beats it. Probes decode as many tokens as the confirmation, whose programs they compile.
@@ -167,12 +168,13 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
     The budget counts from `started` (`time.perf_counter()`), so that work done before, such as
     the exit report, counts too; at least one candidate is always predicted."""
-    reported = {}  # the exit report's fastest candidate of each kind it predicts: probed
+    reported = {}  # the exit report's fastest candidate of each kind, per exit: probed
     for candidate in found:
-        best = reported.get(candidate.kind)
+        key = candidate.kind, candidate.options.get("exit_layer")
+        best = reported.get(key)
         if candidate.predicted is not None and (best is None
                                                 or candidate.predicted > best.predicted):
-            reported[candidate.kind] = candidate
+            reported[key] = candidate
     rows: list[Row] = []
     drafters: dict[str, Drafter] = {}  # by label
     for candidate in found:
@@ -185,7 +187,8 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         except ValueError as error:
             rows.append(Row(candidate, None, f"refused: {error}"))
             continue
-        if candidate.predicted is not None and reported[candidate.kind] is not candidate:
+        if candidate.predicted is not None and reported[
+                candidate.kind, candidate.options.get("exit_layer")] is not candidate:
             rows.append(Row(candidate, candidate.predicted, "exit report"))
             continue
         progress(f"probing {candidate.label} ...")

@@ -33,6 +33,12 @@ from specjax.heads.eagle import EAGLE
 from specjax.heads.medusa import init_medusa
 from specjax.heads.mtp import MTP
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
+from specjax.io.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    load_model_config,
+    load_params,
+)
 from specjax.io.draft_vocab import rank_ids, read_ranking, write_ranking
 from tests.conftest import (
     TINY_MODEL,
@@ -206,8 +212,12 @@ def test_rank_ids_orders_by_count_then_id():
 
 @pytest.mark.parametrize("content,problem", [
     ("{not json", "is unreadable"), ('{"ids": [1, 1]}', "distinct ids"),
-    ('{"ids": [3, 400]}', "distinct ids in \\[0, 259\\)"), ('{"idz": [1]}', "is unreadable")])
+    ('{"ids": [3, 400]}', "distinct ids in \\[0, 259\\)"), ('{"idz": [1]}', "is unreadable"),
+    ('{"ids": [3, -1]}', "distinct ids in \\[0, 259\\)")])
 def test_a_broken_ranking_is_one_line_naming_the_file(tmp_path, content, problem):
+    """Catches a ranking read whole though it is not JSON, lacks its ids, lists one twice, or
+    names an id outside [0, V): past it, or negative (the lower bound left out: numpy would
+    gather id -1 as the head's last row)."""
     (tmp_path / "draft_vocab.json").write_text(content)
     with pytest.raises(ValueError, match=problem) as error:
         read_ranking(str(tmp_path), CFG.vocab_size)
@@ -249,10 +259,16 @@ def test_the_command_ranks_a_text_and_makes_it_the_default(trained_workdir, tmp_
     """infer/draft_vocab.py counts the ids of a text, stores the ranking in the workdir and N as
     its decoding default, which the loaded model then drafts with (its output the model's);
     --max_tokens 40 counts exactly 40 of the 81 tokens (27 then 13 of the second text). Catches
-    a ranking written but not used by default, and a text counted whole past --max_tokens."""
+    a ranking written but not used by default, a text counted whole past --max_tokens, and
+    --size 259, the whole vocabulary, refused (the bound checked with >=)."""
     texts = tmp_path / "texts.jsonl"
     texts.write_text("\n".join(json.dumps({"text": "def f(x):\n    return x + 1\n"})
                                for _ in range(3)))
+    whole = run_script("infer/draft_vocab.py", "--workdir", trained_workdir, "--size", "259",
+                       "--texts_file", str(texts))
+    assert whole.returncode == 0, whole.stderr
+    ranked = json.load(open(os.path.join(trained_workdir, "draft_vocab.json")))["ids"]
+    assert sorted(ranked) == list(range(259))  # --size V: every id, once
     done = run_script("infer/draft_vocab.py", "--workdir", trained_workdir, "--size", "12",
                       "--texts_file", str(texts), "--max_tokens", "40")
     assert done.returncode == 0, done.stderr
@@ -269,3 +285,56 @@ def test_the_command_ranks_a_text_and_makes_it_the_default(trained_workdir, tmp_
     refused = run_script("infer/draft_vocab.py", "--workdir", trained_workdir, "--size", "999")
     assert refused.returncode == 1 and refused.stderr.strip().endswith(
         "--size=999 exceeds the model's 259 ids")
+
+
+def test_the_loop_drafts_over_the_rankings_first_n_ids_ascending(generator):
+    """The ids handed to the loop are the ranking's first N in ascending order (the reference:
+    Python's `sorted`), since `DraftVocab.expand` scatters with `indices_are_sorted=True`.
+    Catches the sort dropped from `Generator.draft_ids`: XLA:CPU happens to scatter unsorted
+    ids correctly, so no greedy or tau test sees it, but the hint makes it undefined on GPU
+    and TPU."""
+    ids = generator.draft_ids(DRAFTERS["selfspec-chain"])
+    assert ids.tolist() == sorted(RANKING[:N].tolist())
+
+
+def test_the_subsets_rows_are_gathered_in_the_compute_dtype():
+    """With float32 weights and a bfloat16 compute dtype the gathered rows are bfloat16, the
+    weights' rows cast (the reference: numpy's gather then cast). Catches the cast left out:
+    the draft head's product then reads float32 rows, twice the bytes the subset saves."""
+    cfg = ModelConfig(**{**TINY_MODEL, "dtype": "bfloat16"})
+    weights = damped_params(cfg, jax.random.PRNGKey(0), 0.5)
+    assert weights["embed"].dtype == jnp.float32
+    ids = np.sort(RANKING[:N])
+    vocab = DraftVocab.gather(weights, cfg, jnp.asarray(ids, jnp.int32))
+    assert vocab.rows.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(vocab.rows, np.float32), np.asarray(
+        np.asarray(weights["embed"])[ids].astype(jnp.bfloat16), np.float32))
+
+
+def test_a_subset_as_large_as_the_vocabulary_is_accepted_and_one_more_refused():
+    """--draft_vocab V (every id, the bound of the option's [0, V]) passes the check, V + 1 is
+    one line. Catches the bound checked with < (the whole vocabulary refused, while
+    `infer/draft_vocab.py --size V` ranks it)."""
+    DecodingConfig(draft_vocab=CFG.vocab_size).check(CFG)
+    with pytest.raises(ValueError, match=rf"^decoding.draft_vocab={CFG.vocab_size + 1} must "
+                                         r"lie in \[0, vocab_size = 259\]"):
+        DecodingConfig(draft_vocab=CFG.vocab_size + 1).check(CFG)
+
+
+def test_the_config_reader_refuses_a_heads_workdir_as_load_params_does(tmp_path):
+    """`load_model_config` (what infer/draft_vocab.py reads, weights left unread) returns a
+    model checkpoint's config, and refuses a head's checkpoint (its metadata names a base
+    model) with `load_params`' one line. Catches the refusal left out: a head's workdir
+    ranked as if it were a model, its ranking then read by no drafter."""
+    cfg = ModelConfig(**TINY_MODEL)
+    for name, extra in (("model", {}), ("head", {"base": {"workdir": "runs/base"},
+                                                 "objective": "eagle"})):
+        checkpoints = Checkpointer(str(tmp_path / name))
+        checkpoints.save(3, {"w": np.zeros(2, np.float32)}, None,
+                         {"model": cfg.to_dict(), **extra})
+        checkpoints.close()
+    assert load_model_config(str(tmp_path / "model"))[0] == cfg
+    for read in (load_model_config, load_params):
+        with pytest.raises(CheckpointError, match=r"holds a eagle run, not a model \(a head on "
+                                                  r"the model in runs/base\)$"):
+            read(str(tmp_path / "head"))

@@ -87,9 +87,9 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
                tokenizer=True, pre="default", vocab_size=True, strings=None, token_types=None):
     """`hf_model`'s weights as llama.cpp writes them (names, permuted Q/K, `types` per
     tensor kind), with a byte-level BPE tokenizer in the metadata (and `{arch}.vocab_size`
-    unless `vocab_size` is False; `strings`: more {key: string} metadata; `token_types`:
-    {id: llama.cpp token type} over the normal type 1); returns {GGUF name: (type, raw bytes
-    as stored, shape)}."""
+    unless `vocab_size` is False; the head width where it is not hidden / heads; `strings`:
+    more {key: string} metadata; `token_types`: {id: llama.cpp token type} over the normal
+    type 1); returns {GGUF name: (type, raw bytes as stored, shape)}."""
     config = hf_model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
@@ -98,6 +98,9 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
     writer.add_uint32(f"{arch}.feed_forward_length", config.intermediate_size)
     writer.add_uint32(f"{arch}.attention.head_count", config.num_attention_heads)
     writer.add_uint32(f"{arch}.attention.head_count_kv", config.num_key_value_heads)
+    if config.head_dim != config.hidden_size // config.num_attention_heads:
+        writer.add_uint32(f"{arch}.attention.key_length", config.head_dim)
+        writer.add_uint32(f"{arch}.attention.value_length", config.head_dim)
     writer.add_float32(f"{arch}.rope.freq_base", SIZES["rope_theta"])
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     if vocab_size:
@@ -334,3 +337,22 @@ def test_without_a_vocab_size_key_the_vocabulary_is_the_embeddings_row_count(tmp
     cfg = import_checkpoint(str(path), str(tmp_path / "w"))
     params, _, _ = load_params(str(tmp_path / "w"))
     assert cfg.vocab_size == rows == params["embed"].shape[0]
+
+
+def test_a_head_width_other_than_hidden_over_heads_is_read_from_key_length(tmp_path):
+    """Heads 32 wide in a 64-wide model of 4 heads (hidden / heads is 16; Mistral-Nemo's are
+    128 against 5120 / 32) are recorded in `llama.attention.key_length`: the import's head_dim
+    is 32 and its logits equal transformers' on the model the file was written from. Catches
+    key_length ignored (head_dim taken as hidden / heads: Q/K/V split into the wrong heads)."""
+    hf_model = hf_llama(initializer_range=0.2, head_dim=32)
+    write_gguf(tmp_path / "wide.gguf", hf_model, {})
+    assert gguf.GGUFReader(str(tmp_path / "wide.gguf")).fields[
+        "llama.attention.key_length"].contents() == 32
+    tokens = np.random.default_rng(0).integers(0, SIZES["vocab_size"], (2, 9))
+    with torch.no_grad():
+        expected = hf_model(torch.tensor(tokens)).logits.numpy()
+    cfg = import_checkpoint(str(tmp_path / "wide.gguf"), str(tmp_path / "w"))
+    assert cfg.head_dim == 32
+    params, _, _ = load_params(str(tmp_path / "w"))
+    logits = jax.jit(M.forward, static_argnames="cfg")(params, cfg, tokens)
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-4)

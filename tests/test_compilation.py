@@ -10,6 +10,7 @@ import textwrap
 import jax
 import pytest
 
+from specjax import compilation_cache
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafters.layerskip import SelfSpeculative
@@ -76,3 +77,41 @@ def test_the_compilation_cache_is_on_by_default_and_can_be_turned_off(tmp_path):
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == expected
     assert os.listdir(folder)  # the first run's programs
+
+
+def test_a_budget_that_fits_the_cache_when_its_bucket_does_not_still_decodes(generator):
+    """A 5-token prompt (width 16) with max_new_tokens 17 and 4 drafted nodes needs 37 slots,
+    its bucket (24) 44: under max_cache_len 40 the loop compiles at the budget itself and
+    emits the per-step argmax's 17 tokens; 21 (41 slots) is refused. Catches the fall-back
+    to the budget dropped (a request that fits refused because its bucket does not)."""
+    tight = Generator(generator.params, CFG, max_cache_len=40)
+    prompts, strategy = [[1, 2, 3, 4, 5]], SelfSpeculative(1, Chain(4))
+    out = tight.generate(prompts, max_new_tokens=17, strategy=strategy)
+    assert out.tokens == per_step_argmax(generator, prompts, 17)
+    with pytest.raises(ValueError, match="= 41 exceeds the cache limit max_cache_len=40"):
+        tight.generate(prompts, max_new_tokens=21, strategy=strategy)
+
+
+def test_a_budget_of_one_token_runs_no_round(generator):
+    """max_new_tokens 1: each row holds the prefill's token (the argmax's first) and no round
+    runs, none drafted. Catches the prefill's `limit <= 1` check left out: a round drafts
+    and verifies, then keeps nothing (its stats count work that emitted no token)."""
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
+    out = generator.generate(prompts, max_new_tokens=1, strategy=SelfSpeculative(1, Chain(4)))
+    assert out.tokens == per_step_argmax(generator, prompts, 1)
+    assert [(s.rounds, s.drafted) for s in out.stats] == [(0, 0), (0, 0)]
+
+
+def test_a_cache_folder_configured_in_jax_is_kept(monkeypatch):
+    """With `jax_compilation_cache_dir` set (this test process sets it) `enable` keeps that
+    folder whatever $SPECJAX_CACHE_DIR says. Catches the user's own JAX setting overwritten
+    by specjax's folder."""
+    configured = jax.config.jax_compilation_cache_dir
+    assert configured
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", "/nonexistent/specjax-cache")
+    try:
+        assert compilation_cache.enable() == configured
+    finally:
+        changed = jax.config.jax_compilation_cache_dir
+        jax.config.update("jax_compilation_cache_dir", configured)
+    assert changed == configured

@@ -363,6 +363,18 @@ def test_a_given_bos_id_is_the_prefix_every_text_starts_with(tmp_path):
     assert given.encode("a", add_special_tokens=True)[0] == 2
 
 
+def test_a_given_eos_id_ends_documents_and_generations(tmp_path):
+    """`load_tokenizer(folder, eos_id=3)`: a document ends with 3 and generation stops at 3
+    alone, not at the folder's own EOS (1), as its docstring promises. Catches the given
+    `eos_id` left out of the stop ids (a generation running on past it)."""
+    from specjax.tokenizer import load_tokenizer
+
+    folder = tokenizer_folder(tmp_path)
+    assert load_tokenizer(folder).stop_ids == (1,)
+    given = load_tokenizer(folder, eos_id=3)
+    assert given.eos_id == 3 and given.stop_ids == (3,)
+    assert given.encode("a", add_eos=True).tolist()[-1] == 3
+
 def test_tokenizers_differing_only_in_their_suffix_have_different_fingerprints(tmp_path):
     """Two HF tokenizers of the same tokenizer.json, one putting an EOS after a text, encode
     "a" differently, so their fingerprints differ. Catches the suffix dropped from

@@ -29,7 +29,7 @@ define_texts_flags("Held-out text", "the validation documents of the workdir's d
                    "the embedded corpus")
 flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
 flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are predicted.")
-flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
+flags.DEFINE_list("num_draft", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
 flags.DEFINE_integer("batch_size", 4, "Windows evaluated together.")
 flags.DEFINE_integer("context", 256, "Cached tokens behind the timed layers.")
 flags.DEFINE_integer("repeats", 7, "Timed repeats per layer cost (median is used).")
@@ -49,7 +49,7 @@ def run() -> None:
     require_positive_flags("max_tokens", "batch_size", "context", "repeats")
     if FLAGS.seq_len is not None and FLAGS.seq_len < 1:
         raise ValueError(f"--seq_len={FLAGS.seq_len} must be >= 1")
-    num_drafts = whole_numbers_flag("num_drafts", 1)
+    num_draft = whole_numbers_flag("num_draft", 1)
     check_destinations({"--output_json": FLAGS.output_json, "--plot": FLAGS.plot},
                        {"--workdir": FLAGS.workdir, "--texts_file": FLAGS.texts_file})
     if FLAGS.plot:
@@ -62,7 +62,7 @@ def run() -> None:
         tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
         report = model_exit_report(
             loaded.params, loaded.cfg, tokenizer, loaded.meta, texts, seq_len=FLAGS.seq_len,
-            max_tokens=FLAGS.max_tokens, num_drafts=num_drafts, batch_size=FLAGS.batch_size,
+            max_tokens=FLAGS.max_tokens, num_draft=num_draft, batch_size=FLAGS.batch_size,
             context=FLAGS.context, repeats=FLAGS.repeats)
         print(report.table())
         if json_path:

@@ -366,7 +366,7 @@ class LanguageModel:
         predicted tau and speed-up of drafting K tokens from it (estimates; `benchmark`
         measures). `texts`: held-out documents (default: the validation documents of the
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
-        num_drafts=, costs=...). The same report as `infer/exits.py`."""
+        num_draft=, costs=...). The same report as `infer/exits.py`."""
         if isinstance(texts, str):
             raise ValueError("texts must be a list of documents, not one string")
         _require_counts(**{name: options[name] for name in _EXIT_REPORT_COUNTS

@@ -92,7 +92,7 @@ def exit_report(report: DraftExitReport) -> Figure:
     quality.set_ylim(0, 1.02)
     quality.legend()
     draft_exits = exits[:-1] or exits
-    drafts = report.num_drafts
+    drafts = report.num_draft
     for k in sorted({drafts[0], drafts[len(drafts) // 2], drafts[-1]}):
         speed.plot(draft_exits, [report.speedup(e, k) for e in draft_exits], "o-",
                    label=f"K={k}")

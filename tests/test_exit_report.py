@@ -40,15 +40,15 @@ COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1
 
 
 
-@pytest.mark.parametrize("num_drafts", [[0], [2, 0], []])
-def test_a_draft_count_below_one_is_refused_first(num_drafts):
-    """num_drafts with 0 (or none at all) is the one-line error naming the counts, from both
+@pytest.mark.parametrize("num_draft", [[0], [2, 0], []])
+def test_a_draft_count_below_one_is_refused_first(num_draft):
+    """num_draft with 0 (or none at all) is the one-line error naming the counts, from both
     entry points, before any weights or windows are read. Catches the bound checked as < 0
     (0 drafts let through to a report whose every speedup is the plain pass)."""
     with pytest.raises(ValueError, match=r"must list draft counts >= 1"):
-        exit_report(None, None, np.zeros((0, 9), np.int32), COSTS, num_drafts=num_drafts)
+        exit_report(None, None, np.zeros((0, 9), np.int32), COSTS, num_draft=num_draft)
     with pytest.raises(ValueError, match=r"must list draft counts >= 1"):
-        model_exit_report(None, None, None, {}, num_drafts=num_drafts)
+        model_exit_report(None, None, None, {}, num_draft=num_draft)
 
 def test_per_exit_loss_accuracy_and_agreement_match_direct_forwards():
     """Each record against exit e computed directly (embed, layers [0, e), head, argmax).
@@ -96,7 +96,7 @@ def test_speedup_from_fixed_costs_matches_a_hand_computation():
     assert predicted_speedup(0.5, COSTS, kinds, 2, 3) == pytest.approx(expected)
     metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
                          agreement=(0.3, 0.5, 0.7, 1.0), tokens=100)
-    report = DraftExitReport(metrics, COSTS, kinds, num_drafts=(2, 3))
+    report = DraftExitReport(metrics, COSTS, kinds, num_draft=(2, 3))
     record = report.to_records()[1]
     assert record["exit"] == 2 and record["agreement"] == 0.5
     assert record["tau"] == {"2": pytest.approx(1.75), "3": pytest.approx(1.875)}
@@ -113,7 +113,7 @@ def test_the_verification_line_is_a_whole_pass_over_one_token_passes():
     assert COSTS.whole_pass(kinds, 4) == pytest.approx(four)
     metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
                          agreement=(0.3, 0.5, 0.7, 1.0), tokens=100)
-    table = DraftExitReport(metrics, COSTS, kinds, num_drafts=(3,)).table()
+    table = DraftExitReport(metrics, COSTS, kinds, num_draft=(3,)).table()
     assert f"4: {four / one:.2f}" in table and "1: 1.00" in table
 
 
@@ -140,7 +140,7 @@ def test_the_best_pair_is_never_the_last_layer_even_when_it_predicts_highest():
                        head={n: 1.0 if n == 1 else 0.1 for n in range(1, 10)})
     metrics = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
                          agreement=(0.0, 0.1, 0.2, 1.0), tokens=100)
-    report = DraftExitReport(metrics, costs, CFG.layer_kinds, num_drafts=(2, 3))
+    report = DraftExitReport(metrics, costs, CFG.layer_kinds, num_draft=(2, 3))
     pairs = [(e, k) for e in range(1, 4) for k in (2, 3)]
     by_hand = max(pairs, key=lambda pair: report.speedup(*pair))
     assert report.speedup(4, 3) > 1 > report.speedup(*by_hand)  # the last layer would win

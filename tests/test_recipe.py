@@ -35,7 +35,7 @@ SMOKE = {
     "train/tokenizer.py": ["--config.data.max_documents=150"],
     "train/train.py standin": SMALL_RUN + SMALL_MODEL,
     "train/train.py continual": SMALL_RUN,
-    "infer/exits.py": ["--max_tokens=1024", "--repeats=2", "--num_drafts=2,4"],
+    "infer/exits.py": ["--max_tokens=1024", "--repeats=2", "--num_draft=2,4"],
     "infer/bench.py": ["--num_prompts=2", "--prompt_len=16", "--max_new_tokens=12",
                        "--repeats=1"],
     "infer/convert.py": [],

@@ -102,7 +102,7 @@ class DraftExitReport:
     metrics: ExitReport
     costs: LayerCosts
     layer_kinds: tuple[str, ...]
-    num_drafts: tuple[int, ...] = NUM_DRAFTS
+    num_draft: tuple[int, ...] = NUM_DRAFTS
     seq_len: int = 0
     source: str = ""
 
@@ -120,7 +120,7 @@ class DraftExitReport:
     def best(self) -> tuple[int, int] | None:
         """The (exit, K) with the highest predicted speed-up among the exits a drafter can use
         (1..L-1); None for a one-layer model."""
-        pairs = [(e, k) for e in range(1, self.num_layers) for k in self.num_drafts]
+        pairs = [(e, k) for e in range(1, self.num_layers) for k in self.num_draft]
         return max(pairs, key=lambda pair: self.speedup(*pair)) if pairs else None
 
     def to_records(self) -> list[dict[str, Any]]:
@@ -128,12 +128,12 @@ class DraftExitReport:
         return [{"exit": e, "loss": self.metrics.loss[e - 1],
                  "accuracy": self.metrics.accuracy[e - 1],
                  "agreement": self.metrics.agreement[e - 1],
-                 "tau": {str(k): self.tau(e, k) for k in self.num_drafts},
-                 "speedup": {str(k): self.speedup(e, k) for k in self.num_drafts}}
+                 "tau": {str(k): self.tau(e, k) for k in self.num_draft},
+                 "speedup": {str(k): self.speedup(e, k) for k in self.num_draft}}
                 for e in range(1, self.num_layers + 1)]
 
     def table(self) -> str:
-        drafts = "".join(f"{f'K={k}':>7}" for k in self.num_drafts)
+        drafts = "".join(f"{f'K={k}':>7}" for k in self.num_draft)
         lines = [f"{self.metrics.tokens} held-out tokens in windows of {self.seq_len}"
                  + (f" ({self.source})" if self.source else ""),
                  f"{'':>32}predicted speed-up with K drafts from the exit",
@@ -158,7 +158,7 @@ class DraftExitReport:
         return "\n".join(lines)
 
     def _costs_line(self) -> str:
-        first, last = 1, max(self.num_drafts) + 1
+        first, last = 1, max(self.num_draft) + 1
 
         def span(by_size: Mapping[int, float]) -> str:
             return f"{1e3 * by_size[first]:.3f} ms (1 token) / {1e3 * by_size[last]:.3f} ms " \
@@ -314,37 +314,37 @@ def _head_loop(cfg: ModelConfig, inner: int) -> Callable:
 
 
 def exit_report(params: Params, cfg: ModelConfig, windows: np.ndarray, costs: LayerCosts, *,
-                num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
+                num_draft: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                 source: str = "") -> DraftExitReport:
     """The report over `windows` [N, T+1] (`token_windows`), in batches of `batch_size`
     windows (the windows past the last whole batch are left out, so one program compiles),
     with `costs` (`measure_costs`, or fixed ones)."""
-    _check_drafts(num_drafts)
+    _check_drafts(num_draft)
     if len(windows) == 0:
         raise ValueError("no held-out windows to evaluate")
     batch = min(batch_size, len(windows))
     batches = [windows[i:i + batch] for i in range(0, len(windows) // batch * batch, batch)]
     metrics = evaluate(jax.jit(make_eval_step(cfg)), params, batches)
-    return DraftExitReport(metrics, costs, cfg.layer_kinds, tuple(sorted(set(num_drafts))),
+    return DraftExitReport(metrics, costs, cfg.layer_kinds, tuple(sorted(set(num_draft))),
                            windows.shape[1] - 1, source)
 
 
-def _check_drafts(num_drafts: Sequence[int]) -> None:
-    if not num_drafts or min(num_drafts) < 1:
-        raise ValueError(f"num_drafts={list(num_drafts)} must list draft counts >= 1")
+def _check_drafts(num_draft: Sequence[int]) -> None:
+    if not num_draft or min(num_draft) < 1:
+        raise ValueError(f"num_draft={list(num_draft)} must list draft counts >= 1")
 
 
 def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
                       meta: Mapping[str, Any], texts: Sequence[str] | None = None, *,
                       seq_len: int | None = None, max_tokens: int = 32768,
-                      num_drafts: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
+                      num_draft: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                       context: int = 256, repeats: int = 7,
                       costs: LayerCosts | None = None) -> DraftExitReport:
     """The report of a loaded model (its stacked params, its checkpoint metadata `meta`)
     over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
     defaults to that data config's. Costs are measured (`measure_costs` with `context`,
     `repeats`) unless given."""
-    _check_drafts(num_drafts)
+    _check_drafts(num_draft)
     data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
     seq_len = data.seq_len if seq_len is None else seq_len
     if texts is None:
@@ -355,7 +355,7 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
         source = f"{len(texts)} given texts"
     windows = token_windows(texts, tokenizer, seq_len, max_tokens)
     if costs is None:
-        costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_drafts], context=context,
+        costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_draft], context=context,
                               repeats=repeats)
-    return exit_report(params, cfg, windows, costs, num_drafts=num_drafts,
+    return exit_report(params, cfg, windows, costs, num_draft=num_draft,
                        batch_size=batch_size, source=source)

@@ -5,9 +5,11 @@ the BOS/EOS ids the model expects."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,6 +51,10 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
         return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes each id adds to a decoded text (none for the special ids)."""
+        return tuple(bytes([i]) for i in range(256)) + (b"",) * (self.vocab_size - 256)
 
     def fingerprint(self) -> str:
         return self.name
@@ -117,6 +123,32 @@ class HFTokenizer:
         """The text of one id (a chat template's `bos_token`), None for None."""
         return None if token_id is None else self._tokenizer.id_to_token(token_id)
 
+    @functools.cache  # noqa: B019 (one table per tokenizer, which lives as long as its model)
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes each id stands for in a text, read from the vocabulary as transformers'
+        `StopStringCriteria.clean_tokenizer_vocab` reads it: a byte-level token's bytes, a
+        byte-fallback token <0xNN>'s byte, else the decoder's text of the token after a fixed
+        prefix (so that a leading space is kept), in UTF-8."""
+        decoder = self._tokenizer.decoder
+        spec = json.loads(self._tokenizer.to_str()).get("decoder")
+        mode = ("byte_level" if type(decoder).__name__ == "ByteLevel" else
+                "byte_fallback" if _has_type(spec, "ByteFallback") else
+                "byte_level" if _has_type(spec, "ByteLevel") else None)
+        byte_of = {char: byte for byte, char in _byte_level_chars().items()}
+        prefix = "abcdef"
+        base = self._tokenizer.encode(prefix, add_special_tokens=False).tokens
+        join = decoder.decode if decoder is not None else " ".join
+        table = [b""] * self.vocab_size
+        for token, index in self._tokenizer.get_vocab(with_added_tokens=True).items():
+            if mode == "byte_level" and all(char in byte_of for char in token):
+                table[index] = bytes(byte_of[char] for char in token)
+            elif mode == "byte_fallback" and re.fullmatch(r"<0x[0-9a-fA-F]{2}>", token):
+                table[index] = bytes([int(token[3:5], 16)])
+            else:
+                text = join(base + [token])
+                table[index] = text[text.index(prefix) + len(prefix):].encode("utf-8")
+        return tuple(table)
+
     def fingerprint(self) -> str:
         """What identifies its token ids: the file's bytes and the ids put around a text."""
         with open(self.path, "rb") as f:
@@ -160,6 +192,22 @@ class HFTokenizer:
 
 
 Tokenizer = ByteTokenizer | HFTokenizer
+
+
+def _has_type(spec: object, kind: str) -> bool:
+    """Whether a tokenizer.json component (nested dicts and lists) has a part of type `kind`."""
+    if isinstance(spec, dict):
+        return spec.get("type") == kind or any(_has_type(v, kind) for v in spec.values())
+    return isinstance(spec, list) and any(_has_type(v, kind) for v in spec)
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable},
+            **{b: chr(256 + n) for n, b in enumerate(others)}}
 
 
 @dataclasses.dataclass(frozen=True)

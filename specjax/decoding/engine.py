@@ -21,6 +21,7 @@ from specjax.decoding.drafter import Drafter, DraftWeights
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.stop_strings import StopStrings
 from specjax.model import Params, check_window, unstack_layers
 from specjax.sharding import place_batch, tree_shardings
 
@@ -145,16 +146,20 @@ class Generator:
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
                  seed: int = 0, eos_id: int | Sequence[int] | None = None,
-                 draft_params: Any = None) -> Generation:
-        """Decodes every prompt; greedy when `sampling` is None."""
+                 draft_params: Any = None, stop: StopStrings | None = None,
+                 logprobs: bool = False) -> Generation:
+        """Decodes every prompt; greedy when `sampling` is None. A row ends after a token
+        that completes one of the `stop` strings; `logprobs` traces each token's
+        log-probability under the target ("logprob")."""
         return self.unpack(self.run(prompts, max_new_tokens=max_new_tokens, strategy=strategy,
                                     sampling=sampling, seed=seed, eos_id=eos_id,
-                                    draft_params=draft_params))
+                                    draft_params=draft_params, stop=stop, logprobs=logprobs))
 
     def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
                seed: int = 0, eos_id: int | Sequence[int] | None = None,
-               draft_params: Any = None) -> Iterator[list[list[int]]]:
+               draft_params: Any = None,
+               stop: StopStrings | None = None) -> Iterator[list[list[int]]]:
         """Like `generate`, but yields each row's new tokens as the loop commits them: the
         prefill's token, then one list per row after every round ([] for a row already done).
         Joined, they are `generate`'s tokens. The loop runs in a thread and hands each round to
@@ -162,7 +167,7 @@ class Generator:
         if self.mesh is not None:
             raise ValueError("streaming runs on one device; decode on a mesh with generate")
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
-                                    draft_params)
+                                    draft_params, stop)
         rounds: queue.Queue = queue.Queue()
         failed: list[BaseException] = []
 
@@ -187,12 +192,13 @@ class Generator:
     def run(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
             seed: int = 0, eos_id: int | Sequence[int] | None = None,
-            draft_params: Any = None) -> DecodeOutput:
+            draft_params: Any = None, stop: StopStrings | None = None,
+            logprobs: bool = False) -> DecodeOutput:
         """Like `generate` but returns the raw device output (for benchmarks: no host copy)."""
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
-                                    draft_params)
+                                    draft_params, stop)
         with self._on_mesh():
-            return generate_tokens(*args, **static)
+            return generate_tokens(*args, **static, logprobs=logprobs)
 
     def compile(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
@@ -214,8 +220,10 @@ class Generator:
 
     def _inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, strategy: Drafter,
                 sampling: SamplingParams | None, seed: int, eos_id: int | Sequence[int] | None,
-                draft_params: Any) -> tuple[tuple, dict[str, Any]]:
-        """`generate_tokens`' array arguments and static options, checked."""
+                draft_params: Any, stop: StopStrings | None = None
+                ) -> tuple[tuple, dict[str, Any]]:
+        """`generate_tokens`' array arguments and static options, checked. Stop strings'
+        automaton is padded to a `bucket` of states: similar stop strings share a program."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy, draft_params = self.with_weights(strategy, draft_params)
@@ -228,7 +236,9 @@ class Generator:
         cache_len = self.cache_len(padded.shape[1], capacity, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
                 jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy),
-                jnp.int32(max_new_tokens))
+                jnp.int32(max_new_tokens),
+                None if stop is None else stop.table(prompts, self.cfg.vocab_size,
+                                                     bucket(stop.num_states)))
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=capacity,
                           cache_len=cache_len)
 

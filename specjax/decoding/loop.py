@@ -27,12 +27,14 @@ from specjax.config import ModelConfig
 from specjax.decoding import streaming
 from specjax.decoding.acceptance import accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
-from specjax.decoding.sampling import SamplingParams, probabilities, sample
+from specjax.decoding.sampling import SamplingParams, probabilities, sample, token_logprobs
+from specjax.decoding.stop_strings import StopTable, advance
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
 from specjax.nn.cache import Cache, along_path
 
 DEPTH = "depth"  # the loop's own per-token trace; the verifier's traces sit beside it
+LOGPROB = "logprob"  # with `logprobs`: each token's log-probability under the target
 
 
 @flax.struct.dataclass
@@ -53,7 +55,9 @@ class DecodeOutput:
     """tokens [B, max_new_tokens + D + 1] (row b valid up to num_tokens[b]), statistics, and
     per-token traces ({name: [B, same width]}): "depth", the draft depth each token was
     accepted at (0: the target's own token, the prefill's included), and the verifier's (e.g.
-    CALM's exit and confidence of each token; -1 for the prefill's token)."""
+    CALM's exit and confidence of each token; -1 for the prefill's token); with `logprobs`,
+    "logprob": the log-probability of each token under the distribution the target verified
+    it with (`sampling.token_logprobs`)."""
 
     tokens: jax.Array
     num_tokens: jax.Array
@@ -77,16 +81,18 @@ class LoopState:
     trace: dict[str, jax.Array]  # [B, N] per emitted token, see DecodeOutput
     round: jax.Array    # scalar, folds into the PRNG key
     limit: jax.Array    # scalar, the new tokens a row may emit
+    stop_state: jax.Array | None = None  # [B] with stop strings: the automaton's state
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "max_new_tokens", "cache_len",
-                                             "stream"))
+                                             "stream", "logprobs"))
 def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                     prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
                     eos_id: jax.Array, draft_ids: jax.Array | None = None,
-                    new_tokens: jax.Array | None = None, *, cfg: ModelConfig,
+                    new_tokens: jax.Array | None = None, stops: StopTable | None = None, *,
+                    cfg: ModelConfig,
                     drafter: Drafter, max_new_tokens: int, cache_len: int,
-                    stream: bool = False) -> DecodeOutput:
+                    stream: bool = False, logprobs: bool = False) -> DecodeOutput:
     """Generates up to `new_tokens` (default `max_new_tokens`) per row after right-padded
     prompts [B, P].
 
@@ -104,6 +110,10 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
       cache_len: static cache size; must be >= P + max_new_tokens + the shape's node count.
       stream: hand each round's committed tokens to the host as it finishes
         (`streaming.emit`; a separate program, so the default one has no host round-trip).
+      stops: stop strings' automaton over the vocabulary and each row's state after its
+        prompt (`stop_strings.StopTable`; None: none, and a program without them).
+      logprobs: trace each token's log-probability under the target ("logprob"; a separate
+        program, so the default one computes none).
     """
     vocab = None
     if draft_ids is not None:
@@ -113,12 +123,14 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                        vocab=vocab)
     prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
-                    max_new_tokens=max_new_tokens, cache_len=cache_len, limit=new_tokens)
+                    max_new_tokens=max_new_tokens, cache_len=cache_len, limit=new_tokens,
+                    stops=stops, logprobs=logprobs)
     if stream:
         streaming.emit(state.tokens[:, :1], state.num_tokens)
     final = jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
-        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, stream=stream),
+        lambda s: decode_round(ctx, drafter, loop_key, eos_id, s, stops, stream=stream,
+                               logprobs=logprobs),
         state)
     return DecodeOutput(tokens=final.tokens, num_tokens=final.num_tokens, stats=final.stats,
                         trace=final.trace)
@@ -137,9 +149,12 @@ def bit_generator_key(key: jax.Array) -> jax.Array:
 
 def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,
             key: jax.Array, eos_id: jax.Array, *, max_new_tokens: int,
-            cache_len: int, limit: jax.Array | None = None) -> LoopState:
+            cache_len: int, limit: jax.Array | None = None, stops: StopTable | None = None,
+            logprobs: bool = False) -> LoopState:
     """The target's prefill over the prompts, the first token, then the drafter's prefill;
-    rows end after `limit` new tokens (default `max_new_tokens`, the output's size)."""
+    rows end after `limit` new tokens (default `max_new_tokens`, the output's size) or a
+    first token that completes a stop string. With `logprobs`, the "logprob" trace starts
+    with the first token's."""
     batch = prompts.shape[0]
     limit = jnp.asarray(max_new_tokens if limit is None else limit, jnp.int32)
     cache, last_logits, exit_hidden = prefill_target(ctx.params, ctx.cfg, prompts,
@@ -156,15 +171,20 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
                                 proposal_like).trace
     zeros = jnp.zeros((batch,), jnp.int32)
     width = max_new_tokens + drafter.shape.depth + 1
+    stopped, stop_state = jnp.zeros((batch,), bool), None
+    if stops is not None:
+        _, stopped, stop_state = advance(stops, stops.state, first[:, None], jnp.ones_like(first))
+    scores = ({LOGPROB: jnp.zeros((batch, width), jnp.float32).at[:, 0].set(
+        token_logprobs(last_logits, first, ctx.sampling))} if logprobs else {})
     return LoopState(
         cache=cache, drafter=draft_state, pending=first,
         tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
-        done=is_stop(first, eos_id) | (limit <= 1),
+        done=is_stop(first, eos_id) | stopped | (limit <= 1), stop_state=stop_state,
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),
-        trace={DEPTH: jnp.zeros((batch, width), jnp.int32),
+        trace={DEPTH: jnp.zeros((batch, width), jnp.int32), **scores,
                **{name: jnp.full((batch, width), -1, like.dtype)
                   for name, like in trace_like.items()}},
         round=jnp.zeros((), jnp.int32), limit=limit)
@@ -189,8 +209,10 @@ def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
 
 
 def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: jax.Array,
-                 s: LoopState, *, stream: bool = False) -> LoopState:
-    """One draft -> verify -> accept -> commit round for every row that is not done."""
+                 s: LoopState, stops: StopTable | None = None, *, stream: bool = False,
+                 logprobs: bool = False) -> LoopState:
+    """One draft -> verify -> accept -> commit round for every row that is not done, cut
+    after a token that completes a stop string."""
     draft_key, accept_key = jax.random.split(jax.random.fold_in(key, s.round))
     proposal, cache, draft_state = drafter.propose(ctx, s.drafter, s.cache, s.pending,
                                                    draft_key)
@@ -200,6 +222,9 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
     count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
                                     s.limit - s.num_tokens)
     count = jnp.where(active, count, 0)
+    ended, stop_state = jnp.zeros_like(active), s.stop_state
+    if stops is not None:
+        count, ended, stop_state = advance(stops, s.stop_state, accepted.emitted, count)
     if stream:
         streaming.emit(accepted.emitted, count)
     write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
@@ -208,6 +233,10 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
               for name, values in verified.trace.items()}
     traced[DEPTH] = write(s.trace[DEPTH], _draft_depths(accepted.emitted.shape[1],
                                                         accepted.num_accepted), s.num_tokens)
+    if logprobs:
+        traced[LOGPROB] = write(s.trace[LOGPROB], token_logprobs(
+            along_path(verified.logits, accepted.path), accepted.emitted, ctx.sampling),
+            s.num_tokens)
     num_tokens = s.num_tokens + count
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
     return LoopState(
@@ -222,7 +251,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
         trace={name: jnp.where(active[:, None], values, s.trace[name])
                for name, values in traced.items()},
         num_tokens=num_tokens,
-        done=s.done | hit_eos | (num_tokens >= s.limit),
+        done=s.done | hit_eos | ended | (num_tokens >= s.limit),
         stats=DecodeStats(
             rounds=s.stats.rounds + active,
             drafted=s.stats.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
@@ -230,7 +259,7 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
             verified=s.stats.verified + active * verified.positions,
             extra={name: total + active * proposal.stats[name]
                    for name, total in s.stats.extra.items()}),
-        round=s.round + 1, limit=s.limit)
+        round=s.round + 1, limit=s.limit, stop_state=stop_state)
 
 
 def _draft_depths(width: int, num_accepted: jax.Array) -> jax.Array:

@@ -53,15 +53,27 @@ def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *
 
 
 def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """Temperature, then top-k, then top-p; returns normalised float32 probabilities [..., V].
+    """Temperature, then top-k, then top-p; returns normalised float32 probabilities [..., V]."""
+    return jax.nn.softmax(_processed(logits, params), axis=-1)
 
-    A runtime branch skips each filter that is off. Tokens tied with the last kept logit are
-    kept too.
-    """
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array,
+                   params: SamplingParams | None) -> jax.Array:
+    """The log-probability [...] of each token [...] under the distribution it was drawn from,
+    given logits [..., V]: the model's log-softmax when greedy, else the log of `probabilities`
+    (temperature, top-k, top-p; -inf outside the filters), as transformers'
+    `compute_transition_scores(..., normalize_logits=True)` reads its `output_scores`."""
+    logits = logits.astype(jnp.float32) if params is None else _processed(logits, params)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def _processed(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """float32 logits / temperature, -inf outside top-k and top-p. A runtime branch skips each
+    filter that is off. Tokens tied with the last kept logit are kept too."""
     logits = logits.astype(jnp.float32) / params.temperature
     logits = jax.lax.cond(params.top_k > 0, _top_k, lambda x, _: x, logits, params)
-    logits = jax.lax.cond(params.top_p < 1.0, _top_p, lambda x, _: x, logits, params)
-    return jax.nn.softmax(logits, axis=-1)
+    return jax.lax.cond(params.top_p < 1.0, _top_p, lambda x, _: x, logits, params)
 
 
 def _top_k(logits: jax.Array, params: SamplingParams) -> jax.Array:

@@ -1,0 +1,127 @@
+"""Stop strings, checked on the device over each round's committed tokens: a row ends after
+the token that completes one, as transformers' `generate(stop_strings=...)` ends it. A stop
+string counts when its last byte falls in the newest token (it may start in earlier tokens,
+the prompt's included, and the token may run past it), so one wholly inside the prompt never
+stops a row. Tokens are matched as bytes, each id's bytes as transformers reads them from the
+vocabulary (`Tokenizer.token_bytes`).
+
+The host builds an Aho-Corasick automaton over the stop strings' bytes and folds it over
+every token's bytes once per call: the state after token t from state q, and whether a stop
+string ends inside t, packed in one table. The loop then advances each row's state by one
+gather per committed token (`advance`): no host round-trip, no string in the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class StopTable:
+    """The automaton folded over the vocabulary, moves [Q, V] int32: 2 x the state after
+    token t from state q, + 1 where a stop string ends inside t (Q padded to a bucket so that
+    stop strings of similar lengths share a program); and each row's state [B] after its
+    prompt."""
+
+    moves: jax.Array
+    state: jax.Array
+
+
+class StopStrings:
+    """Stop strings over a tokenizer's vocabulary (`token_bytes`: the bytes of each id)."""
+
+    def __init__(self, stops: str | Sequence[str], token_bytes: Sequence[bytes]):
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        wrong = [s for s in stops if not isinstance(s, str) or not s]
+        if wrong or not stops:
+            raise ValueError(f"stop must be a non-empty string or a list of them, not {wrong[0]!r}"
+                             if wrong else "stop is an empty list: give stop strings or None")
+        delta, ends = _automaton([s.encode("utf-8") for s in stops])
+        self.next, self.hit = _fold(delta, ends, token_bytes)
+
+    def table(self, prompts: Sequence[Sequence[int]], vocab_size: int, states: int) -> StopTable:
+        """The loop's table for a model of `vocab_size` ids (ids past the tokenizer's match
+        nothing), `states` rows (>= the automaton's), starting each row after its prompt."""
+        count, known = self.next.shape
+        if known > vocab_size:
+            raise ValueError(f"the tokenizer has {known} ids, the model {vocab_size}")
+        moves = np.zeros((states, vocab_size), np.int32)
+        moves[:count, :known] = 2 * self.next + self.hit
+        moves[:count, known:] = 2 * np.arange(count)[:, None]  # unknown ids keep the state
+        start = np.zeros(len(prompts), np.int32)
+        for row, prompt in enumerate(prompts):
+            for token in prompt:
+                start[row] = moves[start[row], int(token)] // 2
+        return StopTable(jnp.asarray(moves), jnp.asarray(start))
+
+    @property
+    def num_states(self) -> int:
+        return self.next.shape[0]
+
+
+def advance(table: StopTable, state: jax.Array, tokens: jax.Array,
+            count: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each row's first `count` [B] tokens of `tokens` [B, W] fed to the automaton from
+    `state` [B]: (the count kept, up to the token completing a stop string; whether one did;
+    the state after the tokens kept)."""
+    moves, current = [], state
+    for j in range(tokens.shape[1]):
+        moves.append(table.moves[current, tokens[:, j]])
+        current = moves[-1] >> 1
+    moved = jnp.stack(moves, 1)
+    hit = (moved & 1).astype(bool) & (jnp.arange(tokens.shape[1])[None, :] < count[:, None])
+    ended = jnp.any(hit, axis=1)
+    count = jnp.where(ended, jnp.argmax(hit, axis=1) + 1, count).astype(count.dtype)
+    after = jnp.take_along_axis(moved, jnp.maximum(count - 1, 0)[:, None], 1)[:, 0] >> 1
+    return count, ended, jnp.where(count > 0, after, state)
+
+
+def _automaton(stops: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Aho-Corasick over bytes: the full transition table [Q, 256] and whether reaching each
+    state ends a stop string [Q] (its own or, through its suffix links, a shorter one's)."""
+    goto: list[dict[int, int]] = [{}]
+    ends = [False]
+    for stop in stops:
+        state = 0
+        for byte in stop:
+            if byte not in goto[state]:
+                goto.append({})
+                ends.append(False)
+                goto[state][byte] = len(goto) - 1
+            state = goto[state][byte]
+        ends[state] = True
+    delta = np.zeros((len(goto), 256), np.int32)
+    suffix = [0] * len(goto)
+    order = list(goto[0].values())  # breadth first: a state's suffix is done before it
+    delta[0, list(goto[0])] = order
+    for state in order:
+        ends[state] = ends[state] or ends[suffix[state]]
+        delta[state] = delta[suffix[state]]
+        for byte, child in goto[state].items():
+            delta[state, byte] = child
+            suffix[child] = delta[suffix[state], byte]
+            order.append(child)
+    return delta, np.asarray(ends)
+
+
+def _fold(delta: np.ndarray, ends: np.ndarray,
+          token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The automaton run over every token's bytes from every state, all tokens at once:
+    next [Q, V] and hit [Q, V] (a stop string ends at one of the token's bytes)."""
+    lengths = np.asarray([len(b) for b in token_bytes])
+    width = max(int(lengths.max(initial=0)), 1)
+    data = np.zeros((len(token_bytes), width), np.uint8)
+    for index, piece in enumerate(token_bytes):
+        data[index, :len(piece)] = np.frombuffer(piece, np.uint8)
+    state = np.repeat(np.arange(len(delta), dtype=np.int32)[:, None], len(token_bytes), 1)
+    hit = np.zeros(state.shape, bool)
+    for j in range(width):
+        present = lengths > j
+        moved = delta[state, data[:, j]]
+        state = np.where(present, moved, state)
+        hit |= present & ends[moved]
+    return state, hit

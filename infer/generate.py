@@ -33,8 +33,10 @@ from specjax.cli.decoding import (
     resolve_auto_tree,
 )
 from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.decoding.loop import LOGPROB
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
+from specjax.decoding.stop_strings import StopStrings
 from specjax.kernels import decision
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
@@ -72,6 +74,11 @@ flags.DEFINE_float("temperature", 0.0, "0 for greedy decoding, else the sampling
 flags.DEFINE_integer("top_k", 0, "Top-k filtering (0: off).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filtering (1: off).")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
+flags.DEFINE_multi_string("stop", None, "A stop string: a row ends after the token that "
+                          "completes one, as transformers' stop_strings ends it (repeat for "
+                          "several).")
+flags.DEFINE_bool("logprobs", False, "Write each token's log-probability under the target "
+                  "(after temperature, top-k and top-p when sampling) in the JSONL rows.")
 flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.")
 flags.DEFINE_bool("add_special_tokens", True, "Put the tokenizer's own special tokens around each "
                   "plain prompt (its BOS, where it adds one), as transformers' tokenizer(prompt) "
@@ -147,16 +154,20 @@ def _generate(sampling, mesh, output):
     chosen = [name for name in FLAGS if FLAGS[name].present]
     strategy = make_strategy(name, loaded.at_head_exit(name, options, chosen))
     require_weights_used(FLAGS.draft_workdir, [strategy])
+    stops = StopStrings(FLAGS.stop, tokenizer.token_bytes()) if FLAGS.stop else None
     rounds = committed = 0
     for start in range(0, len(prompts), FLAGS.batch_size):
         batch = slice(start, start + FLAGS.batch_size)
         out = generator.generate(encoded[batch], max_new_tokens=FLAGS.max_new_tokens,
                                  strategy=strategy, sampling=sampling, seed=FLAGS.seed + start,
-                                 eos_id=tokenizer.stop_ids)
+                                 eos_id=tokenizer.stop_ids, logprobs=FLAGS.logprobs,
+                                 stop=stops)
         for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
                                                 out.trace, strict=True):
             record = {"prompt": prompt_text(prompt), "completion": tokenizer.decode(tokens),
-                      **stats.to_dict(), **_exits(trace), **_kernels()}
+                      "tokens": tokens, **stats.to_dict(), **_exits(trace), **_kernels()}
+            if FLAGS.logprobs:
+                record["logprobs"] = trace[LOGPROB]
             if output:
                 output.write(json.dumps(record) + "\n")
                 output.flush()

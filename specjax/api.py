@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from specjax import keywords
 from specjax.chat import check_messages
 from specjax.cli.decoding import (
     auto_tree_prompts,
@@ -41,8 +45,10 @@ from specjax.decoding.engine import (
     accepted_runs,
 )
 from specjax.decoding.engine import acceptance_by_depth as _by_depth
+from specjax.decoding.loop import LOGPROB
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
+from specjax.decoding.stop_strings import StopStrings
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import LoadedModel, load_model
 from specjax.outputs import check_writable
@@ -53,19 +59,33 @@ from specjax.tools.exit_report import DraftExitReport, model_exit_report
 from specjax.tools.tree_search import TreePlan
 from specjax.tools.tune import EXITS, NUM_DRAFTS, TREE, Tuning, candidates, tunable, tune
 
+PromptsArg = str | Sequence[int] | Sequence[str | Sequence[int]] | None
+DECODING_OPTIONS = tuple(field.name for field in dataclasses.fields(DecodingConfig))
+EXIT_REPORT_OPTIONS = tuple(name for name, p in inspect.signature(model_exit_report).parameters
+                            .items() if p.kind is p.KEYWORD_ONLY)
+
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
     """One prompt's generated text and token ids, its decoding statistics (tau,
     acceptance_rate...) and its per-token traces: "depth" (the draft depth each token was
-    accepted at; 0: the target's own token) and, for strategy calm, "exit" and "confidence"
-    (-1 for the first token)."""
+    accepted at; 0: the target's own token), with `logprobs=True` "logprob" (`logprobs`) and,
+    for strategy calm, "exit" and "confidence" (-1 for the first token)."""
 
     prompt: str
     text: str
     stats: RowStats
     trace: dict[str, list] = dataclasses.field(default_factory=dict)
     tokens: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        """Each token's log-probability under the distribution the target verified it with
+        (`generate(logprobs=True)`; None without): the model's log-softmax when greedy, the
+        sampling distribution's (after temperature, top-k and top-p) when sampled, as
+        transformers' `compute_transition_scores(..., normalize_logits=True)` reads its
+        `output_scores`."""
+        return self.trace.get(LOGPROB)
 
     @property
     def accepted_runs(self) -> list[int]:
@@ -106,6 +126,19 @@ def acceptance_by_depth(completions: Completion | Sequence[Completion],
     if isinstance(completions, Completion):
         completions = [completions]
     return _by_depth([run for c in completions for run in c.accepted_runs], depth)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One `generate` or `stream` call, resolved (`LanguageModel._call`)."""
+
+    encoded: list[np.ndarray]
+    texts: list[str]  # what each Completion shows as its prompt
+    single: bool
+    max_new_tokens: int
+    sampling: SamplingParams | None
+    strategy: Drafter
+    stop: StopStrings | None
 
 
 class LanguageModel:
@@ -185,69 +218,93 @@ class LanguageModel:
             lambda: auto_tree_prompts(self.meta, self.tokenizer, list(prompts)), sampling,
             workdir=self.workdir, step=self.step, strategies=[name])
 
-    def generate(self, prompts: str | Sequence[str] | None = None, *,
+    @keywords.checked(DECODING_OPTIONS, keywords.HF_SAME, keywords.HF_REFUSED)
+    def generate(self, prompts: PromptsArg = None, *,
                  messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]]
-                 | None = None, chat: bool = False, max_new_tokens: int = 128,
-                 strategy: str | Drafter | None = None, temperature: float = 0.0,
+                 | None = None, chat: bool = False, max_new_tokens: int | None = None,
+                 strategy: str | Drafter | None = None, temperature: float | None = None,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 stop: str | Sequence[str] | None = None, logprobs: bool = False,
                  **options: Any) -> Completion | list[Completion]:
         """Completes one prompt (returns a `Completion`) or several (a list, decoded as one
         batch), stopping at the ids that end a generation (generation_config.json's EOS ids).
 
-        A prompt is encoded as the model's tokenizer encodes it (transformers'
-        `tokenizer(prompt)`: its BOS only where it adds one). `messages`, instead: a
-        conversation ([{"role": "user", "content": ...}, ...]) or a list of them, rendered with
-        the model's chat template as `apply_chat_template(..., add_generation_prompt=True)`
-        renders it; `chat=True` makes each prompt a user's first message.
+        A prompt is a text, encoded as the model's tokenizer encodes it (transformers'
+        `tokenizer(prompt)`: its BOS only where it adds one), or a list of token ids, taken as
+        they are. `messages`, instead: a conversation ([{"role": "user", "content": ...},
+        ...]) or a list of them, rendered with the model's chat template as
+        `apply_chat_template(..., add_generation_prompt=True)` renders it; `chat=True` makes
+        each prompt a user's first message.
 
-        Greedy at temperature 0 (the same text whatever the strategy); otherwise sampled, with
-        exactly the model's distribution. `strategy` is a name from `strategies()` built from
-        the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=, tree=...,
-        tree="auto") overriding them, or a `Drafter`; left out, the one `tune` stored for this
-        mode (greedy or sampled) with its options, else selfspec (`default_strategy`).
+        Greedy at temperature 0 (the default; the same text whatever the strategy);
+        otherwise sampled, with exactly the model's distribution. `max_new_tokens` defaults to
+        128. `stop`: strings that end a row after the token completing one, as transformers'
+        `stop_strings` ends it (checked on the device over each round's tokens).
+        `logprobs=True` fills `Completion.logprobs`. `strategy` is a name from `strategies()`
+        built from the checkpoint's decoding defaults with `options` (exit_layer=, num_draft=,
+        tree=..., tree="auto") overriding them, or a `Drafter`; left out, the one `tune`
+        stored for this mode (greedy or sampled) with its options, else selfspec
+        (`default_strategy`). Hugging Face's `max_length`, `do_sample` and
+        `num_assistant_tokens` mean what they mean there.
         """
-        _require_counts(max_new_tokens=max_new_tokens)
-        require_kind("seed", seed, int)
-        inputs, single = _prompt_inputs(prompts, messages)
-        encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
-        sampling = sampling_or_greedy(temperature, top_k, top_p)
-        strategy = self._drafter(strategy, sampling, encoded, options)
-        self._loaded.warn_long_prompts([len(ids) for ids in encoded])
+        call = self._call(prompts, messages, chat, max_new_tokens, strategy, temperature, top_k,
+                          top_p, seed, stop, options)
         out = self.generator.generate(
-            encoded,
-            max_new_tokens=max_new_tokens, strategy=strategy, sampling=sampling, seed=seed,
-            eos_id=self.tokenizer.stop_ids)
-        completions = [Completion(prompt_text(prompt), self.tokenizer.decode(tokens), stats,
-                                  trace, tokens)
-                       for prompt, tokens, stats, trace in zip(inputs, out.tokens, out.stats,
-                                                               out.trace, strict=True)]
-        return completions[0] if single else completions
+            call.encoded, max_new_tokens=call.max_new_tokens, strategy=call.strategy,
+            sampling=call.sampling, seed=seed, eos_id=self.tokenizer.stop_ids, stop=call.stop,
+            logprobs=logprobs)
+        completions = [Completion(prompt, self.tokenizer.decode(tokens), stats, trace, tokens)
+                       for prompt, tokens, stats, trace in zip(call.texts, out.tokens,
+                                                               out.stats, out.trace,
+                                                               strict=True)]
+        return completions[0] if call.single else completions
 
-    def stream(self, prompt: str | None = None, *,
+    @keywords.checked(DECODING_OPTIONS, keywords.HF_SAME, keywords.HF_REFUSED)
+    def stream(self, prompt: str | Sequence[int] | None = None, *,
                messages: Sequence[Mapping[str, Any]] | None = None, chat: bool = False,
-               max_new_tokens: int = 128, strategy: str | Drafter | None = None,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               max_new_tokens: int | None = None, strategy: str | Drafter | None = None,
+               temperature: float | None = None, top_k: int = 0, top_p: float = 1.0,
+               seed: int = 0, stop: str | Sequence[str] | None = None,
                **options: Any) -> Iterator[str]:
         """`generate` for one prompt (or one conversation, `messages`), yielding its text as
         each decoding round commits tokens (a round's accepted drafts and the target's token
         arrive together); joined, the pieces are `generate(prompt).text`. A character whose
         bytes straddle two rounds waits for its last byte."""
-        if prompt is not None and not isinstance(prompt, str):
-            raise ValueError(f"stream takes one prompt string, not {type(prompt).__name__}")
-        _require_counts(max_new_tokens=max_new_tokens)
-        require_kind("seed", seed, int)
-        inputs, single = _prompt_inputs(prompt, messages)
-        if not single:
-            raise ValueError("stream takes one conversation, not a list of them")
-        sampling = sampling_or_greedy(temperature, top_k, top_p)
-        encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
-        strategy = self._drafter(strategy, sampling, encoded, options)
-        self._loaded.warn_long_prompts([len(encoded[0])])
-        rounds = self.generator.stream(encoded, max_new_tokens=max_new_tokens,
-                                       strategy=strategy, sampling=sampling, seed=seed,
-                                       eos_id=self.tokenizer.stop_ids)
+        if prompt is not None and not isinstance(prompt, str) and _token_ids(prompt) is None:
+            raise ValueError(f"stream takes one prompt (a string or token ids), not "
+                             f"{type(prompt).__name__}")
+        call = self._call(prompt, messages, chat, max_new_tokens, strategy, temperature, top_k,
+                          top_p, seed, stop, options)
+        if not call.single:
+            raise ValueError("stream takes one prompt or conversation, not a list of them")
+        rounds = self.generator.stream(call.encoded, max_new_tokens=call.max_new_tokens,
+                                       strategy=call.strategy, sampling=call.sampling,
+                                       seed=seed, eos_id=self.tokenizer.stop_ids,
+                                       stop=call.stop)
         yield from text_pieces(self.tokenizer, (rows[0] for rows in rounds))
 
+    def _call(self, prompts: Any, messages: Any, chat: bool, max_new_tokens: int | None,
+              strategy: str | Drafter | None, temperature: float | None, top_k: int, top_p: float,
+              seed: int, stop: str | Sequence[str] | None, options: dict[str, Any]) -> _Call:
+        """`generate`'s and `stream`'s arguments checked and resolved: prompts encoded,
+        Hugging Face's names mapped (`keywords.from_hf`), the strategy built, stop strings
+        ready for these prompts."""
+        require_kind("seed", seed, int)
+        inputs, single = _prompt_inputs(prompts, messages)
+        encoded = _encode(self.tokenizer, inputs, chat)
+        options = dict(options)
+        temperature, max_new_tokens = keywords.from_hf(options, temperature, max_new_tokens,
+                                                       max(len(ids) for ids in encoded))
+        _require_counts(max_new_tokens=max_new_tokens)
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        drafter = self._drafter(strategy, sampling, encoded, options)
+        self._loaded.warn_long_prompts([len(ids) for ids in encoded])
+        stops = None if stop is None else StopStrings(stop, self.tokenizer.token_bytes())
+        texts = [self.tokenizer.decode(p) if isinstance(p, tuple) else prompt_text(p)
+                 for p in inputs]
+        return _Call(encoded, texts, single, max_new_tokens, sampling, drafter, stops)
+
+    @keywords.checked()
     def benchmark(self, settings: Mapping[str, Mapping[str, Any]],
                   prompts: Sequence[str] | None = None, *, prompt_set: str | None = None,
                   max_new_tokens: int = 128,
@@ -288,7 +345,7 @@ class LanguageModel:
         `prompt_set`, or `num_prompts` held-out windows of `prompt_len` tokens."""
         if prompts is not None and prompt_set:
             raise ValueError("give prompts or a prompt_set, not both")
-        encoded = (encode_prompts(self.tokenizer, _prompt_inputs(prompts, None)[0])
+        encoded = (_encode(self.tokenizer, _prompt_inputs(prompts, None)[0])
                    if prompts is not None else
                    encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
                                                                   num_prompts))
@@ -361,6 +418,7 @@ class LanguageModel:
         return model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
                                  texts, seq_len=seq_len, num_drafts=num_drafts)
 
+    @keywords.checked(EXIT_REPORT_OPTIONS)
     def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:
         """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
         predicted tau and speed-up of drafting K tokens from it (estimates; `benchmark`
@@ -416,9 +474,10 @@ def _require_path(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a path (a string), not {type(value).__name__}")
 
 
-def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput], bool]:
-    """`generate`'s prompts as a list, and whether one was given alone: a string, a list of
-    strings, one conversation or a list of conversations."""
+def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput | tuple[int, ...]],
+                                                          bool]:
+    """`generate`'s prompts as a list, and whether one was given alone: a string or token ids
+    (a tuple in the list), a list of them, one conversation or a list of conversations."""
     if (prompts is None) == (messages is None):
         raise ValueError("give prompts or messages (a conversation, or a list of them), not "
                          "both and not neither")
@@ -428,14 +487,35 @@ def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput], bool
         if not conversations:
             raise ValueError("messages is an empty list")
         return [check_messages(c) for c in conversations], single
-    texts = ([prompts] if isinstance(prompts, str) else
-             list(prompts) if isinstance(prompts, (list, tuple)) else [])
-    wrong = [text for text in texts if not isinstance(text, str)]
-    if not texts or wrong:
-        raise ValueError(f"prompts must be a string or a non-empty list of strings, not "
-                         f"{type(prompts).__name__}"
+    single = isinstance(prompts, str) or _token_ids(prompts) is not None
+    given = ([prompts] if single else
+             list(prompts) if isinstance(prompts, (list, tuple, np.ndarray)) else [])
+    items = [p if isinstance(p, str) else _token_ids(p) for p in given]
+    wrong = [p for p, item in zip(given, items, strict=True) if item is None]
+    if not items or wrong:
+        raise ValueError("prompts must be a string, a list of token ids or a non-empty list of "
+                         f"them, not {type(prompts).__name__}"
                          + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
-    return texts, isinstance(prompts, str)
+    return items, single
+
+
+def _encode(tokenizer: Tokenizer, inputs: Sequence[PromptInput | tuple[int, ...]],
+            chat: bool = False) -> list[np.ndarray]:
+    """`_prompt_inputs`' prompts as ids: token ids as they are, the rest `encode_prompts`'."""
+    if chat and any(isinstance(p, tuple) for p in inputs):
+        raise ValueError("chat=True renders text prompts; token ids are taken as they are")
+    return [np.asarray(p, np.int32) if isinstance(p, tuple) else
+            encode_prompts(tokenizer, [p], chat=chat)[0] for p in inputs]
+
+
+def _token_ids(value: Any) -> tuple[int, ...] | None:
+    """`value` as one prompt's token ids (a non-empty list, tuple or 1-D array of ints), else
+    None."""
+    if not isinstance(value, (list, tuple, np.ndarray)) or len(value) == 0:
+        return None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(int(v) for v in value)
 
 
 def load(workdir: str, step: int | None = None,

@@ -126,14 +126,15 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
     assert path.read_text() == "mine"
 
 
-@pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"), ([1, 2, 3], "list holding a int"),
+@pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"),
+                                           ([1.0, 2.0], "list holding a float"),
                                            ([], "list"), (["ok", 5], "list holding a int")])
 def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
-    """Catches bytes or token ids reaching the tokenizer (an AttributeError from inside it),
-    and a list with one wrong element reported by its first (a second probe's "not list of
-    str")."""
+    """Catches bytes or numbers that are no token ids reaching the tokenizer (an
+    AttributeError from inside it), and a list with one wrong element reported by its first
+    (a second probe's "not list of str")."""
     model = specjax.load(model_workdir)
-    with pytest.raises(ValueError, match=f"a non-empty list of strings, not {kind}"):
+    with pytest.raises(ValueError, match=f"a non-empty list of them, not {kind}"):
         model.generate(prompts)
 
 

@@ -28,15 +28,17 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m['role']
             "{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def trained_bpe() -> Tokenizer:
-    """A byte-level BPE of 300 ids trained on TEXTS, its special tokens first (<s> 0, </s> 1),
-    with no post-processor yet."""
+def trained_bpe(corpus: list[str] | None = None) -> Tokenizer:
+    """A byte-level BPE of 300 ids, its special tokens first (<s> 0, </s> 1), with no
+    post-processor yet: trained on TEXTS with every byte in its alphabet, or on `corpus`
+    with only the characters it holds (an ASCII corpus: every id decodes to ASCII)."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(TEXTS * 30, trainers.BpeTrainer(
+    bpe.train_from_iterator(corpus or TEXTS * 30, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+        initial_alphabet=[] if corpus else pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
     return bpe
 
 
@@ -52,11 +54,12 @@ def save_tokenizer(folder, bpe: Tokenizer, template: str | None,
         json.dump(config, f)
 
 
-def checkpoint(folder, *, bos: bool, template: str | None = None, stops=None, seed=0) -> str:
-    """A random tiny Llama with a byte-level BPE tokenizer whose post-processor adds a BOS
-    (`bos`) or nothing, a chat template in tokenizer_config.json, and generation_config.json's
-    EOS ids `stops`."""
-    bpe = trained_bpe()
+def checkpoint(folder, *, bos: bool, template: str | None = None, stops=None, seed=0,
+               corpus: list[str] | None = None) -> str:
+    """A random tiny Llama with a byte-level BPE tokenizer (`trained_bpe` on `corpus`) whose
+    post-processor adds a BOS (`bos`) or nothing, a chat template in tokenizer_config.json,
+    and generation_config.json's EOS ids `stops`."""
+    bpe = trained_bpe(corpus)
     if bos:
         bpe.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])

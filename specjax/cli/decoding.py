@@ -13,6 +13,7 @@ import jax
 from absl import flags, logging
 from jax.sharding import Mesh
 
+from specjax import keywords
 from specjax.chat import check_messages
 from specjax.cli.entrypoint import run_cli
 from specjax.config import (
@@ -109,10 +110,10 @@ def decoding_options(defaults: DecodingConfig, cfg: ModelConfig, overrides: Mapp
     reads is an error (`registry.require_used`). Errors name an override as `prefix` + its
     name ("--" for a flag, "" for an API keyword)."""
     values = {}
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(defaults)})
+    known = [f.name for f in dataclasses.fields(defaults)]
+    unknown = sorted(set(overrides) - set(known))
     if unknown:
-        raise ValueError(f"unknown decoding option(s) {unknown}; known: "
-                         f"{sorted(f.name for f in dataclasses.fields(defaults))}")
+        raise ValueError(keywords.unknown(unknown[0], known, "the decoding options"))
     for name, value in overrides.items():
         if name == "tree" and isinstance(value, str) and not value.strip():
             raise ValueError(f"{prefix}tree is empty: give 'chain' for a chain, or leave it out "

@@ -297,3 +297,14 @@ def test_the_generate_cli_writes_tokens_and_logprobs_and_stops(hf, tmp_path):
     assert record["tokens"] == expected.tokens
     assert record["completion"] == expected.text
     np.testing.assert_allclose(record["logprobs"], expected.logprobs, atol=1e-6)
+
+
+@pytest.mark.parametrize("stop, message", [(123, "not 123"), ([], "empty list"),
+                                           ([""], "not ''"), (["a", None], "not None")])
+def test_a_bad_stop_is_one_line(stop, message):
+    """Catches a stop that is no string failing deep inside (list(123): a TypeError) or an
+    empty one matching everywhere."""
+    from specjax.tokenizer import ByteTokenizer
+
+    with pytest.raises(ValueError, match=message):
+        StopStrings(stop, ByteTokenizer().token_bytes())

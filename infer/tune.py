@@ -46,7 +46,7 @@ flags.DEFINE_float("budget_s", 600.0, "Seconds of search: no candidate is measur
 flags.DEFINE_list("strategies", None, "Tune only these strategies (default: every one the "
                   "workdir can run).")
 flags.DEFINE_integer("exits", 2, "selfspec: the exits tried, the exit report's best.")
-flags.DEFINE_list("num_drafts", [str(k) for k in NUM_DRAFTS], "Drafts per round K tried for "
+flags.DEFINE_list("num_draft", [str(k) for k in NUM_DRAFTS], "Drafts per round K tried for "
                   "each chain.")
 flags.DEFINE_multi_string("trees", [TREE], "Trees tried for each strategy that drafts trees "
                           "(--trees= : none).")
@@ -70,7 +70,7 @@ def main(argv):
 
 def run():
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "exits", "confirm")
-    num_drafts = whole_numbers_flag("num_drafts", 1)
+    num_draft = whole_numbers_flag("num_draft", 1)
     if FLAGS.budget_s <= 0:
         raise ValueError(f"--budget_s={FLAGS.budget_s:g} must be > 0")
     if FLAGS.prompts_file and FLAGS.prompt_set:
@@ -82,7 +82,7 @@ def run():
         prompt_len=FLAGS.prompt_len, max_new_tokens=FLAGS.max_new_tokens,
         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
         budget_s=FLAGS.budget_s, strategies=FLAGS.strategies, exits=FLAGS.exits,
-        num_drafts=num_drafts, trees=[tree for tree in FLAGS.trees if tree],
+        num_draft=num_draft, trees=[tree for tree in FLAGS.trees if tree],
         confirm=FLAGS.confirm, write=FLAGS.write, progress=lambda line: print(line, flush=True))
     print(tuning.table())
     return tuning

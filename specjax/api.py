@@ -356,25 +356,26 @@ class LanguageModel:
                              "from: pass prompts")
         return encoded
 
+    @keywords.checked()
     def tune(self, prompts: Sequence[str] | None = None, *, prompt_set: str | None = None,
              num_prompts: int = 4, prompt_len: int = 128, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              budget_s: float = 600.0, strategies: Sequence[str] | None = None, exits: int = 2,
-             num_drafts: Sequence[int] = NUM_DRAFTS, trees: Sequence[str] = (TREE,),
+             num_draft: Sequence[int] = NUM_DRAFTS, trees: Sequence[str] = (TREE,),
              confirm: int = 3, write: bool = True,
              progress: Callable[[str], None] = lambda line: None) -> Tuning:
         """Finds the fastest drafter for this model on these prompts (`tools.tune`: every
         strategy it can run, or `strategies`; selfspec at the `exits` best exits of the exit
-        report; chains of each of `num_drafts`, each of `trees`; the `confirm` best kinds
+        report; chains of each of `num_draft`, each of `trees`; the `confirm` best kinds
         confirmed with the benchmark's interleaved timing) within `budget_s` seconds, and with
         `write` stores the winner as the workdir's default for this mode (greedy at
         temperature 0, else sampled): `generate` without a strategy then decodes with it.
         Prompts as `benchmark` takes them; `progress` receives a line per step."""
         _require_counts(num_prompts=num_prompts, prompt_len=prompt_len,
                         max_new_tokens=max_new_tokens, exits=exits, confirm=confirm)
-        if isinstance(num_drafts, (str, int)) or not num_drafts:
-            raise ValueError(f"num_drafts={num_drafts!r} must be a non-empty list of counts")
-        _require_counts(**{f"num_drafts[{i}]": k for i, k in enumerate(num_drafts)})
+        if isinstance(num_draft, (str, int)) or not num_draft:
+            raise ValueError(f"num_draft={num_draft!r} must be a non-empty list of counts")
+        _require_counts(**{f"num_draft[{i}]": k for i, k in enumerate(num_draft)})
         trees = [decoding_options(self.decoding_defaults, self.config, {"tree": tree},
                                   prefix="trees: ").tree for tree in trees]
         if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
@@ -390,9 +391,9 @@ class LanguageModel:
         report = None
         if EXITS in names and self.config.num_layers > 1:
             progress("exit report: ranking the exits ...")
-            report = self._tune_report(encoded, num_drafts)
+            report = self._tune_report(encoded, num_draft)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
-                           num_drafts=num_drafts, trees=trees)
+                           num_draft=num_draft, trees=trees)
         tuning = tune(self.generator, lambda c: self.strategy(
             c.strategy, sampling, encoded, **c.options), found, encoded,
             max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
@@ -407,7 +408,7 @@ class LanguageModel:
             progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
 
-    def _tune_report(self, encoded: Sequence[Any], num_drafts: Sequence[int]
+    def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int]
                      ) -> DraftExitReport:
         """The exit report ranking `tune`'s exits, on the workdir's held-out documents, or
         for an import (no data recorded) on the prompts themselves."""
@@ -416,7 +417,7 @@ class LanguageModel:
             texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
             seq_len = max(1, min(len(ids) for ids in encoded) - 1)
         return model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
-                                 texts, seq_len=seq_len, num_drafts=num_drafts)
+                                 texts, seq_len=seq_len, num_draft=num_draft)
 
     @keywords.checked(EXIT_REPORT_OPTIONS)
     def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:

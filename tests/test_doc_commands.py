@@ -57,7 +57,7 @@ SMOKE = {
     "infer/exits.py": ["--max_tokens=256", "--context=32", "--repeats=1", "--num_draft=2"],
     "infer/draft_vocab.py": ["--max_tokens=4096"],
     "infer/tune.py": ["--num_prompts=1", "--prompt_len=16", "--max_new_tokens=8",
-                      "--num_drafts=2", "--trees=", "--exits=1", "--confirm=1"],
+                      "--num_draft=2", "--trees=", "--exits=1", "--confirm=1"],
     "infer/tree_scan_bench.py": ["--prompt_len=16", "--repeats=1"],
     "train/step_bench.py": ["--steps=2"],
     "train/data_bench.py": ["--repeats=1", "--config.data.max_documents=20"],

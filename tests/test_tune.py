@@ -20,7 +20,7 @@ from specjax.tools import tune as tuner
 from tests.conftest import TINY_MODEL, model_workdir, run_script
 
 PROMPTS = ["def f(x):\n    return x", "import os\nclass A:\n"]
-TUNE = dict(max_new_tokens=24, num_drafts=[4], trees=[], exits=1, confirm=3, budget_s=600)
+TUNE = dict(max_new_tokens=24, num_draft=[4], trees=[], exits=1, confirm=3, budget_s=600)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +101,12 @@ def test_the_budget_stops_the_search(workdirs):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(prompts=[]), "prompts must be a string or a non-empty list"),
+    (dict(prompts=[]), "prompts must be a string, a list of token ids or a non-empty list"),
     (dict(budget_s=0), "budget_s=0 must be a number of seconds > 0"),
     (dict(budget_s=-5.0), "budget_s=-5.0 must be"),
     (dict(strategies=["calm"]), "strategy 'calm' cannot be tuned here"),
     (dict(strategies=["draft"]), "strategy 'draft' cannot be tuned here"),
-    (dict(num_drafts=[]), "num_drafts=\\[\\] must be a non-empty list"),
+    (dict(num_draft=[]), "num_draft=\\[\\] must be a non-empty list"),
 ])
 def test_bad_input_is_refused_before_any_work(workdirs, monkeypatch, kwargs, message):
     """No prompts, a budget <= 0, a strategy it cannot run (lossy calm; draft without its

@@ -124,24 +124,24 @@ def tunable(weights: Collection[str]) -> list[str]:
 
 def candidates(strategies: Sequence[str], defaults: DecodingConfig,
                report: DraftExitReport | None = None, *, exits: int = 2,
-               num_drafts: Sequence[int] = NUM_DRAFTS,
+               num_draft: Sequence[int] = NUM_DRAFTS,
                trees: Sequence[str] = (TREE,)) -> list[Candidate]:
-    """Each strategy's candidates: a chain per `num_drafts` where it reads num_draft (one
+    """Each strategy's candidates: a chain per `num_draft` where it reads num_draft (one
     candidate with its defaults where it does not), and each of `trees` where it reads a tree.
     Selfspec's are at the `exits` exits with the best predicted speed-up in `report` (which
-    must predict `num_drafts`), its chains carrying their predictions (its trees at the best
+    must predict `num_draft`), its chains carrying their predictions (its trees at the best
     exit); none without a report."""
     found = []
     for name in strategies:
         at_exits: list[dict[str, Any]] = [{}]
         if name == EXITS:
-            at_exits = [{"exit_layer": e} for e in _best_exits(report, exits, num_drafts)]
+            at_exits = [{"exit_layer": e} for e in _best_exits(report, exits, num_draft)]
         for base in at_exits:
             chain = options_read(name, defaults)
             if "num_draft" in chain:
                 found += [Candidate(name, {**base, "num_draft": k},
                                     report.speedup(base["exit_layer"], k) if base else None)
-                          for k in num_drafts]
+                          for k in num_draft]
             else:
                 found.append(Candidate(name, base))
             if "tree" in chain and base == at_exits[0]:
@@ -150,12 +150,12 @@ def candidates(strategies: Sequence[str], defaults: DecodingConfig,
 
 
 def _best_exits(report: DraftExitReport | None, count: int,
-                num_drafts: Sequence[int]) -> list[int]:
-    """The `count` exits (1..L-1) whose best predicted speed-up over `num_drafts` is highest."""
+                num_draft: Sequence[int]) -> list[int]:
+    """The `count` exits (1..L-1) whose best predicted speed-up over `num_draft` is highest."""
     if report is None:
         return []
     exits = range(1, report.num_layers)
-    return sorted(exits, key=lambda e: -max(report.speedup(e, k) for k in num_drafts))[:count]
+    return sorted(exits, key=lambda e: -max(report.speedup(e, k) for k in num_draft))[:count]
 
 
 def tune(generator: Generator, build: Callable[[Candidate], Drafter],

@@ -209,13 +209,18 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(rows or None, *([None] * (ndim - 1))))
 
 
+def batch_devices(mesh: Mesh) -> int:
+    """How many ways the rows of a batch split: the mesh's data x fsdp devices."""
+    return math.prod(mesh.shape[a] for a in RULES["batch"])
+
+
 def place_batch(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     """The global batch as one array on the mesh, rows split as `batch_sharding` says (whole on
     every device if they do not divide evenly: a short last validation batch); each process
     fills only its own devices' rows (every process derives the same batch from the data
     position)."""
     sharding = batch_sharding(mesh, batch.ndim)
-    if batch.shape[0] % math.prod(mesh.shape[a] for a in RULES["batch"]):
+    if batch.shape[0] % batch_devices(mesh):
         sharding = NamedSharding(mesh, PartitionSpec())
     return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
 
@@ -241,7 +246,7 @@ def place_process_rows(rows: np.ndarray, mesh: Mesh, batch_size: int) -> jax.Arr
 
 def check_batch(mesh: Mesh, batch_size: int) -> None:
     """A clear error when the batch's rows cannot be split evenly over the mesh."""
-    rows = math.prod(mesh.shape[a] for a in RULES["batch"])
+    rows = batch_devices(mesh)
     if batch_size % rows:
         raise ValueError(f"train.batch_size={batch_size} must be a multiple of the mesh's "
                          f"data x fsdp = {rows} devices that split the rows")

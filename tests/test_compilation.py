@@ -1,6 +1,7 @@
 """What compiles: prompt widths and token budgets bucketed (`engine.bucket`), the budget traced
-so that budgets in a bucket share one program and still stop each row exactly, and JAX's
-persistent compilation cache on by default (`specjax.compilation_cache`)."""
+so that budgets in a bucket share one program and still stop each row exactly, batch sizes
+bucketed (`engine.batch_bucket`) with padding rows that change nothing, and JAX's persistent
+compilation cache on by default (`specjax.compilation_cache`)."""
 
 import os
 import subprocess
@@ -8,15 +9,18 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 from specjax import compilation_cache
 from specjax.config import ModelConfig
-from specjax.decoding import loop
+from specjax.decoding import engine, loop
 from specjax.decoding.drafters.layerskip import SelfSpeculative
-from specjax.decoding.engine import Generator, bucket
+from specjax.decoding.engine import Generator, batch_bucket, bucket
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.decoding.stop_strings import StopStrings
 from tests.conftest import ROOT, damped_params, per_step_argmax, script_env
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
@@ -36,9 +40,73 @@ def test_the_bucket_ladder_by_hand():
     assert [bucket(n, 64) for n in (1, 32, 33, 64, 65, 100)] == [64, 64, 64, 64, 96, 128]
 
 
-@pytest.mark.parametrize("strategy", [SelfSpeculative(1, Chain(4)),
-                                      SelfSpeculative(1, StaticTree.from_branching((2, 2, 1)))],
-                         ids=["chain", "tree"])
+def test_the_batch_ladder_by_hand():
+    """1, 2, 4, 8, then multiples of 8, rounded up to a mesh's row split. Catches a bucket
+    smaller than the batch (rows dropped), a ladder without its multiples of 8 (a batch of 33
+    run at 64) and a bucket a mesh's data x fsdp does not divide (rows left unsplit)."""
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33)] == \
+        [1, 2, 4, 4, 8, 8, 16, 16, 24, 40]
+    assert [batch_bucket(n, 4) for n in (1, 3, 5, 9)] == [4, 4, 8, 16]
+    assert batch_bucket(9, 3) == 18
+
+
+STRATEGIES = [SelfSpeculative(1, Chain(4)),
+              SelfSpeculative(1, StaticTree.from_branching((2, 2, 1)))]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=["chain", "tree"])
+def test_padding_rows_change_nothing_in_the_real_rows(generator, strategy, monkeypatch):
+    """3 prompts run as 4 (one padding row), greedy with a stop string and sampled, both with
+    log-probabilities: tokens, stats and traces equal the unpadded run's (batch buckets off;
+    log-probabilities within fp32 rounding, as XLA compiles batches of 3 and 4 to different
+    kernels), the stop cuts row 1 short and every greedy row starts as the per-step argmax.
+    Catches real rows sliced wrongly (or a padding row returned as a fourth), a stop table
+    whose rows no longer match the prompts, and draws that shift with the batch size."""
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 6, 1]]
+    reference = per_step_argmax(generator, prompts, 12)
+    table = [bytes([97 + i % 26]) for i in range(CFG.vocab_size)]
+    stop = StopStrings((table[reference[1][4]] + table[reference[1][5]]).decode(), table)
+    calls = [dict(stop=stop), dict(seed=3, sampling=SamplingParams.create(0.8, top_k=20))]
+
+    def decode() -> list:
+        return [generator.generate(prompts, max_new_tokens=12, strategy=strategy,
+                                   logprobs=True, **call) for call in calls]
+
+    padded = decode()
+    greedy = padded[0].tokens
+    assert [row[:len(got)] for row, got in zip(reference, greedy, strict=True)] == greedy
+    assert len(greedy[1]) <= 6
+    monkeypatch.setattr(engine, "batch_bucket", lambda size, multiple=1: size)
+    for got, want in zip(padded, decode(), strict=True):
+        assert (got.tokens, got.stats) == (want.tokens, want.stats)
+        for row, expected in zip(got.trace, want.trace, strict=True):
+            assert row.keys() == expected.keys()
+            for name, values in row.items():
+                np.testing.assert_allclose(values, expected[name], atol=1e-5)
+                assert name == "logprob" or values == expected[name]
+
+
+def test_batch_sizes_in_a_bucket_share_a_program(generator, monkeypatch):
+    """Batch sizes 3 then 4 (bucket 4), greedy: one program, every row holds the per-step
+    argmax's tokens, and the padding row of the 3 ran no round. Catches the batch size still
+    compiled as it is (a program per size, as every notebook cell with another number of
+    prompts paid) and a padding row decoded like a real one (its rounds cost the real rows'
+    time while they wait for it)."""
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7], [4, 4, 6, 1], [2, 7]]
+    reference = per_step_argmax(generator, prompts, 8)
+    strategy = STRATEGIES[0]
+    assert generator.generate(prompts[:3], max_new_tokens=8, strategy=strategy).tokens == \
+        reference[:3]
+    compiled = loop.generate_tokens._cache_size()
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "real_rows", lambda output, count: output)
+        padding = generator.run(prompts[:3], max_new_tokens=8, strategy=strategy)
+    assert (int(padding.num_tokens[3]), int(padding.stats.rounds[3])) == (1, 0)
+    assert generator.generate(prompts, max_new_tokens=8, strategy=strategy).tokens == reference
+    assert loop.generate_tokens._cache_size() == compiled
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=["chain", "tree"])
 def test_budgets_in_a_bucket_share_a_program_and_stop_exactly(generator, strategy):
     """max_new_tokens 32, then 33, 47 and 5 (one bucket), on prompts of 5 and 9 tokens (one
     width): one program, and each row holds exactly its budget's tokens, the per-step argmax's

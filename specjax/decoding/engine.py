@@ -23,7 +23,7 @@ from specjax.decoding.loop import DecodeOutput, generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.stop_strings import StopStrings
 from specjax.model import Params, check_window, unstack_layers
-from specjax.sharding import place_batch, tree_shardings
+from specjax.sharding import batch_devices, place_batch, tree_shardings
 
 PAD_MULTIPLE = 16  # caches are padded to multiples of this to reuse compilations
 MIN_BUDGET = 64  # every max_new_tokens up to this runs one program (buffers of 64 tokens)
@@ -111,11 +111,12 @@ class Generator:
     """Holds a model's decoding parameters and generates with any strategy (a `Drafter`).
 
     Compiled programs are cached per (strategy, `bucket` of the longest prompt, `bucket` of
-    max_new_tokens, batch size, greedy or sampling); temperature, top-k, top-p, seed, EOS and
-    a budget or prompt length within the same bucket never recompile. A
+    max_new_tokens, `batch_bucket` of the prompts, greedy or sampling); temperature, top-k,
+    top-p, seed, EOS and a budget, prompt length or batch size within the same bucket never
+    recompile (padding rows are done from the start). A
     drafter with weights of its own (`needs_weights`) drafts with `draft_weights[name]`, or
     with the `draft_params` of a call. On a `mesh`, weights (the drafters' too) are laid out by
-    `sharding.RULES` and the prompts' rows split over data x fsdp when they divide evenly;
+    `sharding.RULES` and the prompts' rows (their bucket a multiple of data x fsdp) split over them;
     the caches are laid out by `sharding.CACHE_AXES`, and jit places everything else.
     `draft_vocab` ranks token ids for drafting over part of the vocabulary (most frequent
     first, `io.draft_vocab`): a strategy with `draft_vocab` = N drafts over its first N.
@@ -184,7 +185,8 @@ class Generator:
         thread.start()
         while (item := rounds.get()) is not None:
             tokens, counts = item
-            yield [row[:count].tolist() for row, count in zip(tokens, counts, strict=True)]
+            yield [row[:count].tolist() for row, count in zip(tokens[:len(prompts)],
+                                                               counts[:len(prompts)], strict=True)]
         thread.join()
         if failed:
             raise failed[0]
@@ -198,7 +200,7 @@ class Generator:
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, seed, eos_id,
                                     draft_params, stop)
         with self._on_mesh():
-            return generate_tokens(*args, **static, logprobs=logprobs)
+            return real_rows(generate_tokens(*args, **static, logprobs=logprobs), len(prompts))
 
     def compile(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
@@ -214,8 +216,8 @@ class Generator:
 
         def decode(batch: Sequence[Sequence[int]], seed: int = 0,
                    eos_id: int | Sequence[int] | None = None) -> DecodeOutput:
-            return program(*self._inputs(batch, max_new_tokens, strategy, sampling, seed, eos_id,
-                                         draft_params)[0])
+            return real_rows(program(*self._inputs(batch, max_new_tokens, strategy, sampling,
+                                                   seed, eos_id, draft_params)[0]), len(batch))
         return decode
 
     def _inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, strategy: Drafter,
@@ -229,7 +231,8 @@ class Generator:
         strategy, draft_params = self.with_weights(strategy, draft_params)
         strategy.validate(self.cfg)
         check_window(self.cfg, 1 + strategy.shape.num_nodes)
-        padded, lengths = self.pad(prompts)
+        rows = self.bucket_rows(prompts)
+        padded, lengths = self.pad(rows)
         capacity = bucket(max_new_tokens, MIN_BUDGET)  # traced: budgets in a bucket share
         if padded.shape[1] + capacity + strategy.shape.num_nodes > self.max_cache_len:
             capacity = max_new_tokens  # the bucket does not fit where the budget itself may
@@ -237,8 +240,9 @@ class Generator:
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
                 jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy),
                 jnp.int32(max_new_tokens),
-                None if stop is None else stop.table(prompts, self.cfg.vocab_size,
-                                                     bucket(stop.num_states)))
+                None if stop is None else stop.table(rows, self.cfg.vocab_size,
+                                                     bucket(stop.num_states)),
+                jnp.int32(len(prompts)))
         return args, dict(cfg=self.cfg, drafter=strategy, max_new_tokens=capacity,
                           cache_len=cache_len)
 
@@ -264,6 +268,13 @@ class Generator:
         if draft_params is not None:
             return strategy, draft_params
         return strategy.with_weights(self.draft_weights)
+
+    def bucket_rows(self, prompts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
+        """The prompts, then one-token padding rows up to the `batch_bucket` of their count (a
+        multiple of a mesh's data x fsdp devices, so that the rows split over them)."""
+        multiple = 1 if self.mesh is None else batch_devices(self.mesh)
+        count = batch_bucket(len(prompts), multiple) if len(prompts) else 0
+        return [*prompts, *[[0]] * (count - len(prompts))]
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
         """Right-pads prompts to the `bucket` of the longest; returns (tokens, lengths)."""
@@ -319,6 +330,22 @@ def bucket(size: int, smallest: int = 16) -> int:
             if size <= candidate:
                 return candidate
         step *= 2
+
+
+def batch_bucket(size: int, multiple: int = 1) -> int:
+    """The batch size `size` prompts compile at: 1, 2, 4, 8, then multiples of 8, rounded up
+    to a multiple of `multiple`. Batch sizes in one bucket share a program; each padding row
+    adds its share of every round's batched work (on CPU, where small batches are bound by
+    reading the weights, little)."""
+    rows = 1 << (size - 1).bit_length() if size <= 8 else _round_up(size, 8)
+    return _round_up(rows, multiple)
+
+
+def real_rows(output: DecodeOutput, count: int) -> DecodeOutput:
+    """The first `count` rows of the loop's output: a padded batch's real rows."""
+    if output.num_tokens.shape[0] == count:
+        return output
+    return jax.tree.map(lambda rows: rows[:count], output)
 
 
 def stop_ids(eos_id: int | Sequence[int] | None) -> jax.Array:

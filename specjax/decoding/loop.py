@@ -89,8 +89,8 @@ class LoopState:
 def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
                     prompt_lengths: jax.Array, key: jax.Array, sampling: SamplingParams | None,
                     eos_id: jax.Array, draft_ids: jax.Array | None = None,
-                    new_tokens: jax.Array | None = None, stops: StopTable | None = None, *,
-                    cfg: ModelConfig,
+                    new_tokens: jax.Array | None = None, stops: StopTable | None = None,
+                    num_rows: jax.Array | None = None, *, cfg: ModelConfig,
                     drafter: Drafter, max_new_tokens: int, cache_len: int,
                     stream: bool = False, logprobs: bool = False) -> DecodeOutput:
     """Generates up to `new_tokens` (default `max_new_tokens`) per row after right-padded
@@ -112,6 +112,8 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
         (`streaming.emit`; a separate program, so the default one has no host round-trip).
       stops: stop strings' automaton over the vocabulary and each row's state after its
         prompt (`stop_strings.StopTable`; None: none, and a program without them).
+      num_rows: the real rows, a traced scalar (default: all B); the rows after them pad the
+        batch to a bucket (`Generator`) and are done from the start, so they change nothing.
       logprobs: trace each token's log-probability under the target ("logprob"; a separate
         program, so the default one computes none).
     """
@@ -124,7 +126,7 @@ def generate_tokens(params: Params, draft_params: Any, prompts: jax.Array,
     prefill_key, loop_key = jax.random.split(bit_generator_key(key))
     state = prefill(ctx, drafter, prompts, prompt_lengths, prefill_key, eos_id,
                     max_new_tokens=max_new_tokens, cache_len=cache_len, limit=new_tokens,
-                    stops=stops, logprobs=logprobs)
+                    stops=stops, logprobs=logprobs, num_rows=num_rows)
     if stream:
         streaming.emit(state.tokens[:, :1], state.num_tokens)
     final = jax.lax.while_loop(
@@ -150,11 +152,11 @@ def bit_generator_key(key: jax.Array) -> jax.Array:
 def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_lengths: jax.Array,
             key: jax.Array, eos_id: jax.Array, *, max_new_tokens: int,
             cache_len: int, limit: jax.Array | None = None, stops: StopTable | None = None,
-            logprobs: bool = False) -> LoopState:
+            logprobs: bool = False, num_rows: jax.Array | None = None) -> LoopState:
     """The target's prefill over the prompts, the first token, then the drafter's prefill;
     rows end after `limit` new tokens (default `max_new_tokens`, the output's size) or a
-    first token that completes a stop string. With `logprobs`, the "logprob" trace starts
-    with the first token's."""
+    first token that completes a stop string; rows from `num_rows` on (padding) are done from
+    the start. With `logprobs`, the "logprob" trace starts with the first token's."""
     batch = prompts.shape[0]
     limit = jnp.asarray(max_new_tokens if limit is None else limit, jnp.int32)
     cache, last_logits, exit_hidden = prefill_target(ctx.params, ctx.cfg, prompts,
@@ -180,7 +182,9 @@ def prefill(ctx: DraftContext, drafter: Drafter, prompts: jax.Array, prompt_leng
         cache=cache, drafter=draft_state, pending=first,
         tokens=jnp.zeros((batch, width), jnp.int32).at[:, 0].set(first),
         num_tokens=jnp.ones((batch,), jnp.int32),
-        done=is_stop(first, eos_id) | stopped | (limit <= 1), stop_state=stop_state,
+        done=is_stop(first, eos_id) | stopped | (limit <= 1) | (
+            jnp.arange(batch) >= (batch if num_rows is None else num_rows)),
+        stop_state=stop_state,
         stats=DecodeStats(rounds=zeros, drafted=zeros, accepted=zeros, verified=zeros,
                           extra={name: jnp.zeros(like.shape, like.dtype)
                                  for name, like in proposal_like.stats.items()}),

@@ -175,7 +175,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
     progress = progress or (lambda line: None)
     batches = [(prompts[i:i + batch_size], seed) for seed in range(seeds)
                for i in range(0, len(prompts), batch_size)]
-    shapes = [generator.pad(rows)[0].shape for rows, _ in batches]
+    shapes = [generator.pad(generator.bucket_rows(rows))[0].shape for rows, _ in batches]
     programs: dict[str, dict] = {}
     compile_seconds: dict[str, float] = {}
 

@@ -54,6 +54,7 @@ SMOKE = {
     "infer/search_skip.py": [*DECODE, "--max_draft=3", "--top=2"],
     "infer/busy_bench.py": [*DECODE, "--pairs=1"],
     "infer/attention_bench.py": ["--calls=5", "--repeats=1"],
+    "infer/compile_bench.py": ["--calls=2", "--max_new_tokens=4", "--prompt_len=8"],
     "infer/exits.py": ["--max_tokens=256", "--context=32", "--repeats=1", "--num_draft=2"],
     "infer/draft_vocab.py": ["--max_tokens=4096"],
     "infer/tune.py": ["--num_prompts=1", "--prompt_len=16", "--max_new_tokens=8",

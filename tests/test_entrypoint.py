@@ -17,7 +17,8 @@ from tests.conftest import ROOT, run_script, script_env, with_default_sigint
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
                                     "infer/exits.py", "infer/calm_bench.py",
-                                    "infer/calibrate.py", "infer/tune.py"])
+                                    "infer/calibrate.py", "infer/tune.py",
+                                    "infer/compile_bench.py"])
 def test_help_exits_zero_and_lists_every_flag(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
     would read it as a failure), a help that hides the decoding flags a script takes from

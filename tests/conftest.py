@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import Stateless
+from specjax.decoding.drafter import DrafterBase
 from specjax.decoding.proposal import Shape, depth_step
 from specjax.kernels import KERNELS, library
 from specjax.model import embed, exit_logits, init_params, unstack_layers
@@ -222,7 +222,7 @@ def damped_params(cfg: ModelConfig, key: jax.Array, deep_scale: float):
 
 
 @dataclasses.dataclass(frozen=True)
-class PerDepthDrafter(Stateless):
+class PerDepthDrafter(DrafterBase):
     """A test drafter that proposes every depth at once, as Medusa's heads and multi-token
     prediction do (`proposal.depth_step`): depth d's distribution is the shared head read from
     the pending token's embedding scaled by d + 1, whatever the node's parent. It agrees with

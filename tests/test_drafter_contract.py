@@ -1,6 +1,8 @@
-"""The drafter contract with a drafter that owns weights and state: a bigram table (traced
-params, not a static config) and a state the loop carries across rounds, kept in step by the
-commit hook; its proposals are chains or trees like LayerSkip's."""
+"""The drafter contract with drafters written here, outside `decoding/`: one that owns weights
+and state (a bigram table, traced params, not a static config, and a state the loop carries
+across rounds, kept in step by the commit hook; its proposals are chains or trees like
+LayerSkip's), and a feature head registered from this file that drafts from the target's
+hidden states (the loop's `feature_exits` extension point), as EAGLE's and Medusa's do."""
 
 import dataclasses
 from typing import ClassVar
@@ -11,21 +13,25 @@ import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DrafterBase, FullVerification
+from specjax.decoding import registry
+from specjax.decoding.drafter import DrafterBase, Strategy
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Shape, depth_step
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.static_tree import StaticTree, node_depths
-from tests.conftest import TINY_MODEL, PerDepthDrafter, damped_params
+from specjax.model import embed, exit_logits
+from specjax.nn.cache import along_path
+from tests.conftest import TINY_MODEL, PerDepthDrafter, damped_params, per_step_argmax
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
 
 
 @dataclasses.dataclass(frozen=True)
-class BigramDrafter(FullVerification):
+class BigramDrafter(DrafterBase):
     """Drafts from a [V, V] table of next-token logits (its params). State: the target's
     committed lengths as the drafter last saw them (from prefill, then commit), the prompt's
     mean hidden state at exit 1 (from the prefill hook) and the rounds it has seen."""
@@ -57,6 +63,48 @@ class BigramDrafter(FullVerification):
     def commit(self, ctx, state, done):
         return {**state, "lengths": done.lengths_after,
                 "rounds": state["rounds"] + (done.lengths_after > done.lengths_before)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LastFeatureDrafter(DrafterBase):
+    """A feature head in the manner of Medusa and EAGLE, written with the three hooks of
+    docs/extending.md only (verification is `DrafterBase`'s): its state is the target's
+    last-layer hidden state at the last kept position, read from the prompt (`prefill_exits`)
+    and then from each round's verified positions (`feature_exits`, `Round.features`); depth d
+    drafts from the pending token's embedding plus that feature times its own traced weight
+    `mix`, scaled by d + 1. The target's head turns that feature into the pending token, so a
+    greedy round counts a stale feature (`stale_feature`)."""
+
+    shape: Shape
+    name: ClassVar[str] = "last-feature"
+    prefill_exits: ClassVar[tuple[int, ...]] = (CFG.num_layers,)
+    feature_exits: ClassVar[tuple[int, ...]] = (CFG.num_layers,)
+
+    def validate(self, cfg):
+        self.shape.validate()
+
+    def label(self):
+        return f"last-feature {self.shape.label()}"
+
+    def prefill(self, ctx, prefilled):
+        hidden = prefilled.exit_hidden[CFG.num_layers]
+        return jnp.take_along_axis(hidden, (prefilled.lengths - 1)[:, None, None], axis=1)[:, 0]
+
+    def propose(self, ctx, state, cache, pending, key):
+        said = jnp.argmax(exit_logits(ctx.params, ctx.cfg, state), axis=-1)
+        hidden = embed(ctx.params, ctx.cfg, pending[:, None]) + ctx.draft_params["mix"] * (
+            state[:, None])
+        logits = jnp.concatenate([exit_logits(ctx.params, ctx.cfg, hidden * (d + 1))
+                                  for d in range(self.shape.depth)], axis=1)
+        proposal, _, _, _ = self.shape.draft(depth_step(logits, cache.lengths), (),
+                                             cache.lengths, pending, key, ctx.sampling,
+                                             cache.max_len)
+        return (proposal.replace(stats={"stale_feature": (said != pending).astype(jnp.int32)}),
+                cache, state)
+
+    def commit(self, ctx, state, done):
+        return done.last_kept(along_path(done.features[CFG.num_layers], done.acceptance.path),
+                              state)
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +180,21 @@ def test_depth_step_gives_every_node_its_own_depths_distribution():
         for depth in (1, 2, 3):
             assert set(row[depths == depth]) == set(np.asarray(peaks[depth - 1]).tolist()[
                 :2 if depth < 3 else 1])
+
+
+@pytest.mark.parametrize("tree", ["", "2,1"], ids=["chain", "static"])
+def test_a_feature_head_written_outside_decoding_is_registered_and_lossless(generator,
+                                                                            monkeypatch, tree):
+    """Catches a contract that needs `decoding/` edited for a new feature head: a `DrafterBase`
+    that does not verify or lacks a no-op hook (an AttributeError in the loop), a loop that
+    hands `commit` features of the wrong exit or position or drops them (`stale_feature`
+    counts), drops the drafter's own params, or commits anything but the target's greedy
+    tokens (compared with one full forward pass per token)."""
+    monkeypatch.setitem(registry.STRATEGIES, LastFeatureDrafter.name, Strategy(
+        lambda options: LastFeatureDrafter(shape_for(options)), (ShapeOptions,)))
+    drafter = make_strategy(LastFeatureDrafter.name, DecodingConfig(num_draft=3, tree=tree))
+    out = generator.generate(PROMPTS, max_new_tokens=12, strategy=drafter,
+                             draft_params={"mix": jnp.float32(0.05)})
+    assert out.tokens == per_step_argmax(generator, PROMPTS, 12)
+    assert all(stats.extra["stale_feature"] == 0 for stats in out.stats)
+    assert out.total.accepted > 0  # the features and `mix` reached the drafts

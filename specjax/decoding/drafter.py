@@ -9,7 +9,7 @@ LayerSkip). The loop calls its hooks:
   propose   every round: a `Proposal` (a token tree of the static `shape`), the target cache
             (a drafter may write the target's K/V for layers it ran) and the new state;
   verify    every round: the target's logits at the pending token and every node
-            (`FullVerification`: the full model; CALM's own strategy exits early instead);
+            (by default the full model; CALM's own strategy exits early instead);
   commit    every round, after acceptance: the state with the accepted path kept (`Round`:
             what the round proposed, accepted and verified).
 
@@ -18,12 +18,12 @@ The loop owns acceptance, the target cache's commit, EOS, budgets and statistics
 `STRATEGIES`, {name: `Strategy`}, which the registry discovers, with the options it reads
 declared beside it (`decoding.options`). A drafter with trained weights (`needs_weights`) gets
 them from the `Generator` by strategy name (`DraftWeights`; `bind` checks the exit they were
-trained on). Every drafter derives from `DrafterBase`, which gives
-the optional hooks (weights of its own, traced settings, the Hugging Face peer's options, what
-verification reuses, the target's features it reads) their defaults. A drafter that proposes
-every depth at once (heads per depth, copied text) drafts through `proposal.depth_step`; a
-feature head (Medusa, MTP, EAGLE) reads the target's hidden states at the prompt
-(`prefill_exits`) and at each verified position (`feature_exits`, handed to `commit`).
+trained on). Every drafter derives from `DrafterBase`, which gives every hook but `propose`,
+`validate` and `label` its default (no state, full verification, no weights of its own) and
+declares the loop's extension points. A drafter that proposes every depth at once (heads per
+depth, copied text) drafts through `proposal.depth_step`; a feature head (Medusa, MTP, EAGLE)
+reads the target's hidden states at the prompt (`prefill_exits`) and at each verified
+position (`feature_exits`, handed to `commit`).
 """
 
 from __future__ import annotations
@@ -166,9 +166,18 @@ class Drafter(Protocol):
 
 
 class DrafterBase:
-    """The optional hooks' defaults (see `Drafter`): no weights of its own, no traced
-    settings, no Hugging Face equivalent, verification of every layer, no prompt states or
-    features, lossless, mixable."""
+    """Every hook's default (see `Drafter`), so a drafter writes `propose`, `validate` and
+    `label` and overrides the rest only where it needs to: no state across rounds (`prefill`
+    gives `()`, `commit` keeps it), verification by the full target model, no weights of its
+    own, no traced settings, no Hugging Face equivalent, lossless, mixable.
+
+    The loop's extension points are declared here, each with its default: `prefill_exits`
+    (the prompt's hidden states `prefill` reads), `feature_exits` (the hidden states
+    verification keeps at the pending token and every node, handed to `commit` as
+    `Round.features`: what a feature head drafts from), `verify_from` (layers verification
+    reuses from the draft, `Proposal.reuse`), `verify` (CALM's own exits early),
+    `restrict_vocab` (a vocabulary head of its own, `draft_vocab`); a strategy built from
+    others is a `Strategy(..., composite=True)`."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
@@ -202,22 +211,17 @@ class DrafterBase:
     def hf_options(self) -> dict[str, Any] | None:
         return None
 
-
-class FullVerification(DrafterBase):
-    """Verification by the full target model: every drafter's but CALM's."""
+    def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Any:
+        """No state: `()`."""
+        return ()
 
     def verify(self, ctx: DraftContext, state: Any, cache: Cache, pending: jax.Array,
                proposal: Proposal) -> Verified:
+        """The full target model's pass, keeping the hidden states at `feature_exits`."""
         return verify(ctx.params, ctx.cfg, cache, pending, proposal, self.feature_exits)
 
-
-class Stateless(FullVerification):
-    """Hooks of a drafter that needs no state across rounds (LayerSkip, autoregressive)."""
-
-    def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> tuple:
-        return ()
-
     def commit(self, ctx: DraftContext, state: Any, done: Round) -> Any:
+        """The state unchanged."""
         return state
 
 

@@ -9,14 +9,14 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, Stateless, Strategy
+from specjax.decoding.drafter import DraftContext, DrafterBase, Strategy
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain
 from specjax.nn.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)
-class Autoregressive(Stateless):
+class Autoregressive(DrafterBase):
     name: ClassVar[str] = "ar"
     mixable: ClassVar[bool] = False  # it proposes no node
     shape: ClassVar[Chain] = Chain(num_draft=0)

@@ -29,9 +29,7 @@ from specjax.config import ModelConfig, layer_numbers
 from specjax.decoding.drafter import (
     DraftContext,
     DrafterBase,
-    FullVerification,
     Prefilled,
-    Round,
     Strategy,
     trained_head_hint,
 )
@@ -91,9 +89,6 @@ class _EarlyExiting(DrafterBase):
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Position:
         return Position(prefilled.lengths, jnp.asarray(prefilled.max_new_tokens, jnp.float32))
 
-    def commit(self, ctx: DraftContext, state: Position, done: Round) -> Position:
-        return state
-
 
 @dataclasses.dataclass(frozen=True)
 class Calm(_EarlyExiting):
@@ -123,7 +118,7 @@ class Calm(_EarlyExiting):
 
 
 @dataclasses.dataclass(frozen=True)
-class CalmDraft(FullVerification, _EarlyExiting):
+class CalmDraft(_EarlyExiting):
     """Speculative decoding whose drafts leave at CALM's exits; shape: a chain or a tree."""
 
     shape: Shape = Chain(num_draft=4)

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import (
     DraftContext,
+    DrafterBase,
     DraftWeights,
-    FullVerification,
     Prefilled,
     Round,
     Strategy,
@@ -38,7 +38,7 @@ ASSISTANT = "the draft model"  # hf_options' stand-in for the assistant model ob
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel(FullVerification):
+class DraftModel(DrafterBase):
     """shape: the proposals' shape; cfg: the draft model's config (bound from its weights,
     `bind`). Its params are the draft model's (layers unstacked, as for decoding)."""
 

@@ -26,8 +26,8 @@ from specjax.config import ModelConfig
 from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
+    DrafterBase,
     DraftWeights,
-    FullVerification,
     Prefilled,
     Round,
     Strategy,
@@ -53,7 +53,7 @@ class FeatureState:
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureHead(VocabHead, FullVerification):
+class FeatureHead(VocabHead, DrafterBase):
     """shape: the proposal's; exits: the target's layer counts the head fuses (bound from its
     checkpoint; () until then)."""
 

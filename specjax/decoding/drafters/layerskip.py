@@ -24,8 +24,8 @@ from specjax.config import ModelConfig, layer_numbers
 from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
+    DrafterBase,
     DraftWeights,
-    Stateless,
     Strategy,
     trained_head_hint,
 )
@@ -83,7 +83,7 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
 
 
 @dataclasses.dataclass(frozen=True)
-class SelfSpeculative(VocabHead, Stateless):
+class SelfSpeculative(VocabHead, DrafterBase):
     """exit_layer = E (draft layers [0, E)); shape: a `Chain` (K drafts, optional confidence
     stop), a `StaticTree` or a `DynamicTree`."""
 
@@ -124,7 +124,7 @@ class SelfSpeculative(VocabHead, Stateless):
 
 
 @dataclasses.dataclass(frozen=True)
-class SkipLayers(VocabHead, Stateless):
+class SkipLayers(VocabHead, DrafterBase):
     """skip: the 0-based indices of the layers the draft passes over (Draft & Verify, SWIFT);
     shape: as for `SelfSpeculative`. Skipping layers E..L-1 is `SelfSpeculative(E)`."""
 

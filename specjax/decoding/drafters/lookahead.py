@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round, Strategy
+from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
 from specjax.decoding.options import at_least, option
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -69,7 +69,7 @@ class LookaheadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Lookahead(FullVerification):
+class Lookahead(DrafterBase):
     """window W, ngram N, guesses G, pool P (see `LookaheadOptions`)."""
 
     window: int = 4

@@ -22,8 +22,8 @@ from specjax.config import ModelConfig
 from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
+    DrafterBase,
     DraftWeights,
-    FullVerification,
     Prefilled,
     Round,
     Strategy,
@@ -37,7 +37,7 @@ from specjax.nn.cache import Cache, along_path
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(VocabHead, FullVerification):
+class Medusa(VocabHead, DrafterBase):
     """shape: the proposal's (at most as deep as there are heads); exit_layer: the layer count
     the heads read, the target's depth (bound from the heads' checkpoint; 0 until then)."""
 

@@ -35,8 +35,8 @@ from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.drafter import (
     DraftContext,
     Drafter,
+    DrafterBase,
     DraftWeights,
-    FullVerification,
     Prefilled,
     Round,
     Strategy,
@@ -95,7 +95,7 @@ class MixedShape:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mixed(FullVerification):
+class Mixed(DrafterBase):
     """branches: the drafters of the tree's branches, in order (at least two, distinct)."""
 
     branches: tuple[Drafter, ...]

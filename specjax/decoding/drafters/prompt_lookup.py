@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round, Strategy
+from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
 from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, depth_step
 from specjax.decoding.shapes.chain import Chain
@@ -44,7 +44,7 @@ class NgramOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup(FullVerification):
+class PromptLookup(DrafterBase):
     """ngram_max, ngram_min: the suffix lengths matched; shape: a chain of K copied tokens."""
 
     ngram_max: int = 3

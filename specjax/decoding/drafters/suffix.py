@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftContext, FullVerification, Prefilled, Round, Strategy
+from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
 from specjax.decoding.drafters.prompt_lookup import commit_text, prompt_text
 from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
@@ -51,7 +51,7 @@ class SuffixOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class SuffixDecoding(FullVerification):
+class SuffixDecoding(DrafterBase):
     """depth: the longest suffix matched; min_prob, factor: as `SuffixOptions`; shape: a chain
     of up to K drafts."""
 

@@ -27,6 +27,11 @@ CHILD_RULES = ("iid", "without_replacement", "top_k")
 # The layout says where each input token sits (cache slot, RoPE position, visible slots).
 DraftStep = Callable[[Any, jax.Array, Layout], tuple[jax.Array, jax.Array, Any]]
 
+# accept(what the step kept at the draft's input position [B, ..., D], the draft distribution
+# [B, ..., V] (greedy: softmax at temperature 1), the drafted tokens [B, ...]) ->
+# P(accepted) [B, ...]: a chain asks for one draft per row, a dynamic tree for every child
+AcceptModel = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
 
 @flax.struct.dataclass
 class Reuse:
@@ -77,11 +82,11 @@ class Shape(Protocol):
         """A short name for reports."""
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
-              key: jax.Array, sampling: SamplingParams | None,
-              max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
-        """Drafts a proposal after `pending` [B] with `lengths` [B] committed tokens. (`Chain`
-        and `DynamicTree` also take `accept`, an acceptance model: a chain's SpecDec++ stop, a
-        tree's scores.)
+              key: jax.Array, sampling: SamplingParams | None, max_len: int,
+              accept: AcceptModel | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+        """Drafts a proposal after `pending` [B] with `lengths` [B] committed tokens; `accept`,
+        an acceptance model, decides where a chain stops (SpecDec++) and scores a dynamic
+        tree's paths (a static tree's nodes are fixed: it has nothing to decide).
 
         Returns the proposal (reuse None, empty stats), what `step` kept at each position
         [B, 1+T, ...] (zeros where it did not run), the positions where it did not run [B, U],

@@ -30,8 +30,8 @@ from specjax.decoding.drafter import (
     trained_head_hint,
 )
 from specjax.decoding.options import option
-from specjax.decoding.proposal import Proposal, Reuse, Shape
-from specjax.decoding.shapes.chain import AcceptModel, Chain
+from specjax.decoding.proposal import AcceptModel, Proposal, Reuse, Shape
+from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout
 from specjax.heads.vocab_subset import exit_head_logits
@@ -75,10 +75,9 @@ def draft_with_layers(ctx: DraftContext, shape: Shape, cache: Cache, pending: ja
         logits, head_state = head(ctx, hidden, layout, head_state)
         return logits, kept, (cache, head_state)
 
-    stop_model = {} if accept is None else {"accept": accept}  # chains, dynamic trees
     proposal, kept, missing, (cache, head_state) = shape.draft(
         step, (cache, head_state), cache.lengths, pending, key, ctx.sampling, cache.max_len,
-        **stop_model)
+        accept=accept)
     return proposal.replace(reuse=Reuse(kept, missing, reuse_exit)), cache, head_state
 
 

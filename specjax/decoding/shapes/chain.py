@@ -20,24 +20,17 @@ from the target.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding.proposal import DraftStep, Proposal, pass_index
+from specjax.decoding.proposal import AcceptModel, DraftStep, Proposal, pass_index
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.shapes.tree import chain_layout
 
 VERIFY_STEPS = 3  # verification sizes of a chain whose rows may stop early (`verify_sizes`)
-
-# accept(what the step kept at the draft's input position [B, ..., D], the draft distribution
-# [B, ..., V] (greedy: softmax at temperature 1), the drafted tokens [B, ...]) ->
-# P(accepted) [B, ...]: a chain asks for one draft per row, a dynamic tree for every child
-AcceptModel = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
-
 
 @dataclasses.dataclass(frozen=True)
 class Chain:

@@ -26,9 +26,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specjax.decoding.proposal import DraftStep, Proposal
+from specjax.decoding.proposal import AcceptModel, DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities
-from specjax.decoding.shapes.chain import AcceptModel
 from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity, tree_layout
 
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decoding.proposal import CHILD_RULES, DraftStep, Proposal
+from specjax.decoding.proposal import CHILD_RULES, AcceptModel, DraftStep, Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity, tree_layout
 
@@ -187,8 +187,10 @@ class StaticTree:
                 for first, positions, children in runs]
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
-              key: jax.Array, sampling: SamplingParams | None,
-              max_len: int) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+              key: jax.Array, sampling: SamplingParams | None, max_len: int,
+              accept: AcceptModel | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+        """As `Shape.draft`; the nodes are fixed, so an acceptance model has nothing to decide."""
+        del accept
         batch, size = pending.shape[0], self.num_nodes + 1
         parents = jnp.broadcast_to(jnp.asarray(self.parents, jnp.int32), (batch, size - 1))
         ancestors = ancestor_matrix(parents)

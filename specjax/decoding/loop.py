@@ -25,10 +25,12 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding import streaming
-from specjax.decoding.acceptance import accept
+from specjax.decoding.acceptance import Acceptance, accept
 from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round
+from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample, token_logprobs
 from specjax.decoding.stop_strings import StopTable, advance
+from specjax.decoding.verify import Verified
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import Params, allocate_cache, embed, exit_logits, prefill_cached
 from specjax.nn.cache import Cache, along_path
@@ -48,6 +50,19 @@ class DecodeStats:
     accepted: jax.Array
     verified: jax.Array
     extra: dict[str, jax.Array]
+
+    def add(self, active: jax.Array, proposal: Proposal, kept: jax.Array,
+            positions: jax.Array) -> DecodeStats:
+        """These counters after a round that drafted `proposal`, kept `kept` [B] tokens (its
+        accepted drafts and the target's one, 0 for rows that are done) and verified
+        `positions`, in the rows `active` [B]."""
+        return DecodeStats(
+            rounds=self.rounds + active,
+            drafted=self.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
+            accepted=self.accepted + jnp.maximum(kept - 1, 0),
+            verified=self.verified + active * positions,
+            extra={name: total + active * proposal.stats[name]
+                   for name, total in self.extra.items()})
 
 
 @flax.struct.dataclass
@@ -222,48 +237,53 @@ def decode_round(ctx: DraftContext, drafter: Drafter, key: jax.Array, eos_id: ja
                                                    draft_key)
     verified = drafter.verify(ctx, draft_state, cache, s.pending, proposal)
     accepted = accept(accept_key, proposal, verified.logits, ctx.sampling)
+
+    # What each row keeps: its accepted drafts and the target's token after them, cut after
+    # an EOS, at its budget and after a completed stop string; nothing once it is done.
     active = ~s.done
-    count, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
-                                    s.limit - s.num_tokens)
-    count = jnp.where(active, count, 0)
-    ended, stop_state = jnp.zeros_like(active), s.stop_state
+    kept, hit_eos = _emitted_count(accepted.emitted, accepted.num_accepted, eos_id,
+                                   s.limit - s.num_tokens)
+    kept = jnp.where(active, kept, 0)
+    stopped, stop_state = jnp.zeros_like(active), s.stop_state
     if stops is not None:
-        count, ended, stop_state = advance(stops, s.stop_state, accepted.emitted, count)
+        kept, stopped, stop_state = advance(stops, s.stop_state, accepted.emitted, kept)
     if stream:
-        streaming.emit(accepted.emitted, count)
-    write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
-    written = write(s.tokens, accepted.emitted, s.num_tokens)
-    traced = {name: write(s.trace[name], along_path(values, accepted.path), s.num_tokens)
-              for name, values in verified.trace.items()}
-    traced[DEPTH] = write(s.trace[DEPTH], _draft_depths(accepted.emitted.shape[1],
-                                                        accepted.num_accepted), s.num_tokens)
-    if logprobs:
-        traced[LOGPROB] = write(s.trace[LOGPROB], token_logprobs(
-            along_path(verified.logits, accepted.path), accepted.emitted, ctx.sampling),
-            s.num_tokens)
-    num_tokens = s.num_tokens + count
+        streaming.emit(accepted.emitted, kept)
+    num_tokens = s.num_tokens + kept
     lengths = jnp.where(active, s.cache.lengths + accepted.num_accepted + 1, s.cache.lengths)
+    last = jnp.take_along_axis(accepted.emitted, accepted.num_accepted[:, None], axis=1)[:, 0]
+    tokens, trace = _record(s, active, accepted, verified, ctx.sampling, logprobs)
+
+    # Commit: the target cache along the accepted path, the drafter's state, the output.
+    done = Round(pending=s.pending, proposal=proposal, acceptance=accepted,
+                 reused_hidden=verified.reused_hidden, lengths_before=s.cache.lengths,
+                 lengths_after=lengths, features=verified.features, logits=verified.logits)
     return LoopState(
         cache=verified.cache.commit(lengths, accepted.path),
-        drafter=drafter.commit(ctx, draft_state, Round(s.pending, proposal, accepted,
-                                                       verified.reused_hidden, s.cache.lengths,
-                                                       lengths, verified.features,
-                                                       verified.logits)),
-        pending=jnp.where(active, jnp.take_along_axis(
-            accepted.emitted, accepted.num_accepted[:, None], 1)[:, 0], s.pending),
-        tokens=jnp.where(active[:, None], written, s.tokens),
-        trace={name: jnp.where(active[:, None], values, s.trace[name])
-               for name, values in traced.items()},
-        num_tokens=num_tokens,
-        done=s.done | hit_eos | ended | (num_tokens >= s.limit),
-        stats=DecodeStats(
-            rounds=s.stats.rounds + active,
-            drafted=s.stats.drafted + active * jnp.sum(proposal.valid, axis=1, dtype=jnp.int32),
-            accepted=s.stats.accepted + jnp.maximum(count - 1, 0),
-            verified=s.stats.verified + active * verified.positions,
-            extra={name: total + active * proposal.stats[name]
-                   for name, total in s.stats.extra.items()}),
+        drafter=drafter.commit(ctx, draft_state, done),
+        pending=jnp.where(active, last, s.pending),
+        tokens=tokens, trace=trace, num_tokens=num_tokens,
+        done=s.done | hit_eos | stopped | (num_tokens >= s.limit),
+        stats=s.stats.add(active, proposal, kept, verified.positions),
         round=s.round + 1, limit=s.limit, stop_state=stop_state)
+
+
+def _record(s: LoopState, active: jax.Array, accepted: Acceptance, verified: Verified,
+            sampling: SamplingParams | None, logprobs: bool) -> tuple[jax.Array, dict]:
+    """The output tokens and per-token traces with a round's emitted tokens written from each
+    active row's next slot (slots past what it keeps are overwritten by the next round)."""
+    write = jax.vmap(lambda row, new, at: jax.lax.dynamic_update_slice(row, new, (at,)))
+    traces = {name: along_path(values, accepted.path) for name, values in verified.trace.items()}
+    traces[DEPTH] = _draft_depths(accepted.emitted.shape[1], accepted.num_accepted)
+    if logprobs:
+        traces[LOGPROB] = token_logprobs(along_path(verified.logits, accepted.path),
+                                         accepted.emitted, sampling)
+
+    def written(old: jax.Array, new: jax.Array) -> jax.Array:
+        return jnp.where(active[:, None], write(old, new, s.num_tokens), old)
+
+    return (written(s.tokens, accepted.emitted),
+            {name: written(s.trace[name], new) for name, new in traces.items()})
 
 
 def _draft_depths(width: int, num_accepted: jax.Array) -> jax.Array:

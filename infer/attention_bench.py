@@ -24,20 +24,19 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import define_model_flags, define_output_flags
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_attention
 from specjax.loading import load_model
 from specjax.nn.attention import _attend
 from specjax.timing import time_interleaved
 
-flags.DEFINE_string("workdir", None, "Trained workdir (its model's heads and head_dim).",
-                    required=True)
+define_model_flags(required=True)
+define_output_flags(repeats=7)
 flags.DEFINE_list("tokens", ["1", "7", "16"], "New tokens per call.")
 flags.DEFINE_list("filled", ["150", "300"], "Cache slots the tokens see before their own.")
 flags.DEFINE_integer("slots", 512, "Cache slots (the cache's length).")
 flags.DEFINE_integer("calls", 200, "Calls per timed loop.")
-flags.DEFINE_integer("repeats", 7, "Timed loops per program.")
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 FLAGS = flags.FLAGS
 
 

@@ -33,6 +33,12 @@ from specjax.cli.decoding import (
     sweep_options,
 )
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import (
+    define_model_flags,
+    define_output_flags,
+    define_prompt_flags,
+    define_sampling_flags,
+)
 from specjax.data import completion_prompts, heldout_data, heldout_prompts
 from specjax.decoding.registry import STRATEGIES, make_strategy, require_used
 from specjax.decoding.sampling import sampling_or_greedy
@@ -48,12 +54,10 @@ from specjax.tools.bench import (
 )
 from specjax.tools.tree_search import pass_seconds
 
-flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model: a "
-                          "smaller model with the same tokenizer (strategy draft; trained or "
-                          "imported) or heads trained on this model (kangaroo, specdec, "
-                          "medusa)")
-flags.DEFINE_string("prompts_file", None, "JSONL prompts (default: held-out validation files).")
+define_model_flags(drafters=True)
+define_prompt_flags(prompts_file=True, num_prompts=8, prompt_len=128, max_new_tokens=256)
+define_sampling_flags()
+define_output_flags(repeats=3)
 flags.DEFINE_enum("prompt_set", "heldout", ["heldout", "completion", *sorted(PROMPT_SETS)],
                   "Prompts: held-out windows from the middle of validation files, code "
                   "completion whose prompt shares text with its answer "
@@ -66,14 +70,7 @@ flags.DEFINE_list("strategies", ["ar", "selfspec"], "Strategies to compare with 
 define_decoding_flags(sweep=True)
 define_mesh_flag()
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
-flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to use.")
-flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
-flags.DEFINE_integer("max_new_tokens", 256, "Tokens generated per prompt.")
 flags.DEFINE_integer("batch_size", 1, "Prompts decoded together.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
-flags.DEFINE_float("temperature", 0.0, "0: greedy decoding (outputs checked identical to ar); "
-                   "else sampled decoding at this temperature (lossless in distribution).")
-flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
 flags.DEFINE_integer("seeds", 1, "Sampled runs: decode every prompt with seeds 0..N-1 (one "
                      "seed's tau, and so its speed, differed by 12% between two seeds at 16 "
                      "prompts x 256 tokens).")
@@ -88,7 +85,6 @@ flags.DEFINE_bool("compare_hf", False, "Also time Hugging Face transformers' gre
 flags.DEFINE_float("hf_budget_s", 900, "--compare_hf: a transformers variant whose warm-up on "
                    "the first prompt projects more than this many seconds for its timed runs "
                    "is skipped (and reported so).")
-flags.DEFINE_string("output_json", None, "Also write the results here.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -114,6 +110,7 @@ def benchmark() -> dict:
     if FLAGS.prompt_set in PROMPT_SETS and FLAGS["prompt_len"].present:
         raise ValueError(f"--prompt_len shapes held-out windows; --prompt_set {FLAGS.prompt_set} "
                          "brings its own prompts: drop one")
+    sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
@@ -127,7 +124,6 @@ def benchmark() -> dict:
         data = heldout_data(meta)
         choose = completion_prompts if FLAGS.prompt_set == "completion" else heldout_prompts
         prompts = choose(data, tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
-    sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
     generator = loaded.generator()
     sweeps = {name: getattr(FLAGS, name) for name in DECODING_FLAGS}
     swept = sweep_options(decoding_defaults(meta), cfg, sweeps)
@@ -186,7 +182,7 @@ def benchmark() -> dict:
         "model": cfg.to_dict(), "prompts": len(prompts), "mean_prompt_tokens": mean_prompt,
         "max_new_tokens": FLAGS.max_new_tokens, "batch_size": FLAGS.batch_size,
         "repeats": FLAGS.repeats, "seeds": FLAGS.seeds, "temperature": FLAGS.temperature,
-        "top_p": FLAGS.top_p,
+        "top_k": FLAGS.top_k, "top_p": FLAGS.top_p,
         "results": rows, "read_bandwidth_gb_s": bandwidth / 1e9,
         "single_thread_read_bandwidth_gb_s": single_thread_bandwidth / 1e9,
         "matvec_chain_gb_s": matvec / 1e9,
@@ -249,7 +245,8 @@ def compare_with_hf(results, strategies, prompts, generator) -> list[dict]:
 def format_report(report: dict) -> str:
     seeds = report["seeds"]
     mode = ("greedy" if report["temperature"] == 0 else
-            f"sampled (temperature {report['temperature']}, top-p {report['top_p']}"
+            f"sampled (temperature {report['temperature']}, top-k {report['top_k']}, "
+            f"top-p {report['top_p']}"
             + (f", seeds 0..{seeds - 1}" if seeds > 1 else "") + ")")
     lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch "
              f"{report['batch_size']}, {mode}, median of {report['repeats']} "

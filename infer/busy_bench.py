@@ -35,6 +35,7 @@ from specjax.cli.decoding import (
     whole_numbers_flag,
 )
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import define_model_flags, define_output_flags, define_prompt_flags
 from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import STRATEGIES, make_strategy
@@ -43,17 +44,15 @@ from specjax.loading import load_model
 from specjax.timing import time_interleaved
 from specjax.tokenizer import get_tokenizer
 
-flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
+define_model_flags(required=True)
+define_prompt_flags(num_prompts=4, prompt_len=128, max_new_tokens=128)
+define_output_flags()
 flags.DEFINE_list("busy", ["0", "1", "2"], "Busy background processes, one measurement each.")
 flags.DEFINE_integer("pairs", 20, "Timed (default, XLA) pairs per measurement.")
 flags.DEFINE_enum("kernel", "matmul", [*KERNELS, "all"],
                   "The kernel (or all) that the XLA program goes without.")
 flags.DEFINE_enum("strategy", "ar", sorted(STRATEGIES), "Decoding strategy (greedy), with "
                   "the checkpoint's decoding defaults.")
-flags.DEFINE_integer("num_prompts", 4, "Held-out prompts, decoded one at a time.")
-flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt.")
-flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per prompt.")
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
 FLAGS = flags.FLAGS
 
 

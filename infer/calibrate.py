@@ -38,6 +38,12 @@ from specjax.cli.decoding import (
     run_writing_json,
 )
 from specjax.cli.entrypoint import parse_flags, refuse_flags
+from specjax.cli.flags import (
+    define_model_flags,
+    define_output_flags,
+    define_prompt_flags,
+    define_sampling_flags,
+)
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import make_strategy
@@ -52,9 +58,10 @@ from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.tools.learn_then_test import check_risk_levels, learn_then_test
 
-flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
-flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model "
-                          "(for --calm_measure classifier)")
+define_model_flags(drafters=True)
+define_sampling_flags()
+define_prompt_flags(num_prompts=80, prompt_len=64, max_new_tokens=64)
+define_output_flags()
 CALIBRATED = ("calm", "selfspec")  # the strategies with a threshold to calibrate
 flags.DEFINE_enum("strategy", "calm", list(CALIBRATED), "Whose threshold to calibrate.")
 flags.DEFINE_float("delta", 0.1, "Risk bound: the chosen value's expected loss is <= delta...")
@@ -62,18 +69,12 @@ flags.DEFINE_float("epsilon", 0.05, "... with probability >= 1 - epsilon.")
 flags.DEFINE_enum("consistency", "textual", CONSISTENCIES, "calm: the loss bounded (see above).")
 flags.DEFINE_list("grid", None, "Values tested, from the safest down (default: calm 1 to 0, "
                   "selfspec 0.95 to 0, in steps of 0.05).")
-flags.DEFINE_float("temperature", 0.0, "selfspec: 0 greedy, else sampled at this temperature.")
-flags.DEFINE_float("top_p", 1.0, "selfspec: nucleus filtering when sampling.")
-flags.DEFINE_integer("num_prompts", 80, "Calibration prompts.")
 flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "Calibrate on a prompt set of real "
                   "text instead of held-out windows (its first --num_prompts).")
 flags.DEFINE_integer("per_document", 4, "Calibration windows per held-out document.")
 flags.DEFINE_integer("skip_documents", 16, "Held-out documents left to the benchmarks.")
-flags.DEFINE_integer("prompt_len", 64, "Tokens per calibration prompt.")
-flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated (and reference tokens scored).")
 flags.DEFINE_integer("speed_prompts", 4, "Prompts timed at the chosen value (batch 1).")
 flags.DEFINE_bool("write", True, "Write the chosen value to the workdir's decoding defaults.")
-flags.DEFINE_string("output_json", None, "Also write the grid's risks and p-values here.")
 define_decoding_flags(strategies=CALIBRATED)
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")
@@ -106,7 +107,7 @@ def run() -> dict:
     check_risk_levels(FLAGS.delta, FLAGS.epsilon, prefix="--")
     grid = _grid([f"{1 - i / 20:.2f}" for i in range(FLAGS.strategy != "calm", 21)]
                  if FLAGS.grid is None else FLAGS.grid, below_one=FLAGS.strategy != "calm")
-    sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
+    sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     if sampling is not None and FLAGS.strategy == "calm":
         raise ValueError("--temperature: CALM is calibrated on greedy outputs; leave it at 0")
     if FLAGS.strategy != "calm":

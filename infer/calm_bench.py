@@ -26,6 +26,7 @@ from specjax.cli.decoding import (
     run_writing_json,
 )
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import define_model_flags, define_output_flags, define_prompt_flags
 from specjax.decoding.engine import AUTOREGRESSIVE
 from specjax.decoding.registry import make_strategy
 from specjax.io.calibrated_defaults import read_calibrated
@@ -36,17 +37,13 @@ from specjax.tokenizer import get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import heldout_continuations, measure_quality
 
-flags.DEFINE_string("workdir", None, "Workdir of the model (or of its CALM classifier).")
-flags.DEFINE_multi_string("draft_workdir", None, "A CALM classifier trained on this model")
+define_model_flags(drafters=True)
+define_prompt_flags(num_prompts=8, prompt_len=128, max_new_tokens=128)
+define_output_flags(repeats=3)
 flags.DEFINE_list("thresholds", ["1", "0.95", "0.9", "0.8", "0.6", "0.4", "0.2", "0"],
                   "The lambdas swept.")
-flags.DEFINE_integer("num_prompts", 8, "Held-out prompts (one per document, as infer/bench.py).")
-flags.DEFINE_integer("prompt_len", 128, "Tokens per prompt.")
-flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated (and reference tokens scored).")
-flags.DEFINE_integer("repeats", 3, "Timed repeats (median is used).")
 flags.DEFINE_string("plot", None, "Write the quality-versus-speed curve here (PNG, or the "
                     "format its extension names: .svg, .pdf...).")
-flags.DEFINE_string("output_json", None, "Also write the results here.")
 define_decoding_flags(strategies=("calm",))
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.mark_flag_as_required("workdir")

@@ -21,6 +21,7 @@ import os
 from absl import app, flags
 
 from specjax.cli.entrypoint import parse_flags, refuse_flags, run_cli
+from specjax.cli.flags import define_model_flags
 from specjax.config import DTYPES, ModelConfig
 from specjax.convert.hf import export_checkpoint, import_checkpoint
 from specjax.convert.hub import checkpoint_folder
@@ -36,7 +37,7 @@ flags.DEFINE_string("hf_id", None, "A Hugging Face Hub id (org/name) to import i
 flags.DEFINE_string("gguf", None, "A GGUF file to import instead of --hf_dir (Llama family; "
                     "its tensors dequantized to --dtype, its tokenizer from its metadata; needs "
                     "the `gguf` package).")
-flags.DEFINE_string("workdir", None, "specjax workdir (written, or read with --to_hf).")
+define_model_flags()
 flags.DEFINE_bool("to_hf", False, "Export the workdir's latest weights to --hf_dir.")
 flags.DEFINE_enum("dtype", None, sorted(DTYPES), "Parameter and compute dtype of the "
                   "imported model, or of the exported weights (default: the checkpoint's).")

@@ -17,6 +17,7 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.flags import define_model_flags
 from specjax.cli.texts import define_texts_flags, given_texts
 from specjax.data import heldout_data, iter_documents
 from specjax.io.calibrated_defaults import write_calibrated
@@ -25,7 +26,7 @@ from specjax.io.draft_vocab import rank_ids, write_ranking
 from specjax.outputs import check_writable
 from specjax.tokenizer import get_tokenizer
 
-flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
+define_model_flags()
 flags.DEFINE_integer("size", None, "How many ids to draft over (N).")
 define_texts_flags("Text to count ids in", "the documents of the workdir's training data, else "
                    "of the embedded corpus")

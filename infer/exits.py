@@ -18,13 +18,15 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.flags import define_model_flags, define_output_flags
 from specjax.cli.texts import define_texts_flags, given_texts
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 
-flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
+define_model_flags()
+define_output_flags(repeats=7)
 define_texts_flags("Held-out text", "the validation documents of the workdir's data, else of "
                    "the embedded corpus")
 flags.DEFINE_integer("seq_len", None, "Tokens per window (default: the workdir's data seq_len).")
@@ -32,8 +34,6 @@ flags.DEFINE_integer("max_tokens", 32768, "At most this many held-out tokens are
 flags.DEFINE_list("num_draft", [str(k) for k in NUM_DRAFTS], "Draft counts K to predict.")
 flags.DEFINE_integer("batch_size", 4, "Windows evaluated together.")
 flags.DEFINE_integer("context", 256, "Cached tokens behind the timed layers.")
-flags.DEFINE_integer("repeats", 7, "Timed repeats per layer cost (median is used).")
-flags.DEFINE_string("output_json", None, "Also write one record per exit here (JSON list).")
 flags.DEFINE_string("plot", None, "Also write agreement and predicted speed-up by exit here "
                     "(PNG, or the format its extension names: .svg, .pdf...).")
 flags.mark_flag_as_required("workdir")

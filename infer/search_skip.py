@@ -16,21 +16,24 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import (
+    define_model_flags,
+    define_output_flags,
+    define_prompt_flags,
+    define_sampling_flags,
+)
 from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.loading import load_model
 from specjax.tokenizer import get_tokenizer
 from specjax.tools.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
 
-flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints.")
-flags.DEFINE_integer("num_prompts", 8, "Held-out prompts to measure acceptance on.")
-flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out prompt.")
-flags.DEFINE_integer("max_new_tokens", 128, "Tokens of the model's own continuation scored.")
+define_model_flags()
+define_prompt_flags(num_prompts=8, prompt_len=128, max_new_tokens=128)
+define_sampling_flags()
+define_output_flags()
 flags.DEFINE_integer("max_draft", 12, "Longest chain K considered.")
-flags.DEFINE_float("temperature", 0.0, "0: greedy acceptance; else sampled at this temperature.")
-flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling.")
 flags.DEFINE_integer("top", 10, "Skip sets printed.")
-flags.DEFINE_string("output_json", None, "Also write every scored set here.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -43,7 +46,7 @@ def main(argv):
 
 def run() -> list[SkipCandidate]:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "max_draft", "top")
-    sampling = sampling_or_greedy(FLAGS.temperature, top_p=FLAGS.top_p, prefix="--")
+    sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     loaded = load_model(FLAGS.workdir)
     tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
     prompts = heldout_prompts(heldout_data(loaded.meta), tokenizer, FLAGS.num_prompts,
@@ -55,7 +58,7 @@ def run() -> list[SkipCandidate]:
     candidates = search(probe, costs, FLAGS.max_draft)
     num_layers = loaded.cfg.num_layers
     mode = ("greedy" if sampling is None else
-            f"sampled T={FLAGS.temperature:g} top_p={FLAGS.top_p:g}")
+            f"sampled T={FLAGS.temperature:g} top_k={FLAGS.top_k} top_p={FLAGS.top_p:g}")
     print(f"{len(candidates)} skip sets scored ({mode}, {len(prompts)} held-out prompts); "
           f"costs: layer {costs.layer * 1e6:.0f} us, head {costs.head * 1e6:.0f} us, ar step "
           f"{costs.ar_step * 1e6:.0f} us")

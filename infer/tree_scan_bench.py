@@ -27,6 +27,7 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags, run_writing_json
 from specjax.cli.entrypoint import define_config, parse_flags
+from specjax.cli.flags import define_output_flags, define_prompt_flags
 from specjax.config import ModelConfig
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -49,9 +50,8 @@ __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 _CONFIG = define_config("tiny_code:mamba2", "The config[:variant] whose model is measured.")
 flags.DEFINE_string("tree", "3,2,1", "Children per depth (the default: 15 nodes + the "
                     "pending token = 16 tokens).")
-flags.DEFINE_integer("prompt_len", 128, "Committed tokens before the tree.")
-flags.DEFINE_integer("repeats", 30, "Timed passes of each.")
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+define_prompt_flags(prompt_len=128)
+define_output_flags(repeats=30)
 FLAGS = flags.FLAGS
 
 

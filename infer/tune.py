@@ -27,20 +27,23 @@ from specjax.cli.decoding import (
     whole_numbers_flag,
 )
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import (
+    define_model_flags,
+    define_output_flags,
+    define_prompt_flags,
+    define_sampling_flags,
+)
+from specjax.decoding.sampling import sampling_or_greedy
 from specjax.loading import load_model
 from specjax.prompt_sets import PROMPT_SETS
 from specjax.tools.tune import NUM_DRAFTS, TREE
 
-flags.DEFINE_string("workdir", None, "Workdir of the model (trained or imported).")
-flags.DEFINE_multi_string("draft_workdir", None, "Workdirs of drafters trained for this model "
-                          "(a draft model, heads): their strategies become candidates.")
-flags.DEFINE_string("prompts_file", None, "JSONL file, one {\"prompt\": ...} per line.")
+define_model_flags(drafters=True)
+define_prompt_flags(prompts_file=True, num_prompts=4, prompt_len=128, max_new_tokens=64)
+define_sampling_flags()
+define_output_flags()
 flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "Tune on a prompt set's first "
                   "--num_prompts prompts.")
-flags.DEFINE_integer("num_prompts", 4, "Prompts of --prompt_set, or held-out windows (the "
-                     "default prompts: windows of the workdir's held-out documents).")
-flags.DEFINE_integer("prompt_len", 128, "Tokens per held-out window.")
-flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per prompt in the confirmation.")
 flags.DEFINE_float("budget_s", 600.0, "Seconds of search: no candidate is measured after it; "
                    "the best so far wins.")
 flags.DEFINE_list("strategies", None, "Tune only these strategies (default: every one the "
@@ -51,12 +54,7 @@ flags.DEFINE_list("num_draft", [str(k) for k in NUM_DRAFTS], "Drafts per round K
 flags.DEFINE_multi_string("trees", [TREE], "Trees tried for each strategy that drafts trees "
                           "(--trees= : none).")
 flags.DEFINE_integer("confirm", 3, "Kinds of candidate confirmed on all the prompts.")
-flags.DEFINE_float("temperature", 0.0, "0: tune the greedy default; else the sampled one, "
-                   "measured at this temperature.")
-flags.DEFINE_integer("top_k", 0, "Top-k filtering when sampling (0: off).")
-flags.DEFINE_float("top_p", 1.0, "Nucleus filtering when sampling (1: off).")
 flags.DEFINE_bool("write", True, "Store the winner as the workdir's decoding default.")
-flags.DEFINE_string("output_json", None, "Also write the table and the winner here.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -75,6 +73,8 @@ def run():
         raise ValueError(f"--budget_s={FLAGS.budget_s:g} must be > 0")
     if FLAGS.prompts_file and FLAGS.prompt_set:
         raise ValueError("give --prompts_file or --prompt_set, not both")
+    sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")  # a bad one
+    # named as the flag the user typed, before the model loads
     prompts = read_prompts_file(FLAGS.prompts_file) if FLAGS.prompts_file else None
     model = LanguageModel(load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir))
     tuning = model.tune(

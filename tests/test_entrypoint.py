@@ -1,16 +1,19 @@
 """What every entry point shares (`specjax.cli.entrypoint`): usage and exit statuses."""
 
 import gc
+import glob
 import os
 import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 
 from specjax.cli import entrypoint
 from specjax.cli.decoding import DECODING_FLAGS
+from specjax.cli.flags import HELP
 from specjax.decoding.registry import declared_options
 from tests.conftest import ROOT, run_script, script_env, with_default_sigint
 
@@ -37,6 +40,34 @@ def test_help_exits_zero_and_lists_every_flag(script):
                                                                        set(DECODING_FLAGS))
         assert {name for name in DECODING_FLAGS if f"--{name}:" in text} == wanted
 
+
+
+SHARED_DEFAULTS = ("workdir", "draft_workdir", "prompts_file", "temperature", "top_k", "top_p",
+                   "output_json")  # the same in every script (lengths and counts are not)
+
+
+def test_shared_flags_read_alike_in_every_script():
+    """Catches a script defining a shared flag (`specjax.cli.flags`) itself, with its own help
+    or default (the drift there was: `--workdir` described five ways, `--top_k` in two of the
+    four samplers), and a shared flag missing from a script's own `--help` (absl lists only a
+    module's key flags there). Each script's `--helpxml`: its flags as absl registered them."""
+    seen: dict[str, dict[str, tuple[str, str]]] = {name: {} for name in HELP}
+    scripts = sorted(glob.glob("infer/*.py", root_dir=ROOT) + glob.glob("train/*.py",
+                                                                          root_dir=ROOT))
+    for script in scripts:
+        result = run_script(script, "--helpxml")
+        assert result.returncode == 0, result.stderr[-2000:]
+        for flag in ElementTree.fromstring(result.stdout).iter("flag"):
+            name = flag.findtext("name")
+            if name in HELP:
+                assert flag.findtext("key") == "yes", f"{script} --help omits --{name}"
+                seen[name][script] = (flag.findtext("meaning"), flag.findtext("default"))
+    for name, by_script in seen.items():
+        assert len(by_script) >= 2, f"--{name} is shared by {sorted(by_script)} only"
+        for script, (meaning, _) in by_script.items():
+            assert meaning.startswith(HELP[name]), f"{script} --{name}: {meaning!r}"
+        if name in SHARED_DEFAULTS:
+            assert len({default for _, default in by_script.values()}) == 1, (name, by_script)
 
 def test_ctrl_c_inside_a_gc_callback_is_delivered_again(monkeypatch):
     """Catches Ctrl-C swallowed by Python inside JAX's garbage-collection callback ("Exception

@@ -166,6 +166,18 @@ def test_bad_files_fail_at_once_with_the_file_named(workdir, tmp_path):
         assert result.returncode == 1 and f"{flag} must be >= 1" in result.stderr
 
 
+
+@pytest.mark.parametrize("script", ["generate.py", "bench.py", "calibrate.py", "search_skip.py",
+                                    "tune.py"])
+def test_every_sampling_script_reads_top_k(workdir, script):
+    """Catches a script taking the shared sampling flags (`specjax.cli.flags`) but not passing
+    --top_k on to its sampling (bench, calibrate and search_skip had no --top_k): there a
+    top-k filter at temperature 0 would run greedy instead of being refused."""
+    prompt = ["--prompt", "x"] if script == "generate.py" else []
+    result = _run(script, "--workdir", workdir, "--top_k", "3", *prompt)
+    assert result.returncode == 1 and "--top_k" in result.stderr, result.stderr[-2000:]
+    assert "temperature" in result.stderr and result.stderr.count("\n") == 1
+
 def test_ar_reports_no_acceptance_rate(workdir):
     """Catches `ar` rows printing acceptance 0.00: ar drafts nothing, so there is none."""
     result = _run("generate.py", "--workdir", workdir, "--strategy", "ar", "--prompt", "x",

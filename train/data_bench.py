@@ -18,7 +18,9 @@ import time
 import numpy as np
 from absl import app, flags
 
+from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import define_config, parse_flags, run_cli
+from specjax.cli.flags import define_output_flags
 from specjax.data import BatchSampler, Corpus, DataConfig, iter_documents
 from specjax.training.config import config_reference
 
@@ -26,7 +28,7 @@ __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = define_config(None, "The config whose data section is measured (and "
                         "train.batch_size).")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (best is kept).", lower_bound=1)
+define_output_flags(repeats=3, output_json=False)
 flags.mark_flags_as_required(["config"])
 
 
@@ -69,7 +71,12 @@ def bench(config, repeats: int) -> None:
 
 def main(argv):
     del argv
-    run_cli(lambda: bench(_CONFIG.value, _REPEATS.value))
+
+    def run() -> None:
+        require_positive_flags("repeats")  # best() of no repeats
+        bench(_CONFIG.value, flags.FLAGS.repeats)
+
+    run_cli(run)
 
 
 if __name__ == "__main__":

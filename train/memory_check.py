@@ -23,6 +23,7 @@ from absl import app, flags
 
 from specjax.cli.decoding import require_positive_flags
 from specjax.cli.entrypoint import define_config, parse_flags, run_cli
+from specjax.cli.flags import define_output_flags
 from specjax.outputs import staged
 from specjax.training.config import config_reference
 from specjax.training.memory import GIB
@@ -32,7 +33,7 @@ __doc__ += "\n" + config_reference()  # `--help` lists the config fields too
 
 _CONFIG = define_config(None, "A shipped config (tiny_code:smoke) or a config file.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Train steps to run.")
-_OUTPUT = flags.DEFINE_string("output_json", None, "Write the figures here as JSON.")
+define_output_flags()
 flags.mark_flags_as_required(["config"])
 
 
@@ -66,7 +67,7 @@ def main(argv):
 
     def body() -> None:
         require_positive_flags("steps")
-        with staged(_OUTPUT.value) as path:
+        with staged(flags.FLAGS.output_json) as path:
             record = check(_CONFIG.value, _STEPS.value)
             if path:
                 with open(path, "w", encoding="utf-8") as f:

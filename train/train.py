@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 from specjax import processes
 from specjax.cli.entrypoint import define_config, parse_flags, run_cli
+from specjax.cli.flags import define_model_flags
 from specjax.training.config import config_reference
 from specjax.training.registry import HEADS
 from specjax.training.trainer import train_and_evaluate
@@ -32,7 +33,7 @@ __doc__ += "\n" + config_reference(  # `--help` prints the module docstring
     {name: head.config_class for name, head in HEADS.items()})
 
 _CONFIG = define_config(None, "A shipped config (tiny_code:smoke) or a config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+define_model_flags()
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join the other processes of a "
                                   "multi-process run (jax.distributed) before training.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 "
@@ -49,10 +50,10 @@ def main(argv):
     if _DISTRIBUTED.value:
         processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     explicit = tuple(config_flags.get_override_values(flags.FLAGS["config"]))
-    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+    result = run_cli(lambda: train_and_evaluate(_CONFIG.value, flags.FLAGS.workdir,
                                                 explicit=explicit))
     if result.interrupted:
-        print(f"interrupted at step {result.step}; checkpoint saved in {_WORKDIR.value}. "
+        print(f"interrupted at step {result.step}; checkpoint saved in {flags.FLAGS.workdir}. "
               "Run the same command again to resume.")
         sys.exit(128 + signal.Signals[result.signal_name].value)
     if result.already_done:

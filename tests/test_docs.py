@@ -4,17 +4,18 @@ resolves, and every notebook is ready for Colab with its figures committed. (The
 can run in a test run in test_readme.py and test_recipe.py; the notebooks in
 test_notebooks*.py.)"""
 
+import functools
 import glob
 import json
 import os
 import re
 import shlex
+import xml.etree.ElementTree as ElementTree
 
 import pytest
 
 from specjax.api import read_config
-from specjax.cli.decoding import DECODING_FLAGS
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_script
 
 DOCS = ["README.md", *sorted(os.path.relpath(path, ROOT) for path in
                              glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))]
@@ -46,18 +47,14 @@ def commands(text: str) -> list[list[str]]:
     return found
 
 
+@functools.cache
 def script_flags(script: str) -> set[str]:
-    """The flags a script defines: its own `DEFINE_*("name"`, the shared config, decoding and
-    mesh flags when it defines them, and absl's."""
-    source = _read(script)
-    names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
-    if "define_config(" in source:
-        names.add("config")
-    if "define_decoding_flags(" in source:
-        names |= set(DECODING_FLAGS)
-    if "define_mesh_flag()" in source:
-        names.add("mesh")
-    return names | {"help", "helpfull"}
+    """The flags a script defines, as absl registered them (`--helpxml`: its own, the shared
+    ones of `specjax.cli`, absl's)."""
+    result = run_script(script, "--helpxml")
+    assert result.returncode == 0, f"{script} --helpxml: {result.stderr[-2000:]}"
+    flags = ElementTree.fromstring(result.stdout).iter("flag")
+    return {flag.findtext("name") for flag in flags} | {"help", "helpfull"}
 
 
 def config_sections(spec: str) -> dict:

@@ -14,28 +14,27 @@ flags.disclaim_key_flags()  # the flags defined below are the calling script's k
 HELP = {
     "workdir": "The model's workdir: its config, checkpoints and tokenizer (written by "
                "train/train.py or infer/convert.py).",
+    # no full stop: absl ends a repeatable flag's help with "; repeat this option ..."
     "draft_workdir": "Workdirs of drafters for this model: a smaller model with the same "
                      "tokenizer (strategy draft; trained or imported) or heads trained on this "
-                     "model (kangaroo, specdec, medusa, eagle, the CALM classifier)",  # absl adds
-                     # "; repeat this option to specify a list of values"
+                     "model (kangaroo, specdec, medusa, eagle, the CALM classifier)",
     "prompts_file": "JSONL file, one {\"prompt\": ...} or {\"messages\": [{\"role\": ..., "
                     "\"content\": ...}, ...]} per line.",
     "num_prompts": "How many prompts: held-out windows of the workdir's validation text, or "
                    "the first of --prompt_set where one is given (none: all of it).",
     "prompt_len": "Tokens per prompt (held-out windows are cut to this length).",
-    "max_new_tokens": "Tokens generated per prompt (where quality is scored, the model's own "
-                      "or the reference continuation's tokens scored).",
+    "max_new_tokens": "New tokens per prompt: generated, or, where a script scores a "
+                      "continuation, scored.",
     "temperature": "0: greedy decoding; else sampled at this temperature (lossless in "
                    "distribution).",
     "top_k": "Top-k filtering when sampling (0: off).",
     "top_p": "Nucleus filtering when sampling (1: off).",
-    "repeats": "Timed repeats of each measurement (the report says whether the median or the "
-               "best is kept).",
+    "repeats": "Timed repeats of each measurement (the median is kept; the best by "
+               "train/data_bench.py).",
     "output_json": "Also write the results here as JSON.",
 }
 
-
-PROMPT_FLAGS = ("num_prompts", "prompt_len", "max_new_tokens")
+PROMPT_FLAGS = ("num_prompts", "prompt_len", "max_new_tokens")  # sized per script
 
 
 def define_model_flags(drafters: bool = False, required: bool = False) -> None:

@@ -128,7 +128,8 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("prompts, kind", [(b"def f(", "bytes"),
                                            ([1.0, 2.0], "list holding a float"),
-                                           ([], "list"), (["ok", 5], "list holding a int")])
+                                           ([], "list"), (["ok", 5], "list holding a int"),
+                                           ([True, 2], "list holding a bool")])
 def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
     """Catches bytes or numbers that are no token ids reaching the tokenizer (an
     AttributeError from inside it), and a list with one wrong element reported by its first

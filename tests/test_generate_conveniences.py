@@ -266,6 +266,7 @@ def test_hugging_faces_names_map_to_ours_or_are_refused_in_one_line(hf):
 
 @pytest.mark.parametrize("method, call, suggestion", [
     ("generate", dict(max_new_token=3), "max_new_tokens"),
+    ("generate", dict(max_tokens=3), "max_new_tokens"),
     ("generate", dict(num_drafts=3), "num_draft"),
     ("generate", dict(exit_layr=1), "exit_layer"),
     ("stream", dict(temprature=0.5), "temperature"),
@@ -308,3 +309,72 @@ def test_a_bad_stop_is_one_line(stop, message):
 
     with pytest.raises(ValueError, match=message):
         StopStrings(stop, ByteTokenizer().token_bytes())
+
+
+def reference_cut(vocab, prompt, tokens, stops):
+    """A plain-Python stop check: the prefix of `tokens` up to and including the first whose
+    bytes hold the last byte of a stop string (searched in prompt + tokens' bytes; ids past
+    `vocab` add no bytes)."""
+    text = b"".join(vocab[t] if t < len(vocab) else b"" for t in prompt)
+    for n, token in enumerate(tokens):
+        before = len(text)
+        text += vocab[token] if token < len(vocab) else b""
+        if any(text.find(s, max(0, before - len(s) + 1)) != -1
+               and text.find(s, max(0, before - len(s) + 1)) + len(s) > before for s in stops):
+            return tokens[:n + 1]
+    return tokens
+
+
+def test_the_stop_check_is_a_plain_python_search_over_multibyte_tokens():
+    """Catches a stop ended by a token past the round's count (a rejected draft or a token past
+    the budget), one ending inside a token rather than at its last byte missed, a token's
+    padding bytes read as bytes (tokens of exactly j bytes at byte j), and an id past the
+    tokenizer's vocabulary resetting the automaton: `advance` over rounds whose uncommitted
+    slots hold unrelated ids, against a plain-Python byte search. No model runs."""
+    rng = np.random.default_rng(1)
+    vocab = [bytes(rng.choice(list(b"ab\x00c"), n)) for n in rng.integers(0, 5, 40)]
+    vocab[:4] = [b"", b"a", b"\x00", b"ab\x00"]
+    step = jax.jit(advance)
+    for _ in range(80):
+        prompt = rng.integers(0, 44, rng.integers(1, 4)).tolist()  # 40..43: past the vocabulary
+        tokens = rng.integers(0, 44, 20).tolist()
+        stops = ["".join("ab\x00"[i] for i in rng.integers(0, 3, n))
+                 for n in rng.integers(1, 5, 2)]
+        loop = StopStrings(stops, vocab).table([prompt], 44, 32)
+        state, kept, at = loop.state, [], 0
+        while at < len(tokens):
+            piece = tokens[at:at + 4]
+            count = int(rng.integers(1, len(piece) + 1))
+            padded = piece[:count] + rng.integers(0, 44, 4 - count).tolist()
+            counted, ended, state = step(loop, state, jnp.asarray([padded]), jnp.asarray([count]))
+            assert int(counted[0]) <= count
+            kept += piece[:int(counted[0])]
+            at += int(counted[0])
+            if ended[0]:
+                break
+        expected = reference_cut(vocab, prompt, tokens, [s.encode() for s in stops])
+        assert kept == expected, (prompt, tokens, stops)
+
+
+def test_do_sample_keeps_the_temperature_given_with_it(hf):
+    """Catches do_sample=True sampling at temperature 1.0 whatever temperature= says
+    (transformers samples at the given one): do_sample=True, temperature=0.3 draws what
+    temperature=0.3 draws with the same seed, and not what 1.0 draws."""
+    model, *_ = hf
+    theirs = model.generate(PROMPT, max_new_tokens=12, do_sample=True, temperature=0.3, seed=4)
+    ours = model.generate(PROMPT, max_new_tokens=12, temperature=0.3, seed=4)
+    hot = model.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=4)
+    assert theirs.tokens == ours.tokens != hot.tokens
+
+
+def test_max_length_counts_from_the_longest_prompt_of_a_batch(hf):
+    """Catches max_length measured from the shortest prompt of a batch (more new tokens than
+    the longest prompt leaves, or the first prompt's): prompts of 3 and 9 tokens with
+    max_length=14 generate the 5 new tokens max_new_tokens=5 does."""
+    model, *_ = hf
+    ids = model.tokenizer.encode(PROMPT).tolist()
+    prompts = [ids[:3], ids[:9]]
+    theirs = model.generate(prompts, max_length=14)
+    ours = model.generate(prompts, max_new_tokens=5)
+    assert [c.tokens for c in theirs] == [c.tokens for c in ours]
+    assert [len(c.tokens) for c in ours] == [5, 5]

@@ -14,6 +14,7 @@ import pytest
 import specjax
 from specjax import api
 from specjax.config import ModelConfig
+from specjax.decoding.registry import DecodingConfig
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from specjax.model import init_params
 from specjax.tools import tune as tuner
@@ -195,3 +196,44 @@ def test_the_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
     assert [row.source for row in tuning.rows] == ["exit report", "probe", "probe",
                                                    "exit report"]
     assert tuning.winner == found[2] and tuning.confirmed
+
+
+class _Report:
+    """An exit report of 6 layers whose predicted speed-up grows with the exit and with K:
+    the model's own last layer would look best, were it an exit."""
+
+    num_layers = 6
+
+    @staticmethod
+    def speedup(exit_layer, num_draft):
+        return exit_layer + num_draft / 10
+
+
+def test_selfspec_candidates_are_exits_below_the_last_with_trees_at_the_best():
+    """Catches the model's last layer (no draft: the model itself) tried as a selfspec exit,
+    and tree candidates made at every exit instead of only the best one: the candidates are
+    the report's two best exits below the last, chains carrying the report's figure, and one
+    tree at the best exit."""
+    found = tuner.candidates(["selfspec"], DecodingConfig(), _Report(), exits=2,
+                             num_draft=[2, 4], trees=["2,1"])
+    assert [(c.options, c.predicted) for c in found] == [
+        ({"exit_layer": 5, "num_draft": 2}, 5.2), ({"exit_layer": 5, "num_draft": 4}, 5.4),
+        ({"exit_layer": 5, "tree": "2,1"}, None),
+        ({"exit_layer": 4, "num_draft": 2}, 4.2), ({"exit_layer": 4, "num_draft": 4}, 4.4)]
+
+
+def test_a_winner_slower_than_ar_stores_ar(monkeypatch):
+    """Catches the fastest confirmed candidate stored even when it is slower than plain
+    decoding: every confirmed speed-up below 1 makes `ar` the winner."""
+    def bench(generator, strategies, prompts, **kwargs):
+        return [types.SimpleNamespace(name=label if label != "probe" else "probe",
+                                      speedup=1.0 if label == "ar" else 0.7,
+                                      stats=types.SimpleNamespace(tau=1.0))
+                for label in strategies]
+
+    monkeypatch.setattr(tuner, "run_benchmark", bench)
+    found = [tuner.Candidate("ngram", {"num_draft": 2}), tuner.Candidate("suffix")]
+    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+                        budget_s=60, started=time.perf_counter())
+    assert tuning.confirmed and all(row.confirmed for row in tuning.rows)
+    assert tuning.winner == tuner.Candidate("ar")

@@ -202,3 +202,35 @@ def test_speculation_over_sliding_windows_equals_autoregressive_decoding(name, t
                                          r"decoding round's 6 tokens \(1 \+ the drafts\): "
                                          r"draft fewer$"):
         generator.generate([PROMPT], max_new_tokens=20, strategy=SelfSpeculative(1, Chain(5)))
+
+
+@pytest.mark.parametrize("name, config_class, derived, layers", [
+    ("smollm3", "SmolLM3Config", ("no_rope_layers",), 8),
+    ("gemma2", "Gemma2Config", ("layer_types", "query_pre_attn_scalar"), 5),
+    ("gemma3", "Gemma3TextConfig", ("layer_types", "query_pre_attn_scalar"), 13),
+])
+def test_what_config_json_leaves_out_is_derived_as_transformers_derives_it(
+        name, config_class, derived, layers):
+    """Catches SmolLM3's NoPE layers counted from layer 0 (`no_rope_layer_interval`), Gemma's
+    global layers off by one (`sliding_window_pattern`) and Gemma's score scale falling back
+    to head_dim instead of 256, in a config.json without the derived keys (older files, hand
+    written ones): the NoPE layers, sliding layers and scale equal those of transformers'
+    config class built from the same keys."""
+    base = dict(hidden_size=40, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=12, intermediate_size=56, vocab_size=97,
+                sliding_window=5)
+    reference = getattr(transformers, config_class)(**base)
+    hf = {**reference.to_dict(), "architectures": [{
+        "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+        "gemma3": "Gemma3ForCausalLM"}[name]]}
+    for key in derived:
+        hf.pop(key, None)
+    cfg = model_config_from_hf(hf)
+    if name == "smollm3":
+        assert cfg.nope_layers == tuple(i for i, r in enumerate(reference.no_rope_layers) if not r)
+        assert cfg.nope_layers  # the interval leaves some layers without RoPE
+        return
+    assert cfg.sliding_layers == tuple(i for i, kind in enumerate(reference.layer_types)
+                                       if kind == "sliding_attention")
+    assert 0 < len(cfg.sliding_layers) < layers
+    assert cfg.query_pre_attn_scalar == reference.query_pre_attn_scalar == 256

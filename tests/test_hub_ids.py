@@ -10,6 +10,7 @@ import pytest
 
 import specjax
 from specjax.convert.hf import export_checkpoint
+from specjax.convert.hub import checkpoint_folder
 from specjax.io.checkpoint import load_params
 from tests.conftest import model_workdir, run_script
 
@@ -80,3 +81,53 @@ def test_a_hub_id_without_cache_or_network_is_one_line(tmp_path, env):
     assert "run where the network is" in result.stderr and f"hf download {HUB_ID}" in \
         result.stderr
     assert not os.path.exists(tmp_path / "w")
+
+
+@pytest.mark.parametrize("source", ["runs/tiny/hf", "./org/name", "org/name/", "/abs/org"])
+def test_a_missing_path_that_is_no_hub_id_is_not_sent_to_the_hub(source, monkeypatch):
+    """Catches a missing local path that merely starts like "org/name" (a deeper folder, a
+    trailing slash, ./ or /) sent to the Hub (a download attempt, then an error about the Hub
+    for a typo in a path): it comes back as given, for the import to name the missing folder."""
+    import huggingface_hub
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("sent to the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_hub)
+    assert checkpoint_folder(source) == source
+
+
+def test_a_hub_download_asks_for_every_file_specjax_reads(tmp_path, monkeypatch):
+    """Catches a Hub download that leaves out a file the import reads (the chat template in
+    chat_template.jinja: the imported model would refuse chat prompts) or fetches copies it
+    never reads (.bin, .gguf): a stand-in Hub copies a repository's files as
+    huggingface_hub does, those matching `allow_patterns` (fnmatch), and the import keeps
+    the template."""
+    pytest.importorskip("transformers")
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    from tests.test_tokenizer_conventions import checkpoint
+
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    repo = checkpoint(tmp_path / "repo", bos=False)
+    (tmp_path / "repo" / "chat_template.jinja").write_text(template)
+    (tmp_path / "repo" / "pytorch_model.bin").write_bytes(b"pickle")
+    (tmp_path / "repo" / "model.gguf").write_bytes(b"gguf")
+
+    def snapshot_download(repo_id, allow_patterns):
+        out = tmp_path / "snapshot"
+        out.mkdir()
+        for name in os.listdir(repo):
+            if any(fnmatch.fnmatch(name, p) for p in allow_patterns):
+                shutil.copy(os.path.join(repo, name), out / name)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.chdir(tmp_path)
+    model = specjax.import_hf("someone/chat-model", str(tmp_path / "w"))
+    assert model.tokenizer.chat_template == template
+    assert sorted(os.listdir(tmp_path / "snapshot")) == sorted(
+        n for n in os.listdir(repo) if n not in ("pytorch_model.bin", "model.gguf"))

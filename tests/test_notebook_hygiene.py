@@ -10,6 +10,7 @@ import re
 import nbformat
 import pytest
 
+from specjax import timing
 from tests.conftest import ROOT, script_env
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))
@@ -94,3 +95,31 @@ def test_a_progress_bar_in_a_notebook_is_one_output_updated_in_place(tmp_path, m
         assert re.fullmatch(r"train: 100%\|█+\| 300/300 .*loss=1\.0\]",
                             outputs[0].data["text/plain"]), outputs[0]
         assert outputs[1].data["text/plain"] == ""  # leave=False: cleared when done
+
+
+def test_a_kernel_without_ipywidgets_shows_a_long_commands_bar_as_one_line(monkeypatch):
+    """Catches the text-line bar (a Jupyter kernel without ipywidgets) taking progress_bar's
+    disable=None as tqdm does, "hide unless the output is a terminal": its output is a
+    string buffer, so a long command's bar never showed. In-process, the kernel and its
+    display stubbed: the bar is shown, then only updated in place."""
+    shown = []
+
+    class Handle:
+        def display(self, data, raw):
+            shown.append(("display", data["text/plain"]))
+
+        def update(self, data, raw):
+            shown.append(("update", data["text/plain"]))
+
+    pytest.importorskip("IPython")
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "DisplayHandle", Handle)
+    monkeypatch.setattr(timing, "in_notebook", lambda: True)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else find_spec(name, *a))
+    for _ in timing.progress_bar(range(5), desc="thresholds", total=5):
+        pass
+    assert shown and shown[0][0] == "display" and "thresholds" in shown[0][1], shown
+    assert all(kind == "update" for kind, _ in shown[1:])  # in place, not an output each

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specjax.api import read_config
-from specjax.config import SHIPPED_CONFIGS, config_file, shipped_configs
+from specjax.config import SHIPPED_CONFIGS, config_file, load_config_file, shipped_configs
 from tests.conftest import ROOT, run_script, script_env
 
 
@@ -67,3 +67,13 @@ def test_an_installed_package_holds_its_configs(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == [str(build / "specjax" / "configs" / "eagle.py"), "4"]
+
+
+def test_the_gpu_configs_micro_step_fits_an_h200():
+    """Catches smollm2_gpu's grad_accum dropped back to 1: its three 49,152-way exits'
+    temporaries, measured at 159.6 GiB for a step of 32 x 1,024 tokens, scale with the tokens
+    of one micro-step, which must stay under the 139 GiB an H200 holds."""
+    config = load_config_file("tiny_code:smollm2_gpu")
+    tokens = config.train.batch_size // config.train.grad_accum * config.data.seq_len
+    assert config.train.batch_size % config.train.grad_accum == 0
+    assert tokens * 159.6 / (32 * 1024) < 139

@@ -30,14 +30,14 @@ from jax import monitoring
 import specjax
 from specjax.cli.decoding import require_positive_flags, run_writing_json, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags
+from specjax.cli.flags import define_model_flags, define_output_flags, define_prompt_flags
 from specjax.decoding import loop
 
-flags.DEFINE_string("workdir", None, "Trained workdir.", required=True)
+define_model_flags(required=True)
+define_prompt_flags(prompt_len=32, max_new_tokens=256)  # the longest; calls run 1 to them
 flags.DEFINE_integer("calls", 20, "generate calls in the session.")
-flags.DEFINE_integer("max_new_tokens", 256, "The largest budget; budgets run from 1 to it.")
 flags.DEFINE_list("batch_sizes", ["1", "3", "4"], "Prompts per call, cycled through.")
-flags.DEFINE_integer("prompt_len", 32, "The longest prompt, in tokens.")
-flags.DEFINE_string("output_json", None, "Also write the measurements here.")
+define_output_flags()
 FLAGS = flags.FLAGS
 
 LOWERING = "/jax/core/compile/jaxpr_to_mlir_module_duration"

@@ -406,9 +406,16 @@ def pytest_sessionstart(session):
 # The files that take longest, longest first: `--dist loadfile` hands files to the two workers
 # in collection order, so starting these first keeps one worker from running a long file alone
 # at the end.
-SLOWEST_FILES = ("test_decoding_sampling.py", "test_notebooks.py", "test_sharding.py",
-                 "test_infer_cli.py", "test_notebooks_training.py", "test_calm_cli.py",
-                 "test_recipe.py", "test_feature_head_cli.py", "test_hf_interop.py")
+# By their measured totals (--durations=0, 2026-11-27): the longest first, so that no long file
+# is left running alone at the end of a loadfile run.
+SLOWEST_FILES = ("test_decoding_sampling.py", "test_infer_cli.py", "test_notebooks.py",
+                 "test_smollm2.py", "test_decoding_trees.py", "test_sharding.py",
+                 "test_head_training.py", "test_feature_heads.py", "test_notebooks_training.py",
+                 "test_generate_conveniences.py", "test_decoding_greedy.py", "test_bad_inputs.py",
+                 "test_mixed_trees.py", "test_draft_vocab.py", "test_calm_cli.py",
+                 "test_compilation.py", "test_hybrid_decoding.py", "test_hf_interop.py",
+                 "test_hf_families.py", "test_continual_training.py", "test_recipe.py",
+                 "test_feature_head_cli.py")
 
 
 def pytest_collection_modifyitems(items):

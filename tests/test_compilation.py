@@ -16,7 +16,7 @@ from specjax import compilation_cache
 from specjax.config import ModelConfig
 from specjax.decoding import engine, loop
 from specjax.decoding.drafters.layerskip import SelfSpeculative
-from specjax.decoding.engine import Generator, batch_bucket, bucket
+from specjax.decoding.engine import Generator, batch_bucket, bucket, budget_bucket
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -37,7 +37,15 @@ def test_the_bucket_ladder_by_hand():
     size it must hold (an off-by-one at a boundary) and a ladder that skips its 1.5x steps."""
     assert [bucket(n) for n in (1, 16, 17, 24, 25, 33, 48, 49, 97, 1000)] == \
         [16, 16, 24, 24, 32, 48, 48, 64, 128, 1024]
-    assert [bucket(n, 64) for n in (1, 32, 33, 64, 65, 100)] == [64, 64, 64, 64, 96, 128]
+    assert [bucket(n, 32) for n in (1, 32, 33, 48, 49, 100)] == [32, 32, 48, 48, 64, 128]
+
+
+def test_the_budget_ladder_by_hand():
+    """64, then powers of two: budgets 1 to 256 share 3 programs. Catches a buffer smaller than
+    its budget (an off-by-one at a power of two) and the prompts' 1.5x ladder used for budgets
+    (5 programs for a session's 1 to 256)."""
+    assert [budget_bucket(n) for n in (1, 64, 65, 96, 128, 129, 256, 257)] == \
+        [64, 64, 128, 128, 128, 256, 256, 512]
 
 
 def test_the_batch_ladder_by_hand():
@@ -148,15 +156,15 @@ def test_the_compilation_cache_is_on_by_default_and_can_be_turned_off(tmp_path):
 
 
 def test_a_budget_that_fits_the_cache_when_its_bucket_does_not_still_decodes(generator):
-    """A 5-token prompt (width 16) with max_new_tokens 17 and 4 drafted nodes needs 37 slots,
-    its bucket (24) 44: under max_cache_len 40 the loop compiles at the budget itself and
-    emits the per-step argmax's 17 tokens; 21 (41 slots) is refused. Catches the fall-back
+    """A 5-token prompt (width 32) with max_new_tokens 17 and 4 drafted nodes needs 53 slots,
+    its bucket (64) 100: under max_cache_len 56 the loop compiles at the budget itself and
+    emits the per-step argmax's 17 tokens; 21 (57 slots) is refused. Catches the fall-back
     to the budget dropped (a request that fits refused because its bucket does not)."""
-    tight = Generator(generator.params, CFG, max_cache_len=40)
+    tight = Generator(generator.params, CFG, max_cache_len=56)
     prompts, strategy = [[1, 2, 3, 4, 5]], SelfSpeculative(1, Chain(4))
     out = tight.generate(prompts, max_new_tokens=17, strategy=strategy)
     assert out.tokens == per_step_argmax(generator, prompts, 17)
-    with pytest.raises(ValueError, match="= 41 exceeds the cache limit max_cache_len=40"):
+    with pytest.raises(ValueError, match="= 57 exceeds the cache limit max_cache_len=56"):
         tight.generate(prompts, max_new_tokens=21, strategy=strategy)
 
 

@@ -27,6 +27,7 @@ from specjax.sharding import batch_devices, place_batch, tree_shardings
 
 PAD_MULTIPLE = 16  # caches are padded to multiples of this to reuse compilations
 MIN_BUDGET = 64  # every max_new_tokens up to this runs one program (buffers of 64 tokens)
+MIN_PROMPT_WIDTH = 32  # every prompt up to this runs one program (prefill of 32 positions)
 MAX_STOP_IDS = 8  # the ids that can end a row (generation_config.json lists up to 3 today)
 AUTOREGRESSIVE = Autoregressive()
 
@@ -233,7 +234,7 @@ class Generator:
         check_window(self.cfg, 1 + strategy.shape.num_nodes)
         rows = self.bucket_rows(prompts)
         padded, lengths = self.pad(rows)
-        capacity = bucket(max_new_tokens, MIN_BUDGET)  # traced: budgets in a bucket share
+        capacity = budget_bucket(max_new_tokens)  # traced: budgets in a bucket share
         if padded.shape[1] + capacity + strategy.shape.num_nodes > self.max_cache_len:
             capacity = max_new_tokens  # the bucket does not fit where the budget itself may
         cache_len = self.cache_len(padded.shape[1], capacity, strategy.shape.num_nodes)
@@ -277,7 +278,8 @@ class Generator:
         return [*prompts, *[[0]] * (count - len(prompts))]
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
-        """Right-pads prompts to the `bucket` of the longest; returns (tokens, lengths)."""
+        """Right-pads prompts to the `bucket` of the longest (at least `MIN_PROMPT_WIDTH`);
+        returns (tokens, lengths)."""
         if len(prompts) == 0:
             raise ValueError("no prompts given")
         rows = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
@@ -286,7 +288,7 @@ class Generator:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
             if row.min() < 0 or row.max() >= self.cfg.vocab_size:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.cfg.vocab_size})")
-        width = bucket(max(len(r) for r in rows))
+        width = bucket(max(len(r) for r in rows), MIN_PROMPT_WIDTH)
         padded = np.zeros((len(rows), width), np.int32)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row
@@ -320,7 +322,7 @@ class Generator:
 
 
 def bucket(size: int, smallest: int = 16) -> int:
-    """The static size a prompt width or a token budget compiles at: the smallest of
+    """The static size a prompt width or a stop automaton compiles at: the smallest of
     `smallest` (a power of two), then 1.5x and 2x it, and so on (16, 24, 32, 48, 64, 96, ...)
     that holds `size`. Sizes in one bucket share a program; a padded slot costs at most half
     a slot more work."""
@@ -330,6 +332,13 @@ def bucket(size: int, smallest: int = 16) -> int:
             if size <= candidate:
                 return candidate
         step *= 2
+
+
+def budget_bucket(size: int) -> int:
+    """The output buffer a `max_new_tokens` compiles at: `MIN_BUDGET`, then powers of two.
+    Coarser than prompt widths: a padded budget costs buffer and cache slots, not a padded
+    prefill's compute, so budgets from 1 to 256 run 3 programs rather than 5."""
+    return max(MIN_BUDGET, 1 << (size - 1).bit_length())
 
 
 def batch_bucket(size: int, multiple: int = 1) -> int:

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import specjax  # noqa: E402
+from specjax.decoding import stop_strings  # noqa: E402
 from specjax.decoding.stop_strings import StopStrings, advance  # noqa: E402
 from specjax.keywords import HF_REFUSED  # noqa: E402
 from specjax.model import forward  # noqa: E402
@@ -160,6 +161,21 @@ def test_greedy_stop_strings_cut_where_transformers_cuts(hf):
             assert len(got.trace["depth"]) == len(got.tokens)
         streamed = "".join(model.stream(PROMPT, max_new_tokens=NEW, stop=[across], **options))
         assert streamed == decode(hf_generate(hf_model, hf_tokenizer, [across])), name
+
+
+def test_a_set_of_stop_strings_is_built_once_per_model(hf, monkeypatch):
+    """Catches the stop automaton rebuilt at every call (SmolLM2: 0.6 s of host work before
+    each decode) and a cache keyed wrongly: a second set of stops served the first's automaton
+    (its row not cut where transformers cuts it)."""
+    model, hf_tokenizer, hf_model, _ = hf
+    folds, fold = [], stop_strings._fold
+    monkeypatch.setattr(stop_strings, "_fold", lambda *args: folds.append(1) or fold(*args))
+    free = model.generate(PROMPT, max_new_tokens=NEW, stop=[NEVER, "\x01once"]).tokens
+    assert model.generate(PROMPT, max_new_tokens=NEW, stop=(NEVER, "\x01once")).tokens == free
+    assert len(folds) == 1
+    stops = [stop_at(model, free, NEW // 2, 4), "\x01once"]
+    got = model.generate(PROMPT, max_new_tokens=NEW, stop=stops).tokens
+    assert len(folds) == 2 and got == hf_generate(hf_model, hf_tokenizer, stops) != free
 
 
 def test_sampled_stop_strings_cut_the_same_draws_and_logprobs(hf):

@@ -42,21 +42,32 @@ class StopStrings:
                              if wrong else "stop is an empty list: give stop strings or None")
         delta, ends = _automaton([s.encode("utf-8") for s in stops])
         self.next, self.hit = _fold(delta, ends, token_bytes)
+        self._built: dict[tuple[int, int], tuple[np.ndarray, jax.Array]] = {}
 
     def table(self, prompts: Sequence[Sequence[int]], vocab_size: int, states: int) -> StopTable:
         """The loop's table for a model of `vocab_size` ids (ids past the tokenizer's match
-        nothing), `states` rows (>= the automaton's), starting each row after its prompt."""
+        nothing), `states` rows (>= the automaton's), starting each row after its prompt. The
+        moves are built once per (vocab_size, states): a session's later calls with the same
+        stop strings only walk their prompts."""
+        host, moves = self._moves(vocab_size, states)
+        start = np.zeros(len(prompts), np.int32)
+        for row, prompt in enumerate(prompts):
+            for token in prompt:
+                start[row] = host[start[row], int(token)] // 2
+        return StopTable(moves, jnp.asarray(start))
+
+    def _moves(self, vocab_size: int, states: int) -> tuple[np.ndarray, jax.Array]:
+        """The moves [states, vocab_size] on the host and on the device, built once each."""
+        if (vocab_size, states) in self._built:
+            return self._built[vocab_size, states]
         count, known = self.next.shape
         if known > vocab_size:
             raise ValueError(f"the tokenizer has {known} ids, the model {vocab_size}")
         moves = np.zeros((states, vocab_size), np.int32)
         moves[:count, :known] = 2 * self.next + self.hit
         moves[:count, known:] = 2 * np.arange(count)[:, None]  # unknown ids keep the state
-        start = np.zeros(len(prompts), np.int32)
-        for row, prompt in enumerate(prompts):
-            for token in prompt:
-                start[row] = moves[start[row], int(token)] // 2
-        return StopTable(jnp.asarray(moves), jnp.asarray(start))
+        self._built[vocab_size, states] = moves, jnp.asarray(moves)
+        return self._built[vocab_size, states]
 
     @property
     def num_states(self) -> int:

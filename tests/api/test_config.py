@@ -7,7 +7,7 @@ from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.registry import DecodingConfig
 from specjax.training.config import parse_run_config
 from specjax.training.heads.mtp import MtpConfig
-from tests.conftest import TINY_MODEL, tiny_run
+from tests.support.models import TINY_MODEL, tiny_run
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -103,7 +103,7 @@ def test_the_suite_names_what_would_make_tests_skip(monkeypatch):
     import importlib.util
 
     from specjax.kernels import cpu_matmul
-    from tests.conftest import missing_test_requirements
+    from tests.support.requirements import missing_test_requirements
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

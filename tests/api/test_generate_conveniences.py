@@ -19,8 +19,8 @@ from specjax.decoding import stop_strings  # noqa: E402
 from specjax.decoding.stop_strings import StopStrings, advance  # noqa: E402
 from specjax.keywords import HF_REFUSED  # noqa: E402
 from specjax.model import forward  # noqa: E402
-from tests.conftest import run_script  # noqa: E402
-from tests.test_tokenizer_conventions import TEXTS, checkpoint, reference  # noqa: E402
+from tests.convert.test_tokenizer_conventions import TEXTS, checkpoint, reference  # noqa: E402
+from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import pytest
 
 from specjax.api import read_config
 from specjax.config import SHIPPED_CONFIGS, config_file, load_config_file, shipped_configs
-from tests.conftest import ROOT, run_script, script_env
+from tests.support import ROOT
+from tests.support.scripts import run_script, script_env
 
 
 def test_each_shipped_config_is_found_by_name_from_any_folder(tmp_path, monkeypatch):

@@ -23,7 +23,8 @@ from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.outputs import staged, staged_dir
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, run_script, tiny_run
+from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.scripts import run_script
 
 
 @pytest.fixture(scope="module")

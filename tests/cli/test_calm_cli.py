@@ -7,7 +7,7 @@ import os
 import pytest
 
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
-from tests.conftest import run_script
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -15,7 +15,8 @@ from specjax.cli import entrypoint
 from specjax.cli.decoding import DECODING_FLAGS
 from specjax.cli.flags import HELP
 from specjax.decoding.registry import declared_options
-from tests.conftest import ROOT, run_script, script_env, with_default_sigint
+from tests.support import ROOT
+from tests.support.scripts import run_script, script_env, with_default_sigint
 
 
 @pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",

@@ -18,14 +18,9 @@ from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
 from specjax.loading import load_model
 from specjax.training.frozen_base import base_features
-from tests.conftest import (
-    TINY_MODEL,
-    check_import_refusals,
-    damped_params,
-    model_workdir,
-    per_step_argmax,
-    run_script,
-)
+from tests.support.decoding import per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params, model_workdir
+from tests.support.scripts import check_import_refusals, run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -13,7 +13,8 @@ import pytest
 from specjax.io.checkpoint import load_params
 from specjax.kernels import cpu_attention, cpu_matmul
 from specjax.tools.bench import decode_step_bytes
-from tests.conftest import ROOT, run_script, script_env, with_default_sigint
+from tests.support import ROOT
+from tests.support.scripts import run_script, script_env, with_default_sigint
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

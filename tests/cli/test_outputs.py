@@ -8,7 +8,7 @@ import os
 import pytest
 
 from specjax.outputs import check_destinations, read_json_cache, staged, staged_dir
-from tests.conftest import run_script
+from tests.support.scripts import run_script
 
 OLD = b'{"kept": "the previous run\'s results"}\n'
 

@@ -1,5 +1,6 @@
-"""`tests.conftest.run_script` (a child forked from a process that has imported JAX) gives what
-`python script` gives: the exit status, the two streams, argv, the folder and the environment."""
+"""`tests.support.scripts.run_script` (a child forked from a process that has imported JAX)
+gives what `python script` gives: the exit status, the two streams, argv, the folder and the
+environment."""
 
 import os
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import run_script, script_env
+from tests.support.scripts import run_script, script_env
 
 PROBE = '''
 import json, os, sys

@@ -11,7 +11,8 @@ from specjax.config import ModelConfig, SsmConfig
 from specjax.configs.tiny_code import get_config
 from specjax.model import forward, init_params
 from specjax.training.flops import train_flops_per_token
-from tests.conftest import TINY_MODEL, run_script, tiny_run
+from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.scripts import run_script
 
 SSM = SsmConfig(num_heads=4, head_dim=16, state_size=8, groups=2, chunk_size=16)
 

@@ -11,7 +11,8 @@ import pytest
 
 from specjax.io.checkpoint import Checkpointer
 from specjax.io.workdir import exclusive_workdir
-from tests.conftest import ROOT, run_script, script_env
+from tests.support import ROOT
+from tests.support.scripts import run_script, script_env
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -3,7 +3,7 @@ overrides on the command line must exist here)."""
 
 import ml_collections
 
-from tests.conftest import TINY_RUN
+from tests.support.models import TINY_RUN
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -20,7 +20,7 @@ from specjax.convert.hf import import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
 from specjax.tokenizer import get_tokenizer  # noqa: E402
-from tests.conftest import run_script  # noqa: E402
+from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

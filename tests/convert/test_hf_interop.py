@@ -19,7 +19,7 @@ from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E40
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from specjax.io.checkpoint import CheckpointError, load_params  # noqa: E402
-from tests.conftest import run_script  # noqa: E402
+from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -137,7 +137,7 @@ def test_conversion_errors_name_what_is_wrong(tmp_path):
 
 def test_imported_checkpoint_cannot_resume_training(tmp_path):
     from specjax.training.trainer import Trainer
-    from tests.conftest import tiny_run
+    from tests.support.models import tiny_run
 
     run = tiny_run()
     hf_model = transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -21,7 +21,7 @@ from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E40
 from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
-from tests.conftest import tiny_run  # noqa: E402
+from tests.support.models import tiny_run  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

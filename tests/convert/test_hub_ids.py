@@ -12,7 +12,8 @@ import specjax
 from specjax.convert.hf import export_checkpoint
 from specjax.convert.hub import checkpoint_folder
 from specjax.io.checkpoint import load_params
-from tests.conftest import model_workdir, run_script
+from tests.support.models import model_workdir
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -109,7 +110,7 @@ def test_a_hub_download_asks_for_every_file_specjax_reads(tmp_path, monkeypatch)
 
     import huggingface_hub
 
-    from tests.test_tokenizer_conventions import checkpoint
+    from tests.convert.test_tokenizer_conventions import checkpoint
 
     template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
     repo = checkpoint(tmp_path / "repo", bos=False)

@@ -11,7 +11,7 @@ import pytest
 import specjax
 from specjax.chat import render_chat
 from specjax.prompt_sets import encode_prompts, load_prompt_set
-from tests.conftest import run_script
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow
 

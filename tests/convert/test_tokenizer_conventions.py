@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 import specjax  # noqa: E402
 from specjax.chat import render_chat  # noqa: E402
 from specjax.convert.hf import export_checkpoint  # noqa: E402
-from tests.conftest import run_script  # noqa: E402
+from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

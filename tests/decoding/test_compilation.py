@@ -21,7 +21,10 @@ from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.stop_strings import StopStrings
-from tests.conftest import ROOT, damped_params, per_step_argmax, script_env
+from tests.support import ROOT
+from tests.support.decoding import per_step_argmax
+from tests.support.models import damped_params
+from tests.support.scripts import script_env
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
                   mlp_dim=64, init_std=0.3)

@@ -12,7 +12,8 @@ from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds, export_decode_loop
+from tests.support.decoding import decode_rounds, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, including a 1-token prompt

@@ -40,7 +40,7 @@ from specjax.heads.adapter import init_adapter
 from specjax.heads.eagle import EAGLE
 from specjax.heads.medusa import init_medusa
 from specjax.heads.mtp import MTP
-from tests.conftest import PerDepthDrafter
+from tests.support.drafter import PerDepthDrafter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

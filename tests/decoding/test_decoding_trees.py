@@ -22,7 +22,8 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import ancestor_matrix, inherit_validity
 from specjax.decoding.verify import verify
 from specjax.nn.cache import LayerKV
-from tests.conftest import TINY_MODEL, damped_params, decode_rounds, export_decode_loop
+from tests.support.decoding import decode_rounds, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -40,13 +40,9 @@ from specjax.io.checkpoint import (
     load_params,
 )
 from specjax.io.draft_vocab import rank_ids, read_ranking, write_ranking
-from tests.conftest import (
-    TINY_MODEL,
-    damped_params,
-    export_decode_loop,
-    per_step_argmax,
-    run_script,
-)
+from tests.support.decoding import export_decode_loop, per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params
+from tests.support.scripts import run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -24,7 +24,9 @@ from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.static_tree import StaticTree, node_depths
 from specjax.model import embed, exit_logits
 from specjax.nn.cache import along_path
-from tests.conftest import TINY_MODEL, PerDepthDrafter, damped_params, per_step_argmax
+from tests.support.decoding import per_step_argmax
+from tests.support.drafter import PerDepthDrafter
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -23,13 +23,8 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.adapter import init_adapter
 from specjax.tools.skip_search import AcceptanceProbe
-from tests.conftest import (
-    TINY_MODEL,
-    damped_params,
-    decode_rounds,
-    export_decode_loop,
-    first_layers,
-)
+from tests.support.decoding import decode_rounds, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params, first_layers
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -95,7 +95,7 @@ def test_a_head_is_one_file():
     from specjax.training import heads
     from specjax.training.config import config_reference, parse_run_config
     from specjax.training.registry import HEADS
-    from tests.conftest import tiny_run
+    from tests.support.models import tiny_run
 
     assert HEADS == exported(heads, "HEADS", "head")
     assert {"kangaroo", "specdec", "calm", "medusa"} <= set(HEADS)

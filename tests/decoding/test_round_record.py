@@ -11,7 +11,7 @@ from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator, acceptance_by_depth, accepted_runs
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
-from tests.conftest import TINY_MODEL, damped_params
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)

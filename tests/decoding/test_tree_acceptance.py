@@ -17,7 +17,7 @@ from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, draw_children
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
-from tests.test_decoding_sampling import chi_square_p_below
+from tests.decoding.test_decoding_sampling import chi_square_p_below
 
 P = np.array([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
 Q = np.array([0.05, 0.10, 0.15, 0.20, 0.25, 0.25])  # the draft disagrees with the target

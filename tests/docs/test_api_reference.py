@@ -10,7 +10,7 @@ import pytest
 
 import specjax
 import specjax.plots as plots
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytest.importorskip("mkdocstrings")
 

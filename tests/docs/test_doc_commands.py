@@ -18,8 +18,9 @@ import sys
 import pytest
 
 from specjax.cli.decoding import DECODING_FLAGS, LISTED_FLAGS
-from tests.conftest import ROOT, reader_files, script_env
-from tests.test_docs import _read, commands
+from tests.docs.test_docs import _read, commands
+from tests.support import ROOT
+from tests.support.scripts import reader_files, script_env
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -78,7 +79,7 @@ NOT_RUN = {
     "runs/c1500": "the recipe's stand-in after 1,500 steps of continual training on a GPU "
                   "(docs/results/2026-11-26-bring-your-own-model.md)",
     "runs/smollm2": "the real checkpoint, SmolLM2-135M-Instruct (30 layers of width 576): "
-                    "tests/test_smollm2.py imports its GGUF in CI and checks it against "
+                    "tests/convert/test_smollm2.py imports its GGUF in CI and checks it against "
                     "transformers; its drafters train for up to an hour each on 2 cores "
                     "(docs/results/2026-11-27-smollm2.md)",
     "tiny_code:smollm2": "LayerSkip continual training of SmolLM2 and a draft model "
@@ -227,7 +228,7 @@ def _run(cwd: str, sequence: list[list[str]], env: dict | None = None) -> list[d
     plan = os.path.join(cwd, ".plan.json")
     with open(plan, "w", encoding="utf-8") as f:
         json.dump({"cwd": cwd, "commands": sequence}, f)
-    result = subprocess.run([sys.executable, "-m", "tests.script_runner", plan], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "tests.support.script_runner", plan], cwd=ROOT,
                             env=script_env(**(env or {})), capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -15,7 +15,8 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from specjax.api import read_config
-from tests.conftest import ROOT, run_script
+from tests.support import ROOT
+from tests.support.scripts import run_script
 
 DOCS = ["README.md", *sorted(os.path.relpath(path, ROOT) for path in
                              glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))]
@@ -152,8 +153,8 @@ def test_notebooks_open_in_colab_with_their_figures(path):
 
 def test_every_notebook_is_executed_by_a_test():
     """Catches a notebook added without a test that runs it (its cells could rot unseen)."""
-    from tests.test_notebooks import ON_THE_DEFAULT_MODEL
-    from tests.test_notebooks_training import TRAINING_THEIR_OWN
+    from tests.docs.test_notebooks import ON_THE_DEFAULT_MODEL
+    from tests.docs.test_notebooks_training import TRAINING_THEIR_OWN
 
     executed = {f"{name}.ipynb" for name in ON_THE_DEFAULT_MODEL + TRAINING_THEIR_OWN}
     assert {os.path.basename(p) for p in NOTEBOOKS} == executed >= {

@@ -5,7 +5,7 @@ import ast
 import graphlib
 import os
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PACKAGE = os.path.join(ROOT, "specjax")
 

@@ -11,7 +11,8 @@ import nbformat
 import pytest
 
 from specjax import timing
-from tests.conftest import ROOT, script_env
+from tests.support import ROOT
+from tests.support.scripts import script_env
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))
                    + glob.glob(os.path.join(ROOT, "docs", "**", "*.ipynb"), recursive=True))

@@ -8,8 +8,9 @@ import shlex
 
 import pytest
 
-from tests.conftest import ROOT, run_script
-from tests.notebook_runner import run_notebook
+from tests.support import ROOT
+from tests.support.notebook_runner import run_notebook
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -3,7 +3,7 @@ training; a Mamba-2 hybrid) run end to end at smoke size in a fresh kernel each.
 
 import pytest
 
-from tests.notebook_runner import run_notebook
+from tests.support.notebook_runner import run_notebook
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -13,7 +13,9 @@ import pytest
 from specjax.decoding.registry import STRATEGIES
 from specjax.io.checkpoint import Checkpointer
 from specjax.training.trainer import Trainer
-from tests.conftest import ROOT, reader_files, run_script, script_env, tiny_run
+from tests.support import ROOT
+from tests.support.models import tiny_run
+from tests.support.scripts import reader_files, run_script, script_env
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

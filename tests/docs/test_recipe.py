@@ -19,7 +19,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from specjax import model as M  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
-from tests.conftest import ROOT, run_script  # noqa: E402
+from tests.support import ROOT  # noqa: E402
+from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

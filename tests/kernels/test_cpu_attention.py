@@ -21,7 +21,7 @@ from specjax.kernels import cpu_attention, cpu_matmul, library
 from specjax.nn.attention import Attention
 from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
-from tests.conftest import KERNEL_BUILDS, kernel_build
+from tests.support.kernels import KERNEL_BUILDS, kernel_build
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.available(), reason="no C++ compiler")
 # (batch, kv heads, group, tokens, slots, head_dim): head_dim 64 and 128 (whole vectors), 32,

@@ -12,7 +12,7 @@ import pytest
 
 from specjax.kernels import cpu_matmul
 from specjax.nn.linear import matmul
-from tests.conftest import KERNEL_BUILDS, kernel_build
+from tests.support.kernels import KERNEL_BUILDS, kernel_build
 
 needs_kernel = pytest.mark.skipif(not cpu_matmul.available(), reason="no C++ compiler")
 SHAPES = [(1, 37, 53), (3, 256, 1030), (7, 64, 8), (16, 131, 259)]  # (rows, K, N): ragged tails

@@ -22,7 +22,7 @@ from specjax.io.checkpoint import load_params
 from specjax.nn.hf_layout import HfLeaf, same, same_to_hf, transpose, transpose_to_hf
 from specjax.nn.layer_kinds import LAYER_KINDS, LayerKind
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, tiny_run
+from tests.support.models import TINY_MODEL, tiny_run
 
 PATTERN = ("attention", "toy", "attention", "toy")
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 52))]

@@ -12,7 +12,7 @@ import pytest
 from specjax.config import ModelConfig, SsmConfig
 from specjax.nn.cache import LayerSSM
 from specjax.nn.mamba2 import Cached, Mamba2Block, Prefill, Sequence
-from tests.test_ssd import paths, random_tree
+from tests.nn.test_ssd import paths, random_tree
 
 CFG = ModelConfig(vocab_size=11, d_model=24, num_layers=1, num_heads=2, num_kv_heads=1, mlp_dim=40,
                   init_std=0.3,

@@ -8,7 +8,7 @@ import pytest
 
 from specjax import model as M
 from specjax.config import ModelConfig
-from tests.conftest import TINY_MODEL
+from tests.support.models import TINY_MODEL
 
 run_layers = jax.jit(M.run_layers, static_argnames=("cfg", "layers"))
 run_layers_cached = jax.jit(M.run_layers_cached, static_argnames=("cfg", "layers"))

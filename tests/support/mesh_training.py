@@ -1,6 +1,6 @@
 """LayerSkip steps, heads and distillation on a frozen base, and greedy decoding on a mesh,
-shared by tests/test_sharding.py and the 8-device subprocess it starts (`python -m
-tests.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
+shared by tests/training/test_sharding.py and the 8-device subprocess it starts (`python -m
+tests.support.mesh_training OUT_JSON CHECKPOINT_DIR`)."""
 
 import dataclasses
 import json
@@ -37,7 +37,7 @@ from specjax.training.frozen_base import FrozenBase
 from specjax.training.heads.kangaroo import KangarooAdapter
 from specjax.training.objective import LayerSkip, Objective, step_schedule
 from specjax.training.registry import make_objective
-from tests.conftest import tiny_run
+from tests.support.models import tiny_run
 
 MESHES = {"8,1,1": (8, 1, 1), "2,2,2": (2, 2, 2), "1,4,2": (1, 4, 2)}
 STEPS, MORE = 3, 2  # steps before the checkpoint, steps after restoring it

@@ -6,7 +6,8 @@ import os
 import nbformat
 from nbclient import NotebookClient
 
-from tests.conftest import ROOT, script_env
+from tests.support import ROOT
+from tests.support.scripts import script_env
 
 CELL_TIMEOUT_S = 300
 

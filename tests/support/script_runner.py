@@ -3,14 +3,15 @@ and JAX's start-up (about 2.3 s) each time: this process imports what the script
 device is touched, no backend starts), then forks one child per command, which runs the
 script as `__main__` with the command's argv, environment and working directory, and ends as
 the interpreter would (its threads joined, then its exit handlers). What a fork cannot show,
-the scripts' own imports in a fresh interpreter, `tests/test_entrypoint.py` checks.
+the scripts' own imports in a fresh interpreter, `tests/cli/test_entrypoint.py` checks.
 
-    python -m tests.script_runner PLAN.json   the documented commands of one document, in order
-        (PLAN: {"cwd": dir, "commands": [[script, arg...]]}); prints one JSON line: per command
-        its exit status, seconds and output's tail; stops at the first that fails
-        (tests/test_doc_commands.py).
-    python -m tests.script_runner --serve     one JSON request a line on stdin, one JSON reply
-        a line on stdout (`tests.conftest.run_script`).
+    python -m tests.support.script_runner PLAN.json
+        the documented commands of one document, in order (PLAN: {"cwd": dir, "commands":
+        [[script, arg...]]}); prints one JSON line: per command its exit status, seconds and
+        output's tail; stops at the first that fails (tests/docs/test_doc_commands.py).
+    python -m tests.support.script_runner --serve
+        one JSON request a line on stdin, one JSON reply a line on stdout
+        (`tests.support.scripts.run_script`).
 """
 
 import atexit
@@ -27,7 +28,7 @@ import jax  # noqa: F401  (imported once here, for every child; no backend start
 
 import specjax.api  # noqa: F401
 import specjax.training.trainer  # noqa: F401
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 TAIL = 3000
 

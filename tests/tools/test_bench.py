@@ -27,7 +27,7 @@ from specjax.tools.bench import (
     matvec_bandwidth,
     run_benchmark,
 )
-from tests.conftest import TINY_MODEL
+from tests.support.models import TINY_MODEL
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -16,7 +16,7 @@ from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.io.calibrated_defaults import FILE, read_calibrated, with_calibrated, write_calibrated
 from specjax.tools.calm_quality import rouge_l
 from specjax.tools.forced import forced_losses
-from tests.conftest import TINY_MODEL, damped_params
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)

@@ -27,7 +27,9 @@ from specjax.tools.exit_report import (
     token_windows,
 )
 from specjax.training.evaluate import ExitReport
-from tests.conftest import ROOT, TINY_MODEL, damped_params, run_script
+from tests.support import ROOT
+from tests.support.models import TINY_MODEL, damped_params
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -23,7 +23,7 @@ from specjax.tools.skip_search import (
     search,
 )
 from specjax.tools.tree_search import child_acceptance
-from tests.conftest import TINY_MODEL, damped_params
+from tests.support.models import TINY_MODEL, damped_params
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -18,7 +18,8 @@ from specjax.decoding.registry import DecodingConfig
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from specjax.model import init_params
 from specjax.tools import tune as tuner
-from tests.conftest import TINY_MODEL, model_workdir, run_script
+from tests.support.models import TINY_MODEL, model_workdir
+from tests.support.scripts import run_script
 
 PROMPTS = ["def f(x):\n    return x", "import os\nclass A:\n"]
 TUNE = dict(max_new_tokens=24, num_draft=[4], trees=[], exits=1, confirm=3, budget_s=600)

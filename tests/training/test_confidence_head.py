@@ -17,7 +17,7 @@ from specjax.io.checkpoint import Checkpointer, CheckpointError
 from specjax.training.frozen_base import load_base
 from specjax.training.heads.calm import CalmConfig, balanced_bce, exit_labels
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, TINY_RUN, damped_params, tiny_run
+from tests.support.models import TINY_MODEL, TINY_RUN, damped_params, tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

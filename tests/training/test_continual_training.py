@@ -21,8 +21,10 @@ from specjax.training.init_source import resolve_init
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
 from specjax.training.trainer import Trainer
-from tests.conftest import ROOT, TINY_MODEL, run_script, tiny_run
-from tests.test_token_cache import write_bpe_tokenizer
+from tests.support import ROOT
+from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.scripts import run_script
+from tests.training.test_token_cache import write_bpe_tokenizer
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -11,8 +11,8 @@ from specjax.loading import load_model
 from specjax.training.frozen_base import load_base
 from specjax.training.train_step import TrainState
 from specjax.training.trainer import Trainer
-from tests.conftest import tiny_run
-from tests.test_token_cache import write_bpe_tokenizer
+from tests.support.models import tiny_run
+from tests.training.test_token_cache import write_bpe_tokenizer
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

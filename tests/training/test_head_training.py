@@ -18,7 +18,8 @@ from specjax.loading import load_model
 from specjax.training.frozen_base import load_base, params_checksum
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_RUN, run_script, tiny_run
+from tests.support.models import TINY_RUN, tiny_run
+from tests.support.scripts import run_script
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

@@ -22,7 +22,9 @@ from specjax.training.loss import mtp_cross_entropies
 from specjax.training.objective import with_mtp
 from specjax.training.train_step import StepSchedule, TrainState, make_train_step
 from specjax.training.trainer import Trainer
-from tests.conftest import TINY_MODEL, per_step_argmax, run_script, tiny_run
+from tests.support.decoding import per_step_argmax
+from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.scripts import run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "mtp_depth": 2})
 

@@ -27,8 +27,9 @@ from specjax.sharding import (
 )
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.trainer import Trainer
-from tests import mesh_training as M
-from tests.conftest import ROOT, tiny_run
+from tests.support import ROOT
+from tests.support import mesh_training as M
+from tests.support.models import tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -41,7 +42,7 @@ def on_eight_devices(tmp_path_factory):
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
            + " --xla_force_host_platform_device_count=8"}
     out = directory / "results.json"
-    result = subprocess.run([sys.executable, "-m", "tests.mesh_training", str(out),
+    result = subprocess.run([sys.executable, "-m", "tests.support.mesh_training", str(out),
                              str(directory / "checkpoint")], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -11,7 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from specjax import data as D
 from specjax.tokenizer import HFTokenizer, load_tokenizer
-from tests.conftest import ROOT, run_script
+from tests.support import ROOT
+from tests.support.scripts import run_script
 
 TEXTS = [f"def function_{i}(value):\n    return value * {i} + 'é→λ'\n" * (i % 4 + 1)
          for i in range(40)]

@@ -12,7 +12,7 @@ from specjax.model import forward
 from specjax.training.config import parse_run_config
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
-from tests.conftest import tiny_run
+from tests.support.models import tiny_run
 
 EXITS = jnp.array([1, 2, 4])
 

@@ -17,7 +17,7 @@ from specjax.training.metrics_log import MetricsLog
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import StepSchedule, init_train_state, make_train_step
 from specjax.training.trainer import Trainer, TrainingDivergedError
-from tests.conftest import tiny_run
+from tests.support.models import tiny_run
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

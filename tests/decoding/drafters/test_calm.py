@@ -21,13 +21,8 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.nn.block import DecoderBlock
 from specjax.nn.norm import apply_rms_norm
 from specjax.nn.rope import apply_rope, rope_tables
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    damped_params,
-    decode_rounds,
-    export_decode_loop,
-)
+from tests.support.decoding import check_eos_mid_draft, decode_rounds, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

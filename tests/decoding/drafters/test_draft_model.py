@@ -14,13 +14,8 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.model import allocate_cache, embed, run_layers_cached
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    damped_params,
-    decode_rounds,
-    first_layers,
-)
+from tests.support.decoding import check_eos_mid_draft, decode_rounds
+from tests.support.models import TINY_MODEL, damped_params, first_layers
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

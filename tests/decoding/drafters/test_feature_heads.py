@@ -32,13 +32,8 @@ from specjax.nn.rope import rope_tables
 from specjax.training.frozen_base import base_features
 from specjax.training.heads.eagle import EagleConfig
 from specjax.training.heads.unrolled import depth_sums, recorded
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    damped_params,
-    export_decode_loop,
-    per_step_argmax,
-)
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -22,13 +22,8 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.adapter import init_adapter, run_adapter_cached
 from specjax.nn.cache import LayerKV
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    damped_params,
-    decode_rounds,
-    export_decode_loop,
-)
+from tests.support.decoding import check_eos_mid_draft, decode_rounds, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 

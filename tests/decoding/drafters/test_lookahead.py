@@ -16,8 +16,9 @@ from specjax.decoding.drafter import DraftContext, Prefilled, Round
 from specjax.decoding.drafters.lookahead import Lookahead
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
-from tests.conftest import check_eos_mid_draft, damped_params, export_decode_loop, per_step_argmax
-from tests.test_feature_heads import CFG, PROMPTS
+from tests.decoding.drafters.test_feature_heads import CFG, PROMPTS
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
+from tests.support.models import damped_params
 
 NEW, VOCAB = 30, 9
 

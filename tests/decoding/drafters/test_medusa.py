@@ -36,17 +36,9 @@ from specjax.training.heads.medusa import (
 )
 from specjax.training.optimizer import make_optimizer
 from specjax.training.train_step import TrainState
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    check_import_refusals,
-    damped_params,
-    export_decode_loop,
-    model_workdir,
-    per_step_argmax,
-    run_script,
-    tiny_run,
-)
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params, model_workdir, tiny_run
+from tests.support.scripts import check_import_refusals, run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]

@@ -24,8 +24,7 @@ from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
 from specjax.heads.medusa import init_medusa
 from specjax.training.frozen_base import base_features
-from tests.conftest import check_eos_mid_draft, export_decode_loop, per_step_argmax
-from tests.test_feature_heads import (  # noqa: F401  (fixtures)
+from tests.decoding.drafters.test_feature_heads import (  # noqa: F401  (fixtures)
     CFG,
     KINDS,
     NEW,
@@ -34,6 +33,7 @@ from tests.test_feature_heads import (  # noqa: F401  (fixtures)
     params,
     recording,
 )
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
 
 EXITS = EAGLE.exits(CFG, KINDS["eagle"][2])
 TEMPERATURE = 0.3

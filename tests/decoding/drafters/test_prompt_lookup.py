@@ -18,7 +18,8 @@ from specjax.decoding.drafters.prompt_lookup import PromptLookup, continuation
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
-from tests.conftest import TINY_MODEL, damped_params, export_decode_loop, per_step_argmax
+from tests.support.decoding import export_decode_loop, per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 # Repeating prompts, so the output (a random model's greedy loop) and the prompt share n-grams.

@@ -27,7 +27,8 @@ from specjax.heads.acceptance_head import init_acceptance_head
 from specjax.model import forward
 from specjax.training.heads.specdec import draft_labels
 from specjax.training.ranking import auc
-from tests.conftest import TINY_MODEL, check_eos_mid_draft, damped_params, export_decode_loop
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]  # ragged, a 1-token prompt

@@ -20,13 +20,8 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
 from specjax.nn.cache import Cache
-from tests.conftest import (
-    TINY_MODEL,
-    check_eos_mid_draft,
-    damped_params,
-    export_decode_loop,
-    per_step_argmax,
-)
+from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
+from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 # Repeating prompts and a row whose end recurs in another row (row 3 ends as row 0 begins).

@@ -101,18 +101,28 @@ def pytest_sessionstart(session):
 # in collection order, so starting these first keeps one worker from running a long file alone
 # at the end.
 # By their measured totals (--durations=0, 2026-11-27): the longest first, so that no long file
-# is left running alone at the end of a loadfile run.
-SLOWEST_FILES = ("test_decoding_sampling.py", "test_infer_cli.py", "test_notebooks.py",
-                 "test_smollm2.py", "test_decoding_trees.py", "test_sharding.py",
-                 "test_head_training.py", "test_feature_heads.py", "test_notebooks_training.py",
-                 "test_generate_conveniences.py", "test_decoding_greedy.py", "test_bad_inputs.py",
-                 "test_mixed_trees.py", "test_draft_vocab.py", "test_calm_cli.py",
-                 "test_compilation.py", "test_hybrid_decoding.py", "test_hf_interop.py",
-                 "test_hf_families.py", "test_continual_training.py", "test_recipe.py",
-                 "test_feature_head_cli.py")
+# is left running alone at the end of a loadfile run. Paths relative to tests/ (a basename may
+# repeat across folders).
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SLOWEST_FILES = ("decoding/test_decoding_sampling.py", "cli/test_infer_cli.py",
+                 "docs/test_notebooks.py", "convert/test_smollm2.py",
+                 "decoding/test_decoding_trees.py", "training/test_sharding.py",
+                 "training/test_head_training.py", "decoding/drafters/test_feature_heads.py",
+                 "docs/test_notebooks_training.py", "api/test_generate_conveniences.py",
+                 "decoding/test_decoding_greedy.py", "cli/test_bad_inputs.py",
+                 "decoding/drafters/test_mixed_trees.py", "decoding/test_draft_vocab.py",
+                 "cli/test_calm_cli.py", "decoding/test_compilation.py",
+                 "decoding/test_hybrid_decoding.py", "convert/test_hf_interop.py",
+                 "convert/test_hf_families.py", "training/test_continual_training.py",
+                 "docs/test_recipe.py", "cli/test_feature_head_cli.py")
 
 
 def pytest_collection_modifyitems(items):
-    """Runs SLOWEST_FILES first, each file's tests in their order."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Runs SLOWEST_FILES first, each file's tests in their order; refuses an entry that names
+    no file (a test file moved or renamed would otherwise drop silently out of the order)."""
+    stale = [path for path in SLOWEST_FILES if not os.path.isfile(os.path.join(TESTS, path))]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py: SLOWEST_FILES names {', '.join(stale)}, "
+                                "which is not a file under tests/")
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(os.path.relpath(item.path, TESTS), len(rank)))

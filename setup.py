@@ -31,12 +31,12 @@ setup(
         "huggingface_hub>=0.34",  # Hub ids (specjax/convert/hub.py)
     ],
     extras_require={
-        # nbclient, nbformat and ipykernel execute the notebooks (tests/test_notebooks.py).
+        # nbclient, nbformat and ipykernel execute the notebooks (tests/docs/test_notebooks.py).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.9",
                  "ipykernel>=6.29", "tensorboardX>=2.6",
                  # tqdm's notebook display in executed notebooks (specjax.timing.tqdm_bar)
                  "ipywidgets>=8",
-                 # the docs/ site and its API reference (tests/test_api_reference.py)
+                 # the docs/ site and its API reference (tests/docs/test_api_reference.py)
                  "mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
         # GGUF import (specjax/convert/gguf.py) and the HumanEval prompt set.
         "gguf": ["gguf>=0.10"],

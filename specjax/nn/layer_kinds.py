@@ -14,7 +14,7 @@ kinds up here; `ModelConfig` imports no layer, so the kinds a pattern names are 
 Besides its entry here a kind brings its layer cache (a `LayerCache` of `nn.cache`, as Mamba-2
 brought `LayerSSM`), its settings in `ModelConfig` if it has any (Mamba-2's `SsmConfig`) and,
 for Hugging Face interop, its `hf_leaves` (`nn.hf_layout`) and each architecture's names and
-config keys (`specjax.convert`). `tests/test_layer_kind_contract.py` registers a toy kind from
+config keys (`specjax.convert`). `tests/nn/test_layer_kind_contract.py` registers a toy kind from
 the test file and trains, decodes, lays out and checkpoints it.
 """
 

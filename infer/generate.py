@@ -156,7 +156,7 @@ def _generate(sampling, mesh, output):
                                  stop=stops)
         for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
                                                 out.trace, strict=True):
-            record = {"prompt": prompt_text(prompt), "completion": tokenizer.decode(tokens),
+            record = {"prompt": prompt_text(prompt, tokenizer), "completion": tokenizer.decode(tokens),
                       "tokens": tokens, **stats.to_dict(), **_exits(trace), **_kernels()}
             if FLAGS.logprobs:
                 record["logprobs"] = trace[LOGPROB]

@@ -52,7 +52,9 @@ from specjax.decoding.stop_strings import StopStrings
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import LoadedModel, load_model
 from specjax.outputs import check_writable
-from specjax.prompt_sets import PromptInput, encode_prompts, load_prompt_set, prompt_text
+from specjax.prompt_sets import (
+    PromptInput, encode_prompts, load_prompt_set, prompt_text, token_ids,
+)
 from specjax.tokenizer import Tokenizer, get_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report
@@ -176,6 +178,8 @@ class LanguageModel:
 
     def _built(self, name: str, defaults: DecodingConfig, sampling: SamplingParams | None,
                prompts: Sequence[Sequence[int]], options: Mapping[str, Any]) -> Drafter:
+        options = dict(options)
+        keywords.strategy_names(options)  # benchmark's and tune's settings take HF's names too
         chosen = decoding_options(defaults, self.config, options, [name], prefix="")
         chosen, _ = self._resolve_tree(chosen, name, sampling, prompts)
         return make_strategy(name, self._loaded.at_head_exit(name, chosen, options))
@@ -272,7 +276,7 @@ class LanguageModel:
         each decoding round commits tokens (a round's accepted drafts and the target's token
         arrive together); joined, the pieces are `generate(prompt).text`. A character whose
         bytes straddle two rounds waits for its last byte."""
-        if prompt is not None and not isinstance(prompt, str) and _token_ids(prompt) is None:
+        if prompt is not None and not isinstance(prompt, str) and token_ids(prompt) is None:
             raise ValueError(f"stream takes one prompt (a string or token ids), not "
                              f"{type(prompt).__name__}")
         call = self._call(prompt, messages, chat, max_new_tokens, strategy, temperature, top_k,
@@ -293,7 +297,7 @@ class LanguageModel:
         ready for these prompts."""
         require_kind("seed", seed, int)
         inputs, single = _prompt_inputs(prompts, messages)
-        encoded = _encode(self.tokenizer, inputs, chat)
+        encoded = encode_prompts(self.tokenizer, inputs, chat=chat)
         options = dict(options)
         temperature, max_new_tokens = keywords.from_hf(options, temperature, max_new_tokens,
                                                        max(len(ids) for ids in encoded))
@@ -302,8 +306,7 @@ class LanguageModel:
         drafter = self._drafter(strategy, sampling, encoded, options)
         self._loaded.warn_long_prompts([len(ids) for ids in encoded])
         stops = None if stop is None else self._stop_strings(stop)
-        texts = [self.tokenizer.decode(p) if isinstance(p, tuple) else prompt_text(p)
-                 for p in inputs]
+        texts = [prompt_text(p, self.tokenizer) for p in inputs]
         return _Call(encoded, texts, single, max_new_tokens, sampling, drafter, stops)
 
     def _stop_strings(self, stop: str | Sequence[str]) -> StopStrings:
@@ -360,7 +363,7 @@ class LanguageModel:
         `prompt_set`, or `num_prompts` held-out windows of `prompt_len` tokens."""
         if prompts is not None and prompt_set:
             raise ValueError("give prompts or a prompt_set, not both")
-        encoded = (_encode(self.tokenizer, _prompt_inputs(prompts, None)[0])
+        encoded = (encode_prompts(self.tokenizer, _prompt_inputs(prompts, None)[0])
                    if prompts is not None else
                    encode_prompts(self.tokenizer, load_prompt_set(prompt_set, self.tokenizer,
                                                                   num_prompts))
@@ -490,8 +493,7 @@ def _require_path(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a path (a string), not {type(value).__name__}")
 
 
-def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput | tuple[int, ...]],
-                                                          bool]:
+def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput], bool]:
     """`generate`'s prompts as a list, and whether one was given alone: a string or token ids
     (a tuple in the list), a list of them, one conversation or a list of conversations."""
     if (prompts is None) == (messages is None):
@@ -503,35 +505,16 @@ def _prompt_inputs(prompts: Any, messages: Any) -> tuple[list[PromptInput | tupl
         if not conversations:
             raise ValueError("messages is an empty list")
         return [check_messages(c) for c in conversations], single
-    single = isinstance(prompts, str) or _token_ids(prompts) is not None
+    single = isinstance(prompts, str) or token_ids(prompts) is not None
     given = ([prompts] if single else
              list(prompts) if isinstance(prompts, (list, tuple, np.ndarray)) else [])
-    items = [p if isinstance(p, str) else _token_ids(p) for p in given]
+    items = [p if isinstance(p, str) else token_ids(p) for p in given]
     wrong = [p for p, item in zip(given, items, strict=True) if item is None]
     if not items or wrong:
         raise ValueError("prompts must be a string, a list of token ids or a non-empty list of "
                          f"them, not {type(prompts).__name__}"
                          + (f" holding a {type(wrong[0]).__name__}" if wrong else ""))
     return items, single
-
-
-def _encode(tokenizer: Tokenizer, inputs: Sequence[PromptInput | tuple[int, ...]],
-            chat: bool = False) -> list[np.ndarray]:
-    """`_prompt_inputs`' prompts as ids: token ids as they are, the rest `encode_prompts`'."""
-    if chat and any(isinstance(p, tuple) for p in inputs):
-        raise ValueError("chat=True renders text prompts; token ids are taken as they are")
-    return [np.asarray(p, np.int32) if isinstance(p, tuple) else
-            encode_prompts(tokenizer, [p], chat=chat)[0] for p in inputs]
-
-
-def _token_ids(value: Any) -> tuple[int, ...] | None:
-    """`value` as one prompt's token ids (a non-empty list, tuple or 1-D array of ints), else
-    None."""
-    if not isinstance(value, (list, tuple, np.ndarray)) or len(value) == 0:
-        return None
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
-        return None
-    return tuple(int(v) for v in value)
 
 
 def load(workdir: str, step: int | None = None,

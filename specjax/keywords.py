@@ -70,13 +70,7 @@ def from_hf(options: dict[str, Any], temperature: float | None, max_new_tokens: 
     num_draft, `max_length` (prompt + new tokens, the longest prompt's) max_new_tokens,
     `do_sample` False greedy and True sampling (temperature default 1.0); any other HF name is
     refused naming ours. Returns (temperature, max_new_tokens), defaults 0 and 128."""
-    for name, ours in HF_REFUSED.items():
-        if name in options:
-            raise ValueError(f"{name} is Hugging Face's; here use {ours}")
-    if "num_assistant_tokens" in options:
-        if "num_draft" in options:
-            raise ValueError("give num_draft or num_assistant_tokens, not both")
-        options["num_draft"] = options.pop("num_assistant_tokens")
+    strategy_names(options)
     max_length = options.pop("max_length", None)
     if max_length is not None:
         if max_new_tokens is not None:
@@ -87,6 +81,18 @@ def from_hf(options: dict[str, Any], temperature: float | None, max_new_tokens: 
         max_new_tokens = max_length - longest_prompt
     return _temperature(options.pop("do_sample", None), temperature), (
         128 if max_new_tokens is None else max_new_tokens)
+
+
+def strategy_names(options: dict[str, Any]) -> None:
+    """Takes Hugging Face's drafting name out of a strategy's `options` (in place):
+    `num_assistant_tokens` becomes num_draft; its other names are refused naming ours."""
+    for name, ours in HF_REFUSED.items():
+        if name in options:
+            raise ValueError(f"{name} is Hugging Face's; here use {ours}")
+    if "num_assistant_tokens" in options:
+        if "num_draft" in options:
+            raise ValueError("give num_draft or num_assistant_tokens, not both")
+        options["num_draft"] = options.pop("num_assistant_tokens")
 
 
 def _temperature(do_sample: Any, temperature: float | None) -> float:

@@ -26,7 +26,8 @@ HUMANEVAL_FILE = os.path.join("data", "HumanEval.jsonl.gz")
 CHAT_FILE = os.path.join(os.path.dirname(__file__), "prompts", "chat.jsonl")
 
 
-PromptInput = str | list[dict]  # a plain prompt, or a conversation of {"role", "content"} dicts
+# a plain prompt, a conversation of {"role", "content"} dicts, or token ids taken as they are
+PromptInput = str | list[dict] | tuple[int, ...]
 
 
 def humaneval() -> list[tuple[str, bool]]:
@@ -65,15 +66,32 @@ def load_prompt_set(name: str, tokenizer: Tokenizer,
 
 def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[PromptInput], *, chat: bool = False,
                    add_special_tokens: bool = True) -> list[np.ndarray]:
-    """Each prompt's ids: a conversation (and, with `chat`, a plain prompt as a user's first
-    message) in the model's chat template; a plain prompt as the tokenizer encodes a text,
-    with its own special tokens unless `add_special_tokens` is False."""
-    return [encode_chat(tokenizer, [{"role": "user", "content": prompt}] if chat else prompt)
+    """Each prompt's ids: token ids as they are; a conversation (and, with `chat`, a plain
+    prompt as a user's first message) in the model's chat template; a plain prompt as the
+    tokenizer encodes a text, with its own special tokens unless `add_special_tokens` is
+    False."""
+    if chat and any(isinstance(p, tuple) for p in prompts):
+        raise ValueError("chat=True renders text prompts; token ids are taken as they are")
+    return [np.asarray(prompt, np.int32) if isinstance(prompt, tuple) else
+            encode_chat(tokenizer, [{"role": "user", "content": prompt}] if chat else prompt)
             if chat or not isinstance(prompt, str)
             else tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             for prompt in prompts]
 
 
-def prompt_text(prompt: PromptInput) -> str:
-    """What an output record shows as the prompt: the text, or a conversation's last message."""
+def token_ids(value: object) -> tuple[int, ...] | None:
+    """`value` as one prompt's token ids (a non-empty list, tuple or 1-D array of ints), else
+    None."""
+    if not isinstance(value, (list, tuple, np.ndarray)) or len(value) == 0:
+        return None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(int(v) for v in value)
+
+
+def prompt_text(prompt: PromptInput, tokenizer: Tokenizer) -> str:
+    """What an output record shows as the prompt: the text, a conversation's last message, or
+    token ids decoded."""
+    if isinstance(prompt, tuple):
+        return tokenizer.decode(list(prompt))
     return prompt if isinstance(prompt, str) else str(prompt[-1].get("content", ""))

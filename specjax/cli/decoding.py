@@ -34,7 +34,7 @@ from specjax.decoding.registry import (
 )
 from specjax.decoding.sampling import SamplingParams
 from specjax.outputs import check_destinations, read_json_cache, staged, write_json_cache
-from specjax.prompt_sets import PromptInput
+from specjax.prompt_sets import PromptInput, token_ids
 from specjax.sharding import MeshConfig, make_mesh
 from specjax.tokenizer import Tokenizer
 from specjax.tools.tree_search import Measurements, TreePlan, measure
@@ -202,8 +202,9 @@ def whole_numbers_flag(name: str, minimum: int) -> list[int]:
 
 
 def read_prompts_file(path: str) -> list[PromptInput]:
-    """One JSON object per line with a "prompt" string, or a "messages" conversation (a list of
-    {"role", "content"} objects, rendered with the model's chat template)."""
+    """One JSON object per line with a "prompt" string, a "messages" conversation (a list of
+    {"role", "content"} objects, rendered with the model's chat template) or "ids", a prompt's
+    token ids (taken as they are)."""
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a directory, not a JSONL file of prompts")
     if not os.path.exists(path):
@@ -216,9 +217,14 @@ def read_prompts_file(path: str) -> list[PromptInput]:
             except ValueError as error:
                 raise ValueError(f"{path}:{number}: {error}") from None
             continue
+        if isinstance(record, dict) and "ids" in record:
+            if token_ids(record["ids"]) is None:
+                raise ValueError(f"{path}:{number}: 'ids' must be a non-empty list of token ids")
+            prompts.append(token_ids(record["ids"]))
+            continue
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f"{path}:{number}: expected an object with a string 'prompt' "
-                             "or a 'messages' list")
+            raise ValueError(f"{path}:{number}: expected an object with a string 'prompt', "
+                             "a 'messages' list or an 'ids' list")
         prompts.append(record["prompt"])
     if not prompts:
         raise ValueError(f"{path}: no prompts")

@@ -18,8 +18,8 @@ HELP = {
     "draft_workdir": "Workdirs of drafters for this model: a smaller model with the same "
                      "tokenizer (strategy draft; trained or imported) or heads trained on this "
                      "model (kangaroo, specdec, medusa, eagle, the CALM classifier)",
-    "prompts_file": "JSONL file, one {\"prompt\": ...} or {\"messages\": [{\"role\": ..., "
-                    "\"content\": ...}, ...]} per line.",
+    "prompts_file": "JSONL file, one {\"prompt\": ...}, {\"messages\": [{\"role\": ..., "
+                    "\"content\": ...}, ...]} or {\"ids\": [token ids]} per line.",
     "num_prompts": "How many prompts: held-out windows of the workdir's validation text, or "
                    "the first of --prompt_set where one is given (none: all of it).",
     "prompt_len": "Tokens per prompt (held-out windows are cut to this length).",

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import specjax  # noqa: E402
+from specjax.cli.decoding import read_prompts_file  # noqa: E402
 from specjax.decoding import stop_strings  # noqa: E402
 from specjax.decoding.stop_strings import StopStrings, advance  # noqa: E402
 from specjax.keywords import HF_REFUSED  # noqa: E402
@@ -254,7 +255,8 @@ def test_hugging_faces_names_map_to_ours_or_are_refused_in_one_line(hf):
     """Catches an HF name taken with another meaning (max_length as new tokens, do_sample=True
     at temperature 0, num_assistant_tokens ignored) or an HF-only name silently ignored or
     failing deep inside: each maps to the same call with our names or is one line naming
-    ours; num_drafts (the old spelling) names num_draft."""
+    ours, in generate and in a strategy's settings (benchmark's); num_drafts (the old
+    spelling) names num_draft."""
     model, *_ = hf
     length = len(model.tokenizer.encode(PROMPT, add_special_tokens=True))
     same = {"max_length": (dict(max_length=length + 7), dict(max_new_tokens=7)),
@@ -278,6 +280,11 @@ def test_hugging_faces_names_map_to_ours_or_are_refused_in_one_line(hf):
             model.generate(PROMPT, **call)
     with pytest.raises(ValueError, match="^num_drafts is now num_draft"):
         model.exit_report(num_drafts=(2,))
+    # a strategy's settings (benchmark's, tune's) take the same names
+    assert model.strategy("selfspec", num_assistant_tokens=2) == \
+        model.strategy("selfspec", num_draft=2) != model.strategy("selfspec", num_draft=3)
+    with pytest.raises(ValueError, match="^prompt_lookup_num_tokens is Hugging Face's"):
+        model.benchmark({"x": {"strategy": "ngram", "prompt_lookup_num_tokens": 3}}, [PROMPT])
 
 
 @pytest.mark.parametrize("method, call, suggestion", [
@@ -314,6 +321,27 @@ def test_the_generate_cli_writes_tokens_and_logprobs_and_stops(hf, tmp_path):
     assert record["tokens"] == expected.tokens
     assert record["completion"] == expected.text
     np.testing.assert_allclose(record["logprobs"], expected.logprobs, atol=1e-6)
+
+
+def test_a_prompts_file_takes_token_ids(hf, tmp_path):
+    """Catches {"ids": [...]} lines read as text or re-encoded (their text's own ids, or the
+    tokenizer's conventions around them), and bad ids failing deep inside: the CLI's row for
+    reversed ids (no text encodes to them) equals the API's completion of the same ids, and
+    shows their text as its prompt."""
+    model, _, _, workdir = hf
+    ids = model.tokenizer.encode(PROMPT).tolist()[::-1]
+    expected = model.generate(ids, max_new_tokens=8)
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text(json.dumps({"ids": ids}) + "\n")
+    result = run_script("infer/generate.py", "--workdir", workdir, "--prompts_file",
+                        str(prompts), "--max_new_tokens", "8", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert (record["tokens"], record["prompt"]) == (expected.tokens, model.tokenizer.decode(ids))
+    for bad in ([], ["a"], [1.5], 7):
+        prompts.write_text(json.dumps({"ids": bad}) + "\n")
+        with pytest.raises(ValueError, match=r"prompts.jsonl:1: 'ids' must be a non-empty list"):
+            read_prompts_file(str(prompts))
 
 
 @pytest.mark.parametrize("stop, message", [(123, "not 123"), ([], "empty list"),

@@ -65,5 +65,7 @@ def test_a_conversation_s_record_shows_its_last_message():
     system prompt would show the same system text)."""
     conversation = [{"role": "system", "content": "Be brief."},
                     {"role": "user", "content": "What is 2 + 2?"}]
-    assert prompt_text(conversation) == "What is 2 + 2?"
-    assert prompt_text("def f(x):") == "def f(x):"
+    tokenizer = ByteTokenizer()
+    assert prompt_text(conversation, tokenizer) == "What is 2 + 2?"
+    assert prompt_text("def f(x):", tokenizer) == "def f(x):"
+    assert prompt_text(tuple(b"def f"), tokenizer) == "def f"  # token ids: their text

@@ -1,0 +1,32 @@
+"""Drafting over part of the vocabulary pinned where the fresh audit's plants got past
+tests/test_draft_vocab.py (whose model has no logit soft-cap): the subset head against a
+NumPy computation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.heads.vocab_subset import MASKED_LOGIT, DraftVocab, head_logits
+from specjax.model import init_params
+from tests.conftest import TINY_MODEL
+
+CAP = 2.0  # far below the logits' scale: the soft-cap changes every one of them
+
+
+def test_a_soft_capped_subset_head_caps_as_the_full_head_does():
+    """Catches the logit soft-cap (Gemma-2's `final_logit_softcapping`) left out of the draft
+    head over a subset: greedy output cannot see it (tanh keeps the order) and sampled output
+    stays exact (acceptance reads the wrong q), but every subset draft is then drawn from
+    another distribution than the full head's restricted to the subset. The subset's logits
+    equal cap * tanh(h E[ids]^T / cap) in NumPy, every other id is masked."""
+    cfg = ModelConfig(**{**TINY_MODEL, "init_std": 0.5, "logit_softcap": CAP})
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    ids = np.sort(np.random.default_rng(0).permutation(cfg.vocab_size)[:cfg.vocab_size // 4])
+    normed = np.random.default_rng(1).normal(size=(2, 3, cfg.d_model)).astype(np.float32)
+    raw = normed @ np.asarray(params["embed"], np.float32)[ids].T
+    assert np.abs(raw).max() > 3 * CAP  # the cap matters
+    logits = np.asarray(head_logits(params, cfg, jnp.asarray(normed),
+                                    DraftVocab.gather(params, cfg, jnp.asarray(ids, jnp.int32))))
+    np.testing.assert_allclose(logits[..., ids], CAP * np.tanh(raw / CAP), rtol=1e-5, atol=1e-5)
+    assert np.all(np.delete(logits, ids, axis=-1) == MASKED_LOGIT)

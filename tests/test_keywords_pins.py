@@ -1,0 +1,19 @@
+"""Hugging Face's keyword names pinned where the fresh audit's plants got past
+tests/test_generate_conveniences.py: `max_length` at its boundary, by hand."""
+
+import pytest
+
+from specjax.keywords import from_hf
+
+
+def test_max_length_must_leave_room_for_one_new_token():
+    """`max_length` counts the prompt and the new tokens (transformers' meaning): one more
+    than the longest prompt (7 tokens) is one new token, equal to it is refused naming
+    max_length. Catches the boundary taken as `<` (max_length=7 passed on as
+    max_new_tokens=0, refused later under a name the caller never used) and the budget
+    counted from the wrong end (max_length - prompt - 1)."""
+    assert from_hf({"max_length": 8}, None, None, 7) == (0.0, 1)
+    assert from_hf({"max_length": 40}, None, None, 7) == (0.0, 33)
+    with pytest.raises(ValueError, match=r"^max_length=7 \(prompt \+ new tokens\) must exceed "
+                                         r"the longest prompt's 7 tokens$"):
+        from_hf({"max_length": 7}, None, None, 7)

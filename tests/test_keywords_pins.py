@@ -17,3 +17,13 @@ def test_max_length_must_leave_room_for_one_new_token():
     with pytest.raises(ValueError, match=r"^max_length=7 \(prompt \+ new tokens\) must exceed "
                                          r"the longest prompt's 7 tokens$"):
         from_hf({"max_length": 7}, None, None, 7)
+
+
+def test_num_assistant_tokens_is_num_draft_and_never_both():
+    """transformers' `num_assistant_tokens` is our `num_draft` (moved, by hand); given with
+    num_draft it is refused in one line. Catches the pair taken silently, the HF name
+    overriding the num_draft the caller also gave."""
+    options = {"num_assistant_tokens": 3}
+    assert from_hf(options, None, 8, 4) == (0.0, 8) and options == {"num_draft": 3}
+    with pytest.raises(ValueError, match="^give num_draft or num_assistant_tokens, not both$"):
+        from_hf({"num_assistant_tokens": 3, "num_draft": 4}, None, 8, 4)

@@ -11,7 +11,7 @@ from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.loop import decode_round, prefill
 from specjax.decoding.shapes.chain import Chain
 from specjax.model import unstack_layers
-from tests.conftest import damped_params
+from tests.support.models import damped_params
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
                   mlp_dim=64, init_std=0.3)

@@ -9,7 +9,7 @@ import numpy as np
 from specjax.config import ModelConfig
 from specjax.heads.vocab_subset import MASKED_LOGIT, DraftVocab, head_logits
 from specjax.model import init_params
-from tests.conftest import TINY_MODEL
+from tests.support.models import TINY_MODEL
 
 CAP = 2.0  # far below the logits' scale: the soft-cap changes every one of them
 

@@ -12,7 +12,7 @@ from specjax import model as M  # noqa: E402
 from specjax.convert.gguf import GgufCheckpoint  # noqa: E402
 from specjax.convert.hf import import_checkpoint  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
-from tests import test_gguf  # noqa: E402
+from tests.convert import test_gguf  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -26,16 +26,24 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 
 
+ROPE_TYPES = ("llama3", "linear")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency-dependent RoPE scaling (`rope_type="llama3"` in HF configs)."""
+    """RoPE scaling as HF configs' `rope_type` names it: "llama3" (Llama-3's frequency-dependent
+    scaling: long wavelengths slowed by `factor`, short ones kept, the band between
+    interpolated) or "linear" (every frequency divided by `factor`: Gemma-3's global layers)."""
 
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    rope_type: str = "llama3"
 
     def __post_init__(self) -> None:
+        check(self.rope_type in ROPE_TYPES, "rope_scaling.rope_type", self.rope_type,
+              f"must be one of {ROPE_TYPES}")
         check(self.factor >= 1.0, "rope_scaling.factor", self.factor, "must be >= 1")
         check(self.low_freq_factor > 0, "rope_scaling.low_freq_factor", self.low_freq_factor,
               "must be > 0")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specjax.config import DTYPES, ModelConfig, RopeScaling, SsmConfig
+from specjax.config import DTYPES, ROPE_TYPES, ModelConfig, RopeScaling, SsmConfig
 from specjax.errors import SpecjaxError
 from specjax.outputs import read_json_object
 
@@ -92,7 +92,7 @@ FAMILIES = {
         reads=lambda hf: {**_gemma_options(hf, attn_softcap=None, logit_softcap=None, every=6),
                           **_gemma3_rope(hf)},
         writes=lambda cfg: {**_gemma_keys(cfg), "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "full_attention": {**_scaling_keys(cfg.rope_scaling), "rope_theta": cfg.rope_theta},
             "sliding_attention": {"rope_type": "default",
                                   "rope_theta": cfg.local_rope_theta or cfg.rope_theta}}}),
 }
@@ -294,13 +294,20 @@ def hf_config_from_model(cfg: ModelConfig, imported: str | None = None) -> dict[
                 "rope_scaling": None, "pad_token_id": None, **family.writes(cfg)})
     if not cfg.attention_bias:
         out["attention_bias"] = False
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        out["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor,
-                               "low_freq_factor": s.low_freq_factor,
-                               "high_freq_factor": s.high_freq_factor,
-                               "original_max_position_embeddings": s.original_max_position}
+    if cfg.rope_scaling is not None and "rope_parameters" not in out:
+        out["rope_scaling"] = _scaling_keys(cfg.rope_scaling)
     return out
+
+
+def _scaling_keys(s: RopeScaling | None) -> dict[str, Any]:
+    """A RoPE scaling as HF's rope_scaling / rope_parameters write it."""
+    if s is None:
+        return {"rope_type": "default"}
+    if s.rope_type == "linear":
+        return {"rope_type": "linear", "factor": s.factor}
+    return {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position}
 
 
 def _ssm_keys(cfg: ModelConfig, family: str) -> dict[str, Any]:
@@ -323,10 +330,11 @@ def _rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return float(theta), None
-    if kind != "llama3":
-        raise ConversionError(f"rope type {kind!r} is not supported (default and llama3 are)")
+    if kind not in ROPE_TYPES:
+        raise ConversionError(f"rope type {kind!r} is not supported (default, "
+                              f"{', '.join(ROPE_TYPES)} are)")
     return float(theta), RopeScaling(
-        factor=float(scaling["factor"]),
+        rope_type=kind, factor=float(scaling["factor"]),
         low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
         original_max_position=int(scaling.get("original_max_position_embeddings", 8192)))

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (rotate-half convention of HF Llama), with Llama-3 scaling, on all
+"""Rotary position embeddings (rotate-half convention of HF Llama), scaled as Llama-3's or linearly, on all
 of each head's channels or the first `ModelConfig.rotary_dim` (partial rotation, as in Bamba)."""
 
 from typing import NamedTuple
@@ -18,14 +18,16 @@ class Rope(NamedTuple):
 
 
 def inverse_frequencies(cfg: ModelConfig, theta: float | None = None) -> np.ndarray:
-    """The per-pair rotation frequencies, float32, with Llama-3 scaling applied if configured;
+    """The per-pair rotation frequencies, float32, scaled as configured (`RopeScaling`);
     `theta`: another base, unscaled (Gemma-3's sliding layers)."""
     dim = cfg.rotary_dim
     base = theta or cfg.rope_theta
     inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     inv_freq = inv_freq.astype(np.float32)
     if cfg.rope_scaling is not None and theta is None:
-        inv_freq = _llama3_scale(inv_freq, cfg.rope_scaling)
+        inv_freq = (_llama3_scale(inv_freq, cfg.rope_scaling)
+                    if cfg.rope_scaling.rope_type == "llama3" else
+                    (inv_freq / np.float32(cfg.rope_scaling.factor)).astype(np.float32))
     return inv_freq
 
 

@@ -48,12 +48,14 @@ CONFIGS = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                dict(query_pre_attn_scalar=16, sliding_window=5, attn_logit_softcapping=5.0,
                     final_logit_softcapping=10.0)),
-    # a local theta far from the global one, so that swapping them shows
+    # a local theta far from the global one, so that swapping them shows; the global one
+    # linearly scaled, as Gemma-3 4B-27B scale theirs (factor 8)
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(query_pre_attn_scalar=16, sliding_window=5,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     rope_parameters={
-                        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                        "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                           "rope_theta": 1e4},
                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
 }
 PROMPT = [5, 17, 3, 90, 42, 7]
@@ -148,18 +150,17 @@ def test_exit_at_layer_one_is_the_truncated_models_output(name, tmp_path):
 
 
 def test_what_specjax_does_not_compute_is_refused_in_one_line(tmp_path):
-    """Catches Phi-3's longrope scaling and Gemma-3's linearly scaled global RoPE imported as
-    plain RoPE, SmolLM3's sliding window as full attention, Gemma's bidirectional variant as a
-    causal decoder
-    (models that decode, but not as transformers does), and a fused qkv_proj that does not
+    """Catches Phi-3's longrope scaling and a dynamically scaled RoPE imported as plain RoPE,
+    SmolLM3's sliding window as full attention, Gemma's bidirectional variant as a causal
+    decoder (models that decode, but not as transformers does), and a fused qkv_proj that does not
     split into config.json's heads reaching a traceback instead of naming both."""
     gemma = _hf_model("gemma3")
     gemma.save_pretrained(str(tmp_path / "gemma"))
     hf = json.loads((tmp_path / "gemma" / "config.json").read_text())
-    linear = {**hf, "rope_parameters": {**hf["rope_parameters"], "full_attention": {
-        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}
-    with pytest.raises(ConversionError, match="^rope type 'linear' is not supported"):
-        model_config_from_hf(linear)
+    dynamic = {**hf, "rope_parameters": {**hf["rope_parameters"], "full_attention": {
+        "rope_type": "dynamic", "factor": 8.0, "rope_theta": 1e6}}}
+    with pytest.raises(ConversionError, match="^rope type 'dynamic' is not supported"):
+        model_config_from_hf(dynamic)
     with pytest.raises(ConversionError, match="^Gemma with use_bidirectional_attention=true"):
         model_config_from_hf({**hf, "use_bidirectional_attention": True})
     hf_model = _hf_model("phi3")

@@ -37,8 +37,8 @@ from specjax.io.checkpoint import (
 from specjax.io.draft_vocab import read_ranking
 from specjax.model import Params, unstack_layers
 from specjax.training.frozen_base import params_checksum, trained_base
+from specjax.training.heads.feature_head import recorded
 from specjax.training.heads.mtp import MtpConfig
-from specjax.training.heads.unrolled import recorded
 from specjax.training.registry import HEADS
 
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.drafters.calm_exit import EarlyExit, ExitParams, decayed_threshold
 from specjax.decoding.loop import prefill_target
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.model import Params

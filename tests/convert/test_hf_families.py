@@ -19,7 +19,7 @@ from specjax import model as M  # noqa: E402
 from specjax.convert.hf import export_checkpoint, import_checkpoint  # noqa: E402
 from specjax.convert.hf_config import ConversionError, model_config_from_hf  # noqa: E402
 from specjax.decoding.drafters.calm import CalmDraft  # noqa: E402
-from specjax.decoding.drafters.early_exit import EarlyExit  # noqa: E402
+from specjax.decoding.drafters.calm_exit import EarlyExit  # noqa: E402
 from specjax.decoding.drafters.layerskip import SelfSpeculative  # noqa: E402
 from specjax.decoding.engine import Generator  # noqa: E402
 from specjax.decoding.shapes.chain import Chain  # noqa: E402

@@ -18,15 +18,15 @@ from specjax.decoding.acceptance import _prefix_length
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.draft_model import DraftModel
-from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.feature_head import Eagle, Mtp
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.drafters.lookahead import Lookahead
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
-from specjax.decoding.drafters.prompt_lookup import PromptLookup
+from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
@@ -35,11 +35,11 @@ from specjax.decoding.sampling import SamplingParams, probabilities, sample
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.acceptance_head import init_acceptance_head
-from specjax.heads.adapter import init_adapter
 from specjax.heads.eagle import EAGLE
+from specjax.heads.kangaroo import init_adapter
 from specjax.heads.medusa import init_medusa
 from specjax.heads.mtp import MTP
+from specjax.heads.specdec import init_acceptance_head
 from tests.support.drafter import PerDepthDrafter
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out

@@ -20,18 +20,18 @@ from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
-from specjax.decoding.drafters.prompt_lookup import PromptLookup
+from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.acceptance_head import init_acceptance_head
-from specjax.heads.adapter import init_adapter
 from specjax.heads.eagle import EAGLE
+from specjax.heads.kangaroo import init_adapter
 from specjax.heads.medusa import init_medusa
 from specjax.heads.mtp import MTP
+from specjax.heads.specdec import init_acceptance_head
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.io.checkpoint import (
     Checkpointer,

@@ -13,15 +13,15 @@ from specjax import model as M
 from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.draft_model import DraftModel
-from specjax.decoding.drafters.early_exit import EarlyExit
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.adapter import init_adapter
+from specjax.heads.kangaroo import init_adapter
 from specjax.tools.skip_search import AcceptanceProbe
 from tests.support.decoding import decode_rounds, export_decode_loop
 from tests.support.models import TINY_MODEL, damped_params, first_layers

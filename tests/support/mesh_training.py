@@ -21,7 +21,7 @@ from specjax.decoding.loop import generate_tokens
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
-from specjax.heads.adapter import init_adapter
+from specjax.heads.kangaroo import init_adapter
 from specjax.io.checkpoint import Checkpointer, abstract_tree
 from specjax.model import allocate_cache, init_params, unstack_layers
 from specjax.sharding import (

@@ -12,7 +12,7 @@ import pytest
 from specjax import mappings
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.calm import Calm
-from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, RowStats
 from specjax.decoding.sampling import SamplingParams

@@ -12,7 +12,7 @@ import pytest
 from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.calm import Calm
-from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.io.calibrated_defaults import FILE, read_calibrated, with_calibrated, write_calibrated
 from specjax.tools.calm_quality import rouge_l
 from specjax.tools.forced import forced_losses

@@ -34,7 +34,7 @@ from specjax.decoding.drafter import (
     trained_head_hint,
 )
 from specjax.decoding.drafters.autoregressive import Autoregressive
-from specjax.decoding.drafters.early_exit import EarlyExit, ExitParams, decayed_threshold
+from specjax.decoding.drafters.calm_exit import EarlyExit, ExitParams, decayed_threshold
 from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, Reuse, Shape
 from specjax.decoding.shapes.chain import Chain

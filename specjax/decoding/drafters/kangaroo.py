@@ -2,7 +2,7 @@
 unembedding; stop drafting at an unconfident draft (a chain's `stop_below`, η: the double early
 exit).
 
-The adapter (`specjax.heads.adapter`) is one attention block, so it keeps its own K/V across rounds
+The adapter (`specjax.heads.kangaroo`) is one attention block, so it keeps its own K/V across rounds
 (the drafter state: one `LayerKV`, laid out like a target layer's): the prefill hook fills it
 from the prompt's exit-E hidden states, drafting writes it at each node's slot, and commit fills
 in the positions the draft never ran (a chain's last draft, a tree's leaves) from the hidden
@@ -26,7 +26,7 @@ from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
-from specjax.heads.adapter import run_adapter_cached
+from specjax.heads.kangaroo import run_adapter_cached
 from specjax.heads.vocab_subset import head_logits
 from specjax.nn.cache import Cache, LayerKV
 from specjax.sharding import constrain_cache

@@ -1,6 +1,6 @@
 """SpecDec++ (Huang et al. 2024): self-speculation at exit E whose chain length a trained
 acceptance head decides. After each draft the head predicts the probability that the target
-accepts it (`specjax.heads.acceptance_head`, from exit E's hidden state and the draft distribution);
+accepts it (`specjax.heads.specdec`, from exit E's hidden state and the draft distribution);
 a row stops drafting once the predicted probability that some draft so far is rejected,
 1 - prod(accept), exceeds h (`Chain.stop_risk`, `--draft_risk`). K is the upper bound. A
 dynamic tree (`--tree dynamic`) grows instead where the head predicts that the whole path is
@@ -28,7 +28,7 @@ from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
-from specjax.heads.acceptance_head import acceptance_probability
+from specjax.heads.specdec import acceptance_probability
 from specjax.nn.cache import Cache
 
 

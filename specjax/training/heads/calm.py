@@ -2,7 +2,7 @@
 
 At every corpus position and every trained exit, the label is whether the shared head's argmax
 there equals the final layer's: a token leaving at that exit would be the one the full model
-emits. The classifier (`specjax.heads.confidence_head`, one for all exits, on the exit's hidden
+emits. The classifier (`specjax.heads.calm`, one for all exits, on the exit's hidden
 state and three numbers about its distribution) learns it by binary
 cross-entropy, class-balanced per exit (each class weighted by half over its frequency in the
 batch, so the rare class counts as much as the common one; CALM §3.3) and averaged over the
@@ -24,8 +24,8 @@ import numpy as np
 import optax
 
 from specjax.config import ModelConfig, check
-from specjax.decoding.drafters.early_exit import softmax_response
-from specjax.heads.confidence_head import (
+from specjax.decoding.drafters.calm_exit import softmax_response
+from specjax.heads.calm import (
     abstract_confidence_head,
     confidence_logits,
     init_confidence_head,
@@ -38,7 +38,7 @@ from specjax.training.train_step import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class CalmConfig:
-    """CALM's confidence classifier (`specjax.heads.confidence_head`) on the frozen model in
+    """CALM's confidence classifier (`specjax.heads.calm`) on the frozen model in
     `base_workdir`, trained at the exits `exits` (empty: every exit below the last) to predict
     whether an exit's argmax equals the final layer's (class-balanced binary cross-entropy,
     averaged over the exits). Decoding with it: `--strategy calm --calm_measure classifier` on

@@ -1,5 +1,5 @@
 """Training an EAGLE-3 head (`specjax.heads.eagle`) on a frozen base with training-time test
-(`training.heads.unrolled`), and importing published ones.
+(`training.heads.feature_head`), and importing published ones.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specjax.heads.vocab_subset import MASKED_LOGIT  # a token a published head'
 from specjax.model import Params
 from specjax.nn.hf_layout import ATTENTION_LEAVES, MLP_LEAVES
 from specjax.training.frozen_base import load_base, save_imported_head
-from specjax.training.heads.unrolled import UnrolledHead, recorded
+from specjax.training.heads.feature_head import UnrolledHead, recorded
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from specjax.config import ModelConfig, check
-from specjax.heads.adapter import abstract_adapter, adapter_logits, init_adapter
+from specjax.heads.kangaroo import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import HeadOnBase, base_features
@@ -30,7 +30,7 @@ DRAFTS = ("shared head", "adapter")
 
 @dataclasses.dataclass(frozen=True)
 class KangarooConfig:
-    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.adapter`) on exit `exit_layer` of the
+    """Kangaroo's adapter (Liu et al. 2024; `specjax.heads.kangaroo`) on exit `exit_layer` of the
     frozen model in `base_workdir`, distilled to the base's final distribution (soft
     cross-entropy). Decoding with it: `--strategy kangaroo` on the adapter's workdir."""
 

@@ -1,6 +1,6 @@
 """Training DeepSeek-style multi-token-prediction modules (`specjax.heads.mtp`) on a frozen
 base: module k drafts depth k + 1 from module k - 1's output, trained by training-time test
-(`training.heads.unrolled`), the depths' losses weighted by decay**k (DeepSeek-V3 averages
+(`training.heads.feature_head`), the depths' losses weighted by decay**k (DeepSeek-V3 averages
 them: decay 1)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import ClassVar
 from specjax.config import check
 from specjax.heads.feature_head import FeatureHeadKind
 from specjax.heads.mtp import MTP
-from specjax.training.heads.unrolled import UnrolledHead
+from specjax.training.heads.feature_head import UnrolledHead
 
 
 @dataclasses.dataclass(frozen=True)

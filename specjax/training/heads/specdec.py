@@ -4,7 +4,7 @@ Every corpus position is a draft: the shared head at exit E proposes a token (dr
 distribution q at the configured temperature / top-p, or its argmax when greedy), the base's
 final layer is the target p. The label is the probability that speculative sampling accepts
 that token, min(1, p(y) / q(y)) (greedy: 1 if the target's argmax is the token, else 0); the
-head (`specjax.heads.acceptance_head`) learns it by binary cross-entropy, the base runs forward
+head (`specjax.heads.specdec`) learns it by binary cross-entropy, the base runs forward
 only.
 For dynamic trees (`children` = k) every position proposes q's top k tokens instead, the
 children a tree node gets; the top-k rule accepts child x exactly when the target's own draw
@@ -26,7 +26,7 @@ import optax
 
 from specjax.config import ModelConfig, check
 from specjax.decoding.sampling import SamplingParams, probabilities, sample
-from specjax.heads.acceptance_head import (
+from specjax.heads.specdec import (
     abstract_acceptance_head,
     acceptance_logits,
     init_acceptance_head,
@@ -39,7 +39,7 @@ from specjax.training.train_step import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class SpecDecConfig:
-    """SpecDec++'s acceptance head (`specjax.heads.acceptance_head`) on exit `exit_layer` of the
+    """SpecDec++'s acceptance head (`specjax.heads.specdec`) on exit `exit_layer` of the
     frozen model in `base_workdir`: an MLP of hidden `width` trained (binary cross-entropy) to
     predict whether the target accepts a draft drawn at `temperature` / `top_p` (temperature 0:
     greedy drafts and exact-match acceptance). Decoding with it: `--strategy specdec --draft_risk h`

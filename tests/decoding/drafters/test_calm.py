@@ -13,7 +13,7 @@ from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafters.calm import Calm, CalmDraft
-from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain

@@ -31,7 +31,7 @@ from specjax.nn.cache import LayerKV
 from specjax.nn.rope import rope_tables
 from specjax.training.frozen_base import base_features
 from specjax.training.heads.eagle import EagleConfig
-from specjax.training.heads.unrolled import depth_sums, recorded
+from specjax.training.heads.feature_head import depth_sums, recorded
 from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
 from tests.support.models import TINY_MODEL, damped_params
 
@@ -160,7 +160,7 @@ def test_the_depth_agreement_is_the_drafts_argmax_against_the_bases_at_s_plus_j(
     s + j, the token that draft stands for: with scripted drafts, right where (b + s + j) % 3
     is nonzero and wrong elsewhere, counted in numpy. Catches the draft compared with the base
     at s (its own position's next token, which a draft past depth 1 never stands for)."""
-    from specjax.training.heads import unrolled
+    from specjax.training.heads import feature_head
 
     kind, _, settings = KINDS["eagle"]
     tokens = jax.random.randint(jax.random.PRNGKey(9), (3, 15), 0, CFG.vocab_size)
@@ -170,7 +170,7 @@ def test_the_depth_agreement_is_the_drafts_argmax_against_the_bases_at_s_plus_j(
     for j, b, s in np.ndindex(drafted.shape):
         target = base[b, min(s + j, width - 1)]
         drafted[j, b, s] = target if (b + s + j) % 3 else (target + 1) % CFG.vocab_size
-    monkeypatch.setattr(unrolled, "unrolled_logits", lambda *args: 5.0 * jax.nn.one_hot(
+    monkeypatch.setattr(feature_head, "unrolled_logits", lambda *args: 5.0 * jax.nn.one_hot(
         jnp.asarray(drafted), CFG.vocab_size))
     sums = depth_sums(kind, params, None, CFG, kind.exits(CFG, settings), tokens, STEPS)
     for j in range(STEPS):

@@ -20,7 +20,7 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
-from specjax.heads.adapter import init_adapter, run_adapter_cached
+from specjax.heads.kangaroo import init_adapter, run_adapter_cached
 from specjax.nn.cache import LayerKV
 from tests.support.decoding import check_eos_mid_draft, decode_rounds, export_decode_loop
 from tests.support.models import TINY_MODEL, damped_params

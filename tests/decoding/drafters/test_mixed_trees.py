@@ -14,7 +14,7 @@ from specjax.decoding.drafters.feature_head import Eagle
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
-from specjax.decoding.drafters.prompt_lookup import PromptLookup
+from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy, require_used
 from specjax.decoding.sampling import SamplingParams

@@ -23,7 +23,7 @@ from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
-from specjax.heads.acceptance_head import init_acceptance_head
+from specjax.heads.specdec import init_acceptance_head
 from specjax.model import forward
 from specjax.training.heads.specdec import draft_labels
 from specjax.training.ranking import auc

@@ -11,7 +11,7 @@ hidden state alone ranked agreeing exits worse than the margin (AUC .80 against 
 
 The module, then its calls as pure functions over its params: the probability that an exit's
 prediction is already the final layer's, read by CALM's `classifier` measure
-(`decoding.drafters.early_exit`) and trained by `specjax/configs/calm.py`.
+(`decoding.drafters.calm_exit`) and trained by `specjax/configs/calm.py`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.calm import Calm
-from specjax.decoding.drafters.early_exit import EarlyExit
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.engine import Generator
-from specjax.heads.confidence_head import init_confidence_head
+from specjax.heads.calm import init_confidence_head
 from specjax.io.checkpoint import Checkpointer, CheckpointError
 from specjax.training.frozen_base import load_base
 from specjax.training.heads.calm import CalmConfig, balanced_bce, exit_labels

@@ -4,7 +4,7 @@ exit where its confidence reaches a threshold, and the layers it skips still get
 A pass runs the layers exit segment by exit segment (static segments between the candidate
 exits). After each segment the shared head reads the exit, a confidence measure scores it
 (`MEASURES`: the softmax response, top-1 minus top-2 probability; saturation, the cosine of
-consecutive hidden states; or the learned classifier of `specjax.heads.confidence_head`), and
+consecutive hidden states; or the learned classifier of `specjax.heads.calm`), and
 every token whose confidence reaches its threshold leaves with that exit's logits. Exits are
 per token: a token that has left keeps its hidden state frozen while the others go on, so the
 next segments still run on it, masked, and write the K/V each skipped layer projects from the
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from specjax.config import ModelConfig
 from specjax.decoding.branching import either
 from specjax.decoding.shapes.tree import Layout
-from specjax.heads.confidence_head import confidence, top_two_margin
+from specjax.heads.calm import confidence, top_two_margin
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
 from specjax.nn.cache import Cache
 

@@ -14,7 +14,7 @@ from specjax.cli.decoding import DECODING_FLAGS, decoding_options
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import Acceptance
 from specjax.decoding.drafter import Prefilled, Round
-from specjax.decoding.drafters.prompt_lookup import PromptLookup, continuation
+from specjax.decoding.drafters.ngram import PromptLookup, continuation
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.shapes.chain import Chain

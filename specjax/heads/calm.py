@@ -1,5 +1,7 @@
-"""CALM's learned confidence measure: a logistic classifier on an exit's hidden state and on
-three numbers about the distribution the shared head reads there.
+"""CALM's confidence measures (`MEASURES`, read at each candidate exit by the exit engine
+`decoding.drafters.calm_exit`): the softmax response, saturation, and the learned one, a
+logistic classifier on an exit's hidden state and on three numbers about the distribution the
+shared head reads there.
 
     logit = out([norm(h), margin(p), log max p, entropy(p)])
 
@@ -9,12 +11,14 @@ features of p, and an initialisation that makes the untrained head a function of
 margin, let it start from what the softmax response knows: on the default model a head on the
 hidden state alone ranked agreeing exits worse than the margin (AUC .80 against .88 to .93).
 
-The module, then its calls as pure functions over its params: the probability that an exit's
-prediction is already the final layer's, read by CALM's `classifier` measure
-(`decoding.drafters.calm_exit`) and trained by `specjax/configs/calm.py`.
+The module, then its calls as pure functions over its params (the probability that an exit's
+prediction is already the final layer's, trained by `specjax/configs/calm.py`), then the
+measures.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -88,3 +92,34 @@ def confidence(head: Params, cfg: ModelConfig, hidden: jax.Array,
                logits: jax.Array) -> jax.Array:
     """P(the exit's argmax equals the final layer's) [...]: the sigmoid of the logits."""
     return jax.nn.sigmoid(confidence_logits(head, cfg, hidden, logits))
+
+
+# measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
+# [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]
+Measure = Callable[[Params, ModelConfig, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def softmax_response(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
+                     logits: jax.Array) -> jax.Array:
+    """Top-1 minus top-2 probability of the exit's distribution (CALM's `softmax_diff`)."""
+    return top_two_margin(jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
+
+
+def saturation(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
+               logits: jax.Array) -> jax.Array:
+    """Cosine of the hidden states after the exit layer and after the layer below it (CALM's
+    `state`), negative values clipped to 0."""
+    a, b = hidden.astype(jnp.float32), below.astype(jnp.float32)
+    norms = jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1)
+    return jnp.maximum(jnp.sum(a * b, axis=-1) / jnp.maximum(norms, 1e-12), 0.0)
+
+
+def learned(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
+            logits: jax.Array) -> jax.Array:
+    """The trained classifier's P(this exit's argmax equals the final layer's) from the exit's
+    hidden state and distribution (CALM's `meta`; `specjax/configs/calm.py` trains it)."""
+    return confidence(head, cfg, hidden, logits)
+
+
+MEASURES: dict[str, Measure] = {"softmax": softmax_response, "state": saturation,
+                                "classifier": learned}

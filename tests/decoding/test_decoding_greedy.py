@@ -8,7 +8,8 @@ import pytest
 
 from specjax import model as M
 from specjax.config import ModelConfig
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain

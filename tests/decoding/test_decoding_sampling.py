@@ -20,13 +20,15 @@ from specjax.decoding.drafters.autoregressive import Autoregressive
 from specjax.decoding.drafters.calm import CalmDraft
 from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.draft_model import DraftModel
-from specjax.decoding.drafters.feature_head import Eagle, Mtp
+from specjax.decoding.drafters.eagle import Eagle
 from specjax.decoding.drafters.kangaroo import Kangaroo
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.lookahead import Lookahead
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
+from specjax.decoding.drafters.mtp import Mtp
 from specjax.decoding.drafters.ngram import PromptLookup
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator

@@ -13,7 +13,8 @@ from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding import loop
 from specjax.decoding.drafter import DraftContext
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain

@@ -15,12 +15,14 @@ import pytest
 import specjax
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.drafters.feature_head import Eagle, Mtp
+from specjax.decoding.drafters.eagle import Eagle
 from specjax.decoding.drafters.kangaroo import Kangaroo
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed
+from specjax.decoding.drafters.mtp import Mtp
 from specjax.decoding.drafters.ngram import PromptLookup
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy

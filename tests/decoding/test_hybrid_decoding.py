@@ -16,7 +16,8 @@ from specjax.decoding.drafters.calm import CalmDraft
 from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.kangaroo import Kangaroo
-from specjax.decoding.drafters.layerskip import SelfSpeculative, SkipLayers
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree

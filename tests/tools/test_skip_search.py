@@ -10,7 +10,8 @@ import pytest
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext
-from specjax.decoding.drafters.layerskip import SkipLayers, draft_with_layers
+from specjax.decoding.drafters.exit_drafting import draft_with_layers
+from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain

@@ -1,7 +1,7 @@
 """CALM in the one loop: `calm`, early exit without verification, and `calmdraft`, CALM's
 per-token exits as the drafter of lossless speculative decoding.
 
-`calm` proposes nothing; its verification is an early-exit pass (`early_exit.EarlyExit`) over
+`calm` proposes nothing; its verification is an early-exit pass (`calm_exit.EarlyExit`) over
 the pending token, whose exit logits the loop samples or takes the argmax of: quality traded
 for speed, bounded by Learn-then-Test calibration (`infer/calibrate.py`). Each token's exit and
 confidence come back in the output's trace.

@@ -3,8 +3,8 @@ exit where its confidence reaches a threshold, and the layers it skips still get
 
 A pass runs the layers exit segment by exit segment (static segments between the candidate
 exits). After each segment the shared head reads the exit, a confidence measure scores it
-(`MEASURES`: the softmax response, top-1 minus top-2 probability; saturation, the cosine of
-consecutive hidden states; or the learned classifier of `specjax.heads.calm`), and
+(`specjax.heads.calm.MEASURES`: the softmax response, top-1 minus top-2 probability;
+saturation, the cosine of consecutive hidden states; or the learned classifier), and
 every token whose confidence reaches its threshold leaves with that exit's logits. Exits are
 per token: a token that has left keeps its hidden state frozen while the others go on, so the
 next segments still run on it, masked, and write the K/V each skipped layer projects from the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -35,39 +34,9 @@ import jax.numpy as jnp
 from specjax.config import ModelConfig
 from specjax.decoding.branching import either
 from specjax.decoding.shapes.tree import Layout
-from specjax.heads.calm import confidence, top_two_margin
+from specjax.heads.calm import MEASURES
 from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
 from specjax.nn.cache import Cache
-
-# measure(classifier params, cfg, hidden at the exit [B, n, D], hidden one layer below
-# [B, n, D], exit logits [B, n, V]) -> confidence [B, n] in [0, 1]
-Measure = Callable[[Params, ModelConfig, jax.Array, jax.Array, jax.Array], jax.Array]
-
-
-def softmax_response(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
-                     logits: jax.Array) -> jax.Array:
-    """Top-1 minus top-2 probability of the exit's distribution (CALM's `softmax_diff`)."""
-    return top_two_margin(jax.nn.softmax(logits.astype(jnp.float32), axis=-1))
-
-
-def saturation(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
-               logits: jax.Array) -> jax.Array:
-    """Cosine of the hidden states after the exit layer and after the layer below it (CALM's
-    `state`), negative values clipped to 0."""
-    a, b = hidden.astype(jnp.float32), below.astype(jnp.float32)
-    norms = jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1)
-    return jnp.maximum(jnp.sum(a * b, axis=-1) / jnp.maximum(norms, 1e-12), 0.0)
-
-
-def learned(head: Params, cfg: ModelConfig, hidden: jax.Array, below: jax.Array,
-            logits: jax.Array) -> jax.Array:
-    """The trained classifier's P(this exit's argmax equals the final layer's) from the exit's
-    hidden state and distribution (CALM's `meta`; `specjax/configs/calm.py` trains it)."""
-    return confidence(head, cfg, hidden, logits)
-
-
-MEASURES: dict[str, Measure] = {"softmax": softmax_response, "state": saturation,
-                                "classifier": learned}
 
 
 @flax.struct.dataclass

@@ -1,6 +1,6 @@
-"""Feature-head drafters: EAGLE-3 (`eagle`) and DeepSeek's multi-token prediction (`mtp`), one
-trained block drafting each depth from its parent's feature and the token (see
-`specjax.heads.feature_head`).
+"""The feature-head drafter that EAGLE-3 (`drafters.eagle`) and DeepSeek's multi-token prediction
+(`drafters.mtp`) share: one trained block drafting each depth from its parent's feature and the
+token (see `specjax.heads.feature_head`).
 
 The state is the block's K/V cache (one `LayerKV`) and the target's fused feature at the last
 committed position, the parent of the next pending token. A draft step reads each input
@@ -30,18 +30,18 @@ from specjax.decoding.drafter import (
     DraftWeights,
     Prefilled,
     Round,
-    Strategy,
     trained_head_hint,
 )
 from specjax.decoding.proposal import Proposal, Shape
-from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
+from specjax.decoding.shapes.shape_options import ShapeOptions
 from specjax.decoding.shapes.tree import Layout, chain_layout
-from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import FeatureHeadKind, run_cell
-from specjax.heads.mtp import MTP
 from specjax.model import Params
 from specjax.nn.cache import Cache, LayerKV, along_path
 from specjax.sharding import constrain_cache
+
+# The option groups every feature-head method's strategy reads.
+OPTIONS = (ShapeOptions, VocabOptions)
 
 
 @flax.struct.dataclass
@@ -147,23 +147,3 @@ class FeatureHead(VocabHead, DrafterBase):
                          layout.positions, layout.mask, state.kv, layout.slots)
         return FeatureState(kv, done.last_kept(features, state.feature))
 
-
-@dataclasses.dataclass(frozen=True)
-class Eagle(FeatureHead):
-    """EAGLE-3 (`specjax.heads.eagle`)."""
-
-    name: ClassVar[str] = "eagle"
-    kind: ClassVar[FeatureHeadKind] = EAGLE
-
-
-@dataclasses.dataclass(frozen=True)
-class Mtp(FeatureHead):
-    """DeepSeek's multi-token prediction modules (`specjax.heads.mtp`)."""
-
-    name: ClassVar[str] = "mtp"
-    kind: ClassVar[FeatureHeadKind] = MTP
-
-
-STRATEGIES = {cls.name: Strategy(lambda options, cls=cls: cls(shape_for(options)),
-                                 (ShapeOptions, VocabOptions))
-              for cls in (Eagle, Mtp)}

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from specjax.decoding.draft_vocab import VocabOptions
 from specjax.decoding.drafter import DraftContext, Prefilled, Round, Strategy
-from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
+from specjax.decoding.drafters.exit_drafting import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
@@ -34,7 +34,7 @@ from specjax.sharding import constrain_cache
 
 @dataclasses.dataclass(frozen=True)
 class Kangaroo(HeadDrafter):
-    """exit_layer = E, the exit the adapter was trained on; shape as for `SelfSpeculative`
+    """exit_layer = E, the exit the adapter was trained on; shape as for `ExitDrafter`
     (Kangaroo's own: a chain with `stop_below` = η). Its params are the adapter's."""
 
     name: ClassVar[str] = "kangaroo"

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
+from specjax.decoding.drafters.text_history import commit_text, prompt_text
 from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, depth_step
 from specjax.decoding.shapes.chain import Chain
@@ -94,24 +95,6 @@ class PromptLookup(DrafterBase):
 
     def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
         return commit_text(state, done)
-
-
-def prompt_text(prefilled: Prefilled) -> jax.Array:
-    """The text so far [B, cache_len + 1], a drafter's state that copies from it: the prompts
-    (the pending token and what follows are written as rounds commit)."""
-    width = prefilled.cache_len + 1
-    return jnp.zeros((prefilled.prompts.shape[0], width), jnp.int32).at[
-        :, :prefilled.prompts.shape[1]].set(prefilled.prompts[:, :width])
-
-
-def commit_text(state: jax.Array, done: Round) -> jax.Array:
-    """The text with the round's accepted drafts and next pending token written after the
-    pending token it started from (rows that are done keep theirs)."""
-    emitted = done.acceptance.emitted
-    at = done.lengths_before[:, None] + 1 + jnp.arange(emitted.shape[1])[None, :]
-    active = (done.lengths_after > done.lengths_before)[:, None]
-    at = jnp.where(active, at, state.shape[1])  # out of range: dropped
-    return state.at[jnp.arange(state.shape[0])[:, None], at].set(emitted, mode="drop")
 
 
 def continuation(text: jax.Array, ends: jax.Array, ngram_min: int, ngram_max: int,

@@ -23,7 +23,7 @@ from absl import logging
 from specjax.config import ModelConfig
 from specjax.decoding.draft_vocab import VocabOptions
 from specjax.decoding.drafter import DraftContext, DraftWeights, Strategy
-from specjax.decoding.drafters.layerskip import ExitOptions, HeadDrafter, draft_with_layers
+from specjax.decoding.drafters.exit_drafting import ExitOptions, HeadDrafter, draft_with_layers
 from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.dynamic_tree import DynamicTree

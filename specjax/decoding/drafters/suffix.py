@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
-from specjax.decoding.drafters.ngram import commit_text, prompt_text
+from specjax.decoding.drafters.text_history import commit_text, prompt_text
 from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain

@@ -24,11 +24,11 @@ import numpy as np
 import optax
 
 from specjax.config import ModelConfig, check
-from specjax.decoding.drafters.calm_exit import softmax_response
 from specjax.heads.calm import (
     abstract_confidence_head,
     confidence_logits,
     init_confidence_head,
+    softmax_response,
 )
 from specjax.model import Params, embed, exit_logits, run_layers
 from specjax.training.frozen_base import HeadOnBase

@@ -17,7 +17,8 @@ import pytest
 from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DraftWeights, Prefilled
-from specjax.decoding.drafters.feature_head import Eagle, Mtp
+from specjax.decoding.drafters.eagle import Eagle
+from specjax.decoding.drafters.mtp import Mtp
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams

@@ -10,7 +10,7 @@ import pytest
 
 from specjax import model as M
 from specjax.decoding.drafter import DraftWeights
-from specjax.decoding.drafters.feature_head import Eagle
+from specjax.decoding.drafters.eagle import Eagle
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.medusa import Medusa
 from specjax.decoding.drafters.mixed import Mixed

@@ -4,6 +4,8 @@ declares."""
 
 import dataclasses
 import importlib
+import os
+import re
 import sys
 import textwrap
 
@@ -14,6 +16,7 @@ from specjax.decoding import registry
 from specjax.decoding.drafter import Strategy
 from specjax.decoding.options import join_options, option
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
+from tests.conftest import ROOT
 
 DRAFTER_FILE = '''
 import dataclasses
@@ -108,3 +111,39 @@ def test_a_head_is_one_file():
         parse_run_config({**tiny_run(), "medusa": {}})
     with pytest.raises(ValueError, match="medusa.num_heads=0 must be an int >= 1"):
         HEADS["medusa"].read_section({"medusa": {"num_heads": 0}})
+
+
+def _method_table() -> list[dict[str, list[str]]]:
+    """docs/extending.md's method -> files table: per row, each column's backticked names."""
+    with open(os.path.join(ROOT, "docs", "extending.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("## Where each method lives"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip().strip("`") for cell in rows[0]]
+    return [{column: re.findall(r"`([^`]+)`", cell)
+             for column, cell in zip(header, row, strict=True)} for row in rows[1:]]
+
+
+def test_the_method_table_names_every_method_and_its_files():
+    """Catches a method missing from the newcomer's map (a strategy or a trained head added
+    without its row), a row naming a file that was moved or renamed, a strategy whose drafter
+    lives in a file its row does not name, and a head whose files in `heads/`,
+    `training/heads/`, `decoding/drafters/` and `configs/` are not all named after it."""
+    from specjax.training.registry import HEADS
+
+    table = _method_table()
+    named = [name for row in table for name in row["strategies"]]
+    assert sorted(named) == sorted(STRATEGIES), "each strategy in exactly one row"
+    folders = {"heads/": "specjax/heads", "training/heads/": "specjax/training/heads",
+               "decoding/drafters/": "specjax/decoding/drafters", "configs/": "specjax/configs"}
+    for row in table:
+        for column, folder in folders.items():
+            for file in row[column]:
+                assert os.path.isfile(os.path.join(ROOT, folder, file)), f"{folder}/{file}"
+        for name in row["strategies"]:
+            module = STRATEGIES[name].build.__module__.rsplit(".", 1)[1]
+            assert f"{module}.py" in row["decoding/drafters/"], (name, module)
+            if name in HEADS:
+                assert HEADS[name].__module__.rsplit(".", 1)[1] == name
+                assert all(f"{name}.py" in row[column] for column in folders), row

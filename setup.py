@@ -23,7 +23,7 @@ setup(
         "ml_collections>=1.0",
         "numpy>=1.26",
         "scipy>=1.11",
-        "matplotlib>=3.8",  # figures (specjax.plots, infer/exits.py, infer/calm_bench.py)
+        "matplotlib>=3.8",  # figures (specjax.plots, infer/exit_report.py, bench/calm_quality.py)
         "tqdm>=4.66",
         "safetensors>=0.4",
         "tokenizers>=0.20",

@@ -9,7 +9,7 @@
     for piece in model.stream("def main("): print(piece, end="")
     specjax.strategies()  # ['ar', 'calm', 'calmdraft', 'draft', ...]
 
-Everything below is the same machinery as `infer/generate.py` and `infer/bench.py`: the
+Everything below is the same machinery as `infer/generate.py` and `bench/bench.py`: the
 checkpoint's decoding defaults, overridable per call, one compiled program per shape.
 """
 
@@ -331,7 +331,7 @@ class LanguageModel:
                   seeds: int = 1) -> list[dict[str, Any]]:
         """Times `ar` and each labelled setting ({label: {"strategy": name (default
         selfspec), option: value...}}) on the same prompts, batch 1, in this process after a
-        warm-up (`infer/bench.py`'s machinery) on `prompts`, or the first `num_prompts` of
+        warm-up (`bench/bench.py`'s machinery) on `prompts`, or the first `num_prompts` of
         `prompt_set` ("humaneval", "chat": `prompt_sets`), by default `num_prompts` held-out
         windows of `prompt_len` tokens. One dict per setting, `ar` first: name,
         tokens_per_second, speedup over ar, tau, acceptance_rate, compile_seconds,
@@ -443,7 +443,7 @@ class LanguageModel:
         predicted tau and speed-up of drafting K tokens from it (estimates; `benchmark`
         measures). `texts`: held-out documents (default: the validation documents of the
         workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
-        num_draft=, costs=...). The same report as `infer/exits.py`."""
+        num_draft=, costs=...). The same report as `infer/exit_report.py`."""
         if isinstance(texts, str):
             raise ValueError("texts must be a list of documents, not one string")
         _require_counts(**{name: options[name] for name in _EXIT_REPORT_COUNTS
@@ -538,7 +538,7 @@ def bench(workdir: str, settings: Mapping[str, Mapping[str, Any]],
 def import_hf(hf_dir: str | None = None, workdir: str | None = None, *, gguf: str | None = None,
               dtype: str | None = None, tokenizer: str | None = None) -> LanguageModel:
     """Imports a Hugging Face checkpoint (Llama, Mistral, Qwen2, Mamba-2, Bamba: config.json
-    and safetensors) or a Llama-family GGUF file into a new workdir, as `infer/convert.py`
+    and safetensors) or a Llama-family GGUF file into a new workdir, as `tools/convert.py`
     does, and loads it; its tokenizer comes along, with its conventions and chat template
     (`tokenizer="bytes"`: specjax's byte tokenizer instead). `hf_dir`: a local folder, or a
     Hub id ("HuggingFaceTB/SmolLM2-135M") downloaded or found in the Hugging Face cache."""

@@ -8,7 +8,7 @@ of the head's name. Draft workdirs add drafters: a model with the same tokenizer
 `draft` strategy's draft model, a head trained on this very model (same weights) its
 strategy's head, so every drafter can run in one process. A checkpoint that stopped before its
 run's `total_steps` (an interrupted run, a head's base included) loads with a warning, which
-`infer/bench.py` also prints above its table and records in its JSON.
+`bench/bench.py` also prints above its table and records in its JSON.
 """
 
 from __future__ import annotations

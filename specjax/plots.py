@@ -80,7 +80,7 @@ def training_curves(workdir_or_records: str | Sequence[Mapping[str, Any]]) -> Fi
 
 
 def exit_report(report: DraftExitReport) -> Figure:
-    """An exit report (`infer/exits.py`, `LanguageModel.exit_report`): agreement with the last
+    """An exit report (`infer/exit_report.py`, `LanguageModel.exit_report`): agreement with the last
     layer and top-1 accuracy by exit, and the predicted speed-up by draft exit for a few K."""
     figure = _figure()
     quality, speed = figure.subplots(1, 2)
@@ -181,7 +181,7 @@ def draw_tree(parents: Sequence[int], axis: Axes | None = None, title: str = "")
 
 def calm_curve(rows: Sequence[Mapping[str, float]], num_layers: int, title: str,
                calibrated: float | None = None) -> Figure:
-    """CALM's quality against its speed-up, one point per threshold λ (`infer/calm_bench.py`'s
+    """CALM's quality against its speed-up, one point per threshold λ (`bench/calm_quality.py`'s
     rows: threshold, mean_exit, speedup, agreement, log_loss), the calibrated λ marked."""
     figure = _figure()
     agree, loss = figure.subplots(1, 2)

@@ -20,7 +20,7 @@ TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 UNSET_ID = -1  # a data config's bos_id / eos_id: the ones found beside the tokenizer
 NO_TOKENIZER = ("this checkpoint names no tokenizer (imported without tokenizer.json): import "
-                "it again with `infer/convert.py --tokenizer bytes`, or with a tokenizer.json in "
+                "it again with `tools/convert.py --tokenizer bytes`, or with a tokenizer.json in "
                 "the Hugging Face directory")
 
 
@@ -416,4 +416,4 @@ def get_tokenizer(spec: str | dict, workdir: str | None = None) -> Tokenizer:
     if spec is None:
         raise ValueError(NO_TOKENIZER)
     raise ValueError(f"unknown tokenizer {spec!r}; available: '{ByteTokenizer.name}' or a "
-                     "Hugging Face tokenizer.json imported by infer/convert.py")
+                     "Hugging Face tokenizer.json imported by tools/convert.py")

@@ -13,7 +13,7 @@ flags.disclaim_key_flags()  # the flags defined below are the calling script's k
 
 HELP = {
     "workdir": "The model's workdir: its config, checkpoints and tokenizer (written by "
-               "train/train.py or infer/convert.py).",
+               "train/train.py or tools/convert.py).",
     # no full stop: absl ends a repeatable flag's help with "; repeat this option ..."
     "draft_workdir": "Workdirs of drafters for this model: a smaller model with the same "
                      "tokenizer (strategy draft; trained or imported) or heads trained on this "
@@ -30,7 +30,7 @@ HELP = {
     "top_k": "Top-k filtering when sampling (0: off).",
     "top_p": "Nucleus filtering when sampling (1: off).",
     "repeats": "Timed repeats of each measurement (the median is kept; the best by "
-               "train/data_bench.py).",
+               "bench/data_bench.py).",
     "output_json": "Also write the results here as JSON.",
 }
 

@@ -5,7 +5,7 @@ with it (--calm_measure classifier; the model, tokenizer and data come from the 
     python train/train.py --config calm --config.base_workdir=runs/tiny \\
         --workdir runs/calm
     python infer/generate.py --workdir runs/calm --strategy calm --prompt "def main("
-    python infer/calibrate.py --workdir runs/calm --consistency risk
+    python infer/learn_then_test.py --workdir runs/calm --consistency risk
 """
 
 import ml_collections

@@ -30,7 +30,7 @@ checkpoint is) on a 2,048-id BPE tokenizer, trained without LayerSkip (loss at t
 no layer dropout), then exported to Hugging Face format.
     python train/tokenizer.py --config tiny_code --vocab_size 2048 --output_dir runs/bpe
     python train/train.py --config tiny_code:standin --workdir runs/standin
-    python infer/convert.py --to_hf --workdir runs/standin --hf_dir runs/standin_hf
+    python tools/convert.py --to_hf --workdir runs/standin --hf_dir runs/standin_hf
 
 Variant `continual`: LayerSkip continual pretraining of --config.init.source (a Hugging Face
 directory or a workdir): the source's model and tokenizer, early exits 1 and 2 supervised
@@ -54,7 +54,7 @@ from it (DistillSpec) on the embedded corpus.
 
 Variant `gpu1b`: a 1.0B-parameter Llama (22 layers of width 2048, GQA 16:8) in bfloat16 for one
 GPU: the train step's model-FLOPs utilisation, then a short run whose early exits draft.
-    python train/step_bench.py --config tiny_code:gpu1b
+    python bench/step_bench.py --config tiny_code:gpu1b
     python train/train.py --config tiny_code:gpu1b --workdir runs/gpu1b
 """
 
@@ -107,7 +107,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         p_max=0.0, dropout_schedule="constant", e_scale=1.0, exit_scale="uniform",
         curriculum="none", rotation_interval=1, e_scale_warmup=0, mtp_weight=0.3,
         exit_distill=0.0))
-    # Defaults for infer/generate.py and infer/bench.py: draft with layers [0, exit_layer).
+    # Defaults for infer/generate.py and bench/bench.py: draft with layers [0, exit_layer).
     config.decoding = decoding_section(exit_layer=1, num_draft=6)
     if variant == "draft":  # no early exits: it drafts with all of its layers
         config.model.update(d_model=128, num_layers=4, num_heads=2, num_kv_heads=1, mlp_dim=352,

@@ -4,7 +4,7 @@ A drafter module declares the options it reads as small frozen dataclasses of `o
 (`ShapeOptions` for a proposal's shape, CALM's own, ...): a default, the help of its flag and a
 check against the model. The registry joins the groups of every registered strategy into one
 flat `DecodingConfig`: the `decoding` section a checkpoint stores, one flag per field in the
-entry points (`specjax.cli.decoding`) and one sweep axis per field in `infer/bench.py`. A new
+entry points (`specjax.cli.decoding`) and one sweep axis per field in `bench/bench.py`. A new
 drafter's options are therefore declared once, in its own file.
 """
 

@@ -1,4 +1,4 @@
-"""Decoding defaults calibrated after training (`infer/calibrate.py`, `infer/draft_vocab.py`,
+"""Decoding defaults calibrated after training (`infer/learn_then_test.py`, `infer/draft_vocab.py`,
 `infer/tune.py`), kept beside a workdir's checkpoints in `calibrated_decoding.json`.
 
 Its "decoding" section holds option values for every strategy; its "tuned" section, per mode
@@ -9,7 +9,7 @@ Loading the workdir (`loading.load_model`) lays them over the checkpoint's own d
 section, and flags still override both. A calibration holds for the weights it was measured
 on: it records the checkpoint step, and a workdir that has trained on since ignores it, with a
 warning, until it is calibrated again. A value that is no option of the model is an error
-naming the file; `infer/calibrate.py` checks that it can write there before its sweep.
+naming the file; `infer/learn_then_test.py` checks that it can write there before its sweep.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def with_calibrated(meta: dict[str, Any], workdir: str, cfg: ModelConfig) -> dic
     path = os.path.join(workdir, FILE)
     if record.get("step") != meta.get("step"):
         logging.warning("%s was calibrated for step %s, not the loaded step %s: ignored; run "
-                        "infer/calibrate.py again", path, record.get("step"), meta.get("step"))
+                        "infer/learn_then_test.py again", path, record.get("step"),
+                        meta.get("step"))
         return meta
     tuned = record.get("tuned", {})
     try:

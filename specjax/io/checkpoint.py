@@ -77,7 +77,7 @@ class Checkpointer:
                 raise CheckpointError(
                     f"checkpoint of step {step} in {self.directory} holds weights only (an "
                     "imported model): training cannot resume from it; use it with "
-                    "infer/generate.py or infer/bench.py")
+                    "infer/generate.py or bench/bench.py")
             items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
         restored = self._restore(step, **items)
         return restored["params"], restored.get("opt_state"), restored["meta"]

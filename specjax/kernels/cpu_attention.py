@@ -28,7 +28,7 @@ import numpy as np
 from specjax.kernels import decision, library
 
 # New tokens per call the kernel takes (decoding, verification; more: prefill, XLA). Measured
-# (infer/attention_bench.py, default model, 512 slots): at most as slow as XLA up to 48 tokens
+# (bench/attention_bench.py, default model, 512 slots): at most as slow as XLA up to 48 tokens
 # whatever the cache's fill; at 64 tokens 7% slower with 440 slots filled.
 MAX_TOKENS = 48
 TOKEN_CLASSES = (1, 8, 16, 32, MAX_TOKENS)  # calls are measured against XLA at these counts

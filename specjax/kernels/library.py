@@ -7,7 +7,7 @@ first time a process needs it, against the FFI headers of the installed jaxlib, 
 compiler, a failed build or the kernel's switch (`SPECJAX_CPU_MATMUL=0`,
 `SPECJAX_CPU_ATTENTION=0`) leaves XLA's own ops in place (with one warning for a failure);
 otherwise `decision` picks, shape by shape, the kernel or XLA. `xla_only(...)` traces programs
-without them, for comparisons in one process (`infer/busy_bench.py --kernel`).
+without them, for comparisons in one process (`bench/busy_bench.py --kernel`).
 """
 
 from __future__ import annotations

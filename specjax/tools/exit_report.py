@@ -16,7 +16,7 @@ evaluator), then predicts what drafting K tokens from that exit would give:
 
 Both predictions are estimates: acceptance is not i.i.d. (drafts fail in runs), and isolated
 layers timed on their own miss what the compiled decode loop shares or adds (accept, commit,
-sampling). `infer/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
+sampling). `bench/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
 """
 
 from __future__ import annotations
@@ -151,10 +151,10 @@ class DraftExitReport:
             verdict = ("best predicted" if self.speedup(e, k) > 1 else
                        "no exit is predicted faster than plain decoding; the closest")
             lines.append(f"{verdict}: exit {e} with {k} drafts, {self.speedup(e, k):.2f}x "
-                         f"(tau {self.tau(e, k):.2f}); measure it with infer/bench.py "
+                         f"(tau {self.tau(e, k):.2f}); measure it with bench/bench.py "
                          f"--exit_layer={e} --num_draft={k}")
         lines.append("estimates: i.i.d. acceptance at each exit's agreement, costs of isolated "
-                     "layers; infer/bench.py measures the real speed-up")
+                     "layers; bench/bench.py measures the real speed-up")
         return "\n".join(lines)
 
     def _costs_line(self) -> str:

@@ -3,7 +3,7 @@ strategies (`Drafter.hf_options`: LayerSkip's `assistant_early_exit`, prompt loo
 generation with the same draft model) on the same weights, exported from specjax workdirs,
 timed like specjax's strategies (warm-up, interleaved repeats, median per prompt).
 
-Needs the optional `hf` extra (torch, transformers); only `infer/bench.py --compare_hf` imports
+Needs the optional `hf` extra (torch, transformers); only `bench/bench.py --compare_hf` imports
 it. EOS is disabled rather than suppressed, so every run generates exactly max_new_tokens with
 unmodified logits and the greedy outputs can be compared token for token. transformers'
 assisted decoding can be far slower than plain decoding (a shallow exit that rarely agrees),

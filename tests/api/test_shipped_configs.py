@@ -46,7 +46,7 @@ def test_every_scripts_config_flag_takes_a_shipped_name_from_any_folder(tmp_path
     reads only a path: config_flags would look for ./tiny_code and report the load failure
     instead of the mistyped field, which only a loaded config can name."""
     cases = [("train/train.py", ["--config", "tiny_code:smoke", "--workdir", "w"]),
-             ("infer/tree_scan_bench.py", [])]
+             ("bench/tree_scan_bench.py", [])]
     for script, args in cases:
         result = run_script(script, *args, "--config.train.totl_steps=3", cwd=tmp_path)
         assert result.returncode == 1, result.stderr[-2000:]

@@ -142,9 +142,9 @@ def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
 
 @pytest.mark.parametrize("flag", ["--delta=0", "--delta=1.5", "--epsilon=0"])
 def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
-    """Catches `calibrate.py --delta 0` failing only after the whole sweep (80 prompts x 21
+    """Catches `learn_then_test.py --delta 0` failing only after the whole sweep (80 prompts x 21
     values by default): the error must come before the model is even loaded."""
-    result = run_script("infer/calibrate.py", "--workdir=/nonexistent", flag)
+    result = run_script("infer/learn_then_test.py", "--workdir=/nonexistent", flag)
     assert result.returncode == 1
     name, value = flag[2:].split("=")
     assert result.stderr.strip() == f"error: --{name}={float(value):g} must lie in (0, 1)"
@@ -210,29 +210,29 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
     ("infer/generate.py", ["--prompt=x", "--draft_workdir={workdir}"],
      "--draft_workdir: the chosen strategies draft without weights of their own (kangaroo, "
      "specdec, draft and calm's classifier use them)"),
-    ("infer/bench.py", ["--prompts_file={prompts}", "--num_prompts=5"],
+    ("bench/bench.py", ["--prompts_file={prompts}", "--num_prompts=5"],
      "--num_prompts and --prompts_file do not go together: --num_prompts shapes held-out "
      "prompts, --prompts_file gives its own; drop one"),
-    ("infer/calibrate.py", ["--strategy=selfspec", "--consistency=risk"],
+    ("infer/learn_then_test.py", ["--strategy=selfspec", "--consistency=risk"],
      "--consistency applies to --strategy calm only"),
-    ("infer/convert.py", ["--hf_dir={workdir}", "--max_shard_gb=1"],
+    ("tools/convert.py", ["--hf_dir={workdir}", "--max_shard_gb=1"],
      "--max_shard_gb applies to an export (--to_hf) only"),
-    ("infer/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--tokenizer=bytes"],
+    ("tools/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--tokenizer=bytes"],
      "--tokenizer applies to an import only"),
-    ("infer/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--max_shard_gb=0"],
+    ("tools/convert.py", ["--to_hf", "--hf_dir={tmp}/hf", "--max_shard_gb=0"],
      "--max_shard_gb=0 must be > 0"),
-    ("infer/convert.py", ["--hf_dir={workdir}", "--workdir={prompts}"],
+    ("tools/convert.py", ["--hf_dir={workdir}", "--workdir={prompts}"],
      "--workdir {prompts} is a file, not a directory"),
-    ("infer/calibrate.py", ["--strategy=selfspec", "--grid=1,0.5"],
+    ("infer/learn_then_test.py", ["--strategy=selfspec", "--grid=1,0.5"],
      "--grid='1,0.5': expected thresholds in [0, 1), descending from the safest"),
-    ("infer/calibrate.py", ["--strategy=selfspec", "--tree=2,2"],
+    ("infer/learn_then_test.py", ["--strategy=selfspec", "--tree=2,2"],
      "--tree: selfspec's eta is a chain's confidence stop, which a tree does not have; drop "
      "--tree"),
-    ("infer/calibrate.py", ["--grid="],
+    ("infer/learn_then_test.py", ["--grid="],
      "--grid='': expected thresholds in [0, 1], descending from the safest"),
     ("infer/generate.py", ["--prompt=x", "--output={tmp}"], "--output {tmp} is a directory: "
      "give a file name"),
-    ("infer/convert.py", ["--hf_dir={tmp}/nope", "--workdir={tmp}/w"],
+    ("tools/convert.py", ["--hf_dir={tmp}/nope", "--workdir={tmp}/w"],
      "'{tmp}/nope' does not exist: a Hugging Face checkpoint directory is expected"),
     ("train/train.py", ["--config=tiny_code", "--config.decoding.ngram_max=x",
                         "--workdir={tmp}/t"],
@@ -266,13 +266,13 @@ def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path,
 
 
 def test_the_skip_search_refuses_to_write_over_its_workdir(model_workdir):
-    """Catches `search_skip.py --output_json W/metrics.jsonl` replacing the run's metrics (a
+    """Catches `skip_search.py --output_json W/metrics.jsonl` replacing the run's metrics (a
     second probe: the one writer that did not declare what it reads)."""
     metrics = os.path.join(model_workdir, "metrics.jsonl")
     with open(metrics, "w", encoding="utf-8") as f:
         f.write('{"step": 1}\n')
     try:
-        result = run_script("infer/search_skip.py", "--workdir", model_workdir,
+        result = run_script("infer/skip_search.py", "--workdir", model_workdir,
                             "--output_json", metrics)
         assert result.returncode == 1 and "would overwrite a file of" in result.stderr
         with open(metrics, encoding="utf-8") as f:
@@ -284,7 +284,7 @@ def test_the_skip_search_refuses_to_write_over_its_workdir(model_workdir):
 @pytest.mark.parametrize("thresholds", ["2", "-1", "1,0.5,1.5"])
 def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, thresholds):
     """Catches λ = 2 swept and plotted as if it were a threshold (generate refuses it)."""
-    result = run_script("infer/calm_bench.py", "--workdir", model_workdir,
+    result = run_script("bench/calm_quality.py", "--workdir", model_workdir,
                         f"--thresholds={thresholds}")
     assert result.returncode == 1
     assert result.stderr.strip().endswith("each must lie in [0, 1]")
@@ -298,7 +298,7 @@ def test_compare_hf_settings_are_refused_before_timing(model_workdir, tmp_path):
     prompts.write_text('{"prompt": "def f("}\n')
     for args, message in ((["--compare_hf", "--hf_budget_s", "0"], "--hf_budget_s=0 must be > 0"),
                           (["--hf_budget_s", "60"], "give --compare_hf too")):
-        result = run_script("infer/bench.py", "--workdir", model_workdir, "--strategies", "ar",
+        result = run_script("bench/bench.py", "--workdir", model_workdir, "--strategies", "ar",
                             "--prompts_file", str(prompts), *args)
         assert result.returncode == 1 and "[bench]" not in result.stderr
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -308,7 +308,7 @@ def test_an_import_into_its_own_checkpoint_folder_is_refused(hf_dir):
     """Catches `convert.py --hf_dir D --workdir D` writing checkpoints/ into the Hugging Face
     folder it reads (a second probe)."""
     before = sorted(os.listdir(hf_dir))
-    result = run_script("infer/convert.py", "--hf_dir", hf_dir, "--workdir", hf_dir)
+    result = run_script("tools/convert.py", "--hf_dir", hf_dir, "--workdir", hf_dir)
     assert result.returncode == 1 and "is --hf_dir" in result.stderr
     assert sorted(os.listdir(hf_dir)) == before
 
@@ -348,9 +348,9 @@ def test_a_workdir_that_cannot_be_made_is_one_line(tmp_path, make_read_only):
 
 
 @pytest.mark.parametrize("script, flag, error", [
-    ("train/memory_check.py", "--steps=0", "--steps=0 must be >= 1"),
-    ("train/step_bench.py", "--steps=0", "--steps=0 must be >= 1"),
-    ("train/step_bench.py", "--peak_tflops=-3", "--peak_tflops=-3 must be > 0"),
+    ("bench/memory_check.py", "--steps=0", "--steps=0 must be >= 1"),
+    ("bench/step_bench.py", "--steps=0", "--steps=0 must be >= 1"),
+    ("bench/step_bench.py", "--peak_tflops=-3", "--peak_tflops=-3 must be > 0"),
 ], ids=["memory-check-no-steps", "step-bench-no-steps", "step-bench-negative-peak"])
 def test_step_counts_and_peaks_are_checked_before_compiling(script, flag, error):
     """Catches `memory_check.py --steps 0` ending in a ZeroDivisionError traceback, `step_bench
@@ -574,9 +574,9 @@ def test_an_output_link_stays_a_link_and_a_replaced_file_keeps_its_mode(tmp_path
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_first(tmp_path):
-    """Catches `calm_bench.py --plot x.docx` refused (or written as PNG bytes) only after the
+    """Catches `calm_quality.py --plot x.docx` refused (or written as PNG bytes) only after the
     whole sweep: the extension is checked before the model is loaded."""
-    result = run_script("infer/calm_bench.py", f"--workdir={tmp_path / 'none'}",
+    result = run_script("bench/calm_quality.py", f"--workdir={tmp_path / 'none'}",
                         f"--plot={tmp_path / 'x.docx'}")
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: --plot {tmp_path / 'x.docx'}: matplotlib writes no "
@@ -600,19 +600,19 @@ def test_an_export_overwrites_only_a_hugging_face_folder(model_workdir, hf_dir, 
 
 def test_calibrate_finds_an_unwritable_workdir_before_the_sweep(model_workdir, tmp_path,
                                                                make_read_only):
-    """Catches `calibrate.py` sweeping its whole grid (22 s) before finding that it cannot
+    """Catches `learn_then_test.py` sweeping its whole grid (22 s) before finding that it cannot
     write the workdir's calibrated_decoding.json."""
     workdir = tmp_path / "model"
     shutil.copytree(model_workdir, workdir)
     make_read_only(workdir)
-    result = run_script("infer/calibrate.py", f"--workdir={workdir}", "--strategy=selfspec")
+    result = run_script("infer/learn_then_test.py", f"--workdir={workdir}", "--strategy=selfspec")
     assert result.returncode == 1 and "calibrating" not in result.stdout
     assert result.stderr.startswith(f"error: cannot write the calibrated defaults into "
                                     f"--workdir {workdir} (--nowrite only reports them): "), \
         result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("script", ["infer/calm_bench.py", "infer/calibrate.py"])
+@pytest.mark.parametrize("script", ["bench/calm_quality.py", "infer/learn_then_test.py"])
 def test_a_missing_calm_classifier_is_refused_before_the_prompts(tmp_path, script):
     """Catches `--calm_measure classifier` on a model without one refused only after its
     prompts and references were made (16 s on the default model): here, where the workdir's
@@ -623,7 +623,7 @@ def test_a_missing_calm_classifier_is_refused_before_the_prompts(tmp_path, scrip
         "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": "bytes",
         "config": {"data": {"source": "files", "files": [str(tmp_path / "gone.jsonl")]}}})
     result = run_script(script, f"--workdir={workdir}", "--calm_measure=classifier",
-                        "--nowrite" if script.endswith("calibrate.py") else "--repeats=1")
+                        "--nowrite" if script.endswith("learn_then_test.py") else "--repeats=1")
     assert result.returncode == 1
     assert result.stderr.startswith("error: strategy 'calm' needs weights of its own"), \
         result.stderr[-2000:]

@@ -22,7 +22,7 @@ def workdir(trained_workdir):
 
 
 def _run(script, *args):
-    return run_script(f"infer/{script}", *args)
+    return run_script(script, *args)
 
 
 def _mean_exit(workdir, *args):
@@ -56,7 +56,7 @@ def test_calibration_writes_the_certified_lambda_that_generation_then_uses(workd
     where loading does not read it."""
     assert _mean_exit(workdir) == 4.0  # the untrained model is never confident at 0.9
     report = tmp_path / "calibration.json"
-    result = _run("calibrate.py", "--workdir", workdir, "--delta", "0.99", *CALIBRATION,
+    result = _run("infer/learn_then_test.py", "--workdir", workdir, "--delta", "0.99", *CALIBRATION,
                   "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "<- chosen" in result.stdout and "speed-up over ar" in result.stdout
@@ -73,8 +73,8 @@ def test_selfspec_eta_calibration_sets_the_chains_confidence_stop(workdir, tmp_p
     """The same machinery for selfspec's eta (risk: wasted drafts): with every value certified
     the last, 0.5, is written, and the untrained model's drafts (all below 0.5) then stop each
     chain after one draft where the default (eta 0) drafts K."""
-    result = _run("calibrate.py", "--workdir", workdir, "--strategy", "selfspec", "--delta",
-                  "0.99", *CALIBRATION[:-1], "0.9,0.5")
+    result = _run("infer/learn_then_test.py", "--workdir", workdir, "--strategy", "selfspec",
+                  "--delta", "0.99", *CALIBRATION[:-1], "0.9,0.5")
     assert result.returncode == 0, result.stderr[-2000:]
     out = tmp_path / "out.jsonl"
     result = _run("generate.py", "--workdir", workdir, "--strategy", "selfspec", "--prompt",
@@ -86,7 +86,8 @@ def test_selfspec_eta_calibration_sets_the_chains_confidence_stop(workdir, tmp_p
 
 
 def test_an_uncertifiable_delta_writes_nothing(workdir):
-    result = _run("calibrate.py", "--workdir", workdir, "--delta", "0.0001", *CALIBRATION)
+    result = _run("infer/learn_then_test.py", "--workdir", workdir, "--delta", "0.0001",
+                  *CALIBRATION)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "no value is certified" in result.stdout
     assert not os.path.exists(os.path.join(workdir, FILE))
@@ -98,14 +99,14 @@ def test_an_uncertifiable_delta_writes_nothing(workdir):
     (["--calm_measure", "soft"], "calm_measure='soft'"),
 ])
 def test_calibration_errors_are_one_line(workdir, args, message):
-    result = _run("calibrate.py", "--workdir", workdir, *CALIBRATION, *args)
+    result = _run("infer/learn_then_test.py", "--workdir", workdir, *CALIBRATION, *args)
     assert result.returncode == 1 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_the_lambda_sweep_prints_its_table_and_saves_the_curve(workdir, tmp_path):
     plot = tmp_path / "curve.png"
-    result = _run("calm_bench.py", "--workdir", workdir, *SMALL, "--num_prompts", "2",
+    result = _run("bench/calm_quality.py", "--workdir", workdir, *SMALL, "--num_prompts", "2",
                   "--thresholds", "1,0", "--repeats", "1", "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()

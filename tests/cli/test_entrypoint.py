@@ -19,15 +19,15 @@ from tests.support import ROOT
 from tests.support.scripts import run_script, script_env, with_default_sigint
 
 
-@pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "infer/bench.py",
-                                    "infer/exits.py", "infer/calm_bench.py",
-                                    "infer/calibrate.py", "infer/tune.py",
-                                    "infer/compile_bench.py"])
+@pytest.mark.parametrize("script", ["train/train.py", "infer/generate.py", "bench/bench.py",
+                                    "infer/exit_report.py", "bench/calm_quality.py",
+                                    "infer/learn_then_test.py", "infer/tune.py",
+                                    "bench/compile_bench.py"])
 def test_help_exits_zero_and_lists_every_flag(script):
     """Catches `--help` ending with status 1, as absl's does (a script asking for the usage
     would read it as a failure), a help that hides the decoding flags a script takes from
     `specjax.cli.decoding` (absl lists only the main module's own flags unless adopted), and
-    calibrate.py or calm_bench.py offering `--ngram_max` and the like, options of strategies
+    learn_then_test.py or calm_quality.py offering `--ngram_max` and the like, options of strategies
     they cannot run (the third and fourth probes). A fresh interpreter, not the tests' forked
     one, so an import the script misses (but the test runner has made) fails here too."""
     result = run_script(script, "--help", fresh=True)
@@ -36,8 +36,8 @@ def test_help_exits_zero_and_lists_every_flag(script):
     with open(os.path.join(ROOT, script), encoding="utf-8") as f:
         takes_decoding_flags = "define_decoding_flags(" in f.read()
     if takes_decoding_flags:
-        wanted = {"infer/calibrate.py": declared_options(["calm", "selfspec"]),
-                  "infer/calm_bench.py": declared_options(["calm"])}.get(script,
+        wanted = {"infer/learn_then_test.py": declared_options(["calm", "selfspec"]),
+                  "bench/calm_quality.py": declared_options(["calm"])}.get(script,
                                                                        set(DECODING_FLAGS))
         assert {name for name in DECODING_FLAGS if f"--{name}:" in text} == wanted
 
@@ -53,8 +53,8 @@ def test_shared_flags_read_alike_in_every_script():
     four samplers), and a shared flag missing from a script's own `--help` (absl lists only a
     module's key flags there). Each script's `--helpxml`: its flags as absl registered them."""
     seen: dict[str, dict[str, tuple[str, str]]] = {name: {} for name in HELP}
-    scripts = sorted(glob.glob("infer/*.py", root_dir=ROOT) + glob.glob("train/*.py",
-                                                                          root_dir=ROOT))
+    scripts = sorted(path for folder in ("infer", "train", "bench", "tools")
+                     for path in glob.glob(f"{folder}/*.py", root_dir=ROOT))
     for script in scripts:
         result = run_script(script, "--helpxml")
         assert result.returncode == 0, result.stderr[-2000:]

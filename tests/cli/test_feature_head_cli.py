@@ -1,6 +1,6 @@
 """Feature heads from the command line: an EAGLE-3 head trained with train/train.py and
 decoded from its workdir, a head refused on other weights, and published EAGLE-3 heads
-imported with infer/convert.py against a reference forward written from EAGLE's `cnets.py`."""
+imported with tools/convert.py against a reference forward written from EAGLE's `cnets.py`."""
 
 import json
 import os
@@ -153,7 +153,7 @@ def test_a_published_eagle3_head_imports_and_matches_a_reference_forward(tmp_pat
     base = model_workdir(str(tmp_path / "base"), params, CFG)
     layers = (3, 1, 2)
     published = _published_eagle3(str(tmp_path / "hub"), CFG, layers, draft_vocab=64)
-    result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
+    result = run_script("tools/convert.py", "--hf_dir", str(tmp_path / "hub"),
                         "--base_workdir", base, "--workdir", str(tmp_path / "head"))
     assert result.returncode == 0 and "layers 3,1,2" in result.stdout, result.stderr[-2000:]
     loaded = load_model(str(tmp_path / "head"))

@@ -1,4 +1,4 @@
-"""infer/generate.py and infer/bench.py as a user runs them, on a briefly trained workdir."""
+"""infer/generate.py and bench/bench.py as a user runs them, on a briefly trained workdir."""
 
 import glob
 import json
@@ -25,7 +25,7 @@ def workdir(trained_workdir):
 
 
 def _run(script, *args, env=None):
-    return run_script(f"infer/{script}", *args, env=env)
+    return run_script(script, *args, env=env)
 
 
 def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_path):
@@ -34,7 +34,7 @@ def test_generate_greedy_selfspec_matches_ar_from_a_prompts_file(workdir, tmp_pa
     outputs = {}
     for strategy in ("ar", "selfspec", "skip"):
         out = tmp_path / f"{strategy}.jsonl"
-        result = _run("generate.py", "--workdir", workdir, "--strategy", strategy,
+        result = _run("infer/generate.py", "--workdir", workdir, "--strategy", strategy,
                       "--prompts_file", str(prompts), "--max_new_tokens", "20",
                       *(["--skip_layers", "1,3"] if strategy == "skip" else []),
                       "--output", str(out))
@@ -59,7 +59,7 @@ def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
     for name, extra in (("ar", ["--strategy", "ar"]),
                         ("tree", ["--tree", tree])):
         out = tmp_path / f"{name}.jsonl"
-        result = _run("generate.py", "--workdir", workdir, "--prompt", "def f(x):",
+        result = _run("infer/generate.py", "--workdir", workdir, "--prompt", "def f(x):",
                       "--max_new_tokens", "24", "--output", str(out), *extra)
         assert result.returncode == 0, result.stderr[-2000:]
         outputs[name] = json.loads(out.read_text())
@@ -72,7 +72,7 @@ def test_generate_with_a_tree_matches_ar(workdir, tmp_path, tree):
     plans = os.path.join(workdir, "tree_plans.json")
     with open(plans, "r+", encoding="utf-8") as f:
         f.truncate(os.path.getsize(plans) // 2)
-    result = _run("generate.py", "--workdir", workdir, "--prompt", "def f(x):",
+    result = _run("infer/generate.py", "--workdir", workdir, "--prompt", "def f(x):",
                   "--max_new_tokens", "4", *extra)
     assert result.returncode == 0 and f"ignoring {plans}, which cannot be read" in result.stderr
     with open(plans, encoding="utf-8") as f:
@@ -118,7 +118,7 @@ def test_auto_tree_plans_are_cached_per_exit_layer(tmp_path, monkeypatch):
 
 
 def test_generate_sampling_with_a_single_prompt(workdir):
-    result = _run("generate.py", "--workdir", workdir, "--prompt", "class A:",
+    result = _run("infer/generate.py", "--workdir", workdir, "--prompt", "class A:",
                   "--temperature", "0.8", "--top_k", "20", "--top_p", "0.9", "--seed", "3",
                   "--exit_layer", "1", "--num_draft", "2", "--max_new_tokens", "12")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -144,7 +144,7 @@ def test_generate_sampling_with_a_single_prompt(workdir):
     (["--prompt", "x", "--mesh", "2,1,1"], "does not fit 1 devices"),
 ])
 def test_generate_errors_are_clear(workdir, args, message):
-    result = _run("generate.py", "--workdir", workdir, *args)
+    result = _run("infer/generate.py", "--workdir", workdir, *args)
     assert result.returncode == 1 and message in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -159,29 +159,30 @@ def test_bad_files_fail_at_once_with_the_file_named(workdir, tmp_path):
             (["--prompts_file", str(tmp_path)], f"{tmp_path}: is a directory"),
             (["--prompts_file", str(latin1)], f"{latin1}:2: not UTF-8 text"),
             (["--prompt", "x", "--output", missing_dir], f"cannot write {missing_dir}")):
-        result = _run("generate.py", "--workdir", workdir, *args)
+        result = _run("infer/generate.py", "--workdir", workdir, *args)
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     for flag in ("--repeats=0", "--num_prompts=0", "--seeds=0"):
-        result = _run("bench.py", "--workdir", workdir, flag)
+        result = _run("bench/bench.py", "--workdir", workdir, flag)
         assert result.returncode == 1 and f"{flag} must be >= 1" in result.stderr
 
 
 
-@pytest.mark.parametrize("script", ["generate.py", "bench.py", "calibrate.py", "search_skip.py",
-                                    "tune.py"])
+@pytest.mark.parametrize("script", ["infer/generate.py", "bench/bench.py",
+                                    "infer/learn_then_test.py", "infer/skip_search.py",
+                                    "infer/tune.py"])
 def test_every_sampling_script_reads_top_k(workdir, script):
     """Catches a script taking the shared sampling flags (`specjax.cli.flags`) but not passing
-    --top_k on to its sampling (bench, calibrate and search_skip had no --top_k): there a
+    --top_k on to its sampling (bench, learn_then_test and skip_search had no --top_k): there a
     top-k filter at temperature 0 would run greedy instead of being refused."""
-    prompt = ["--prompt", "x"] if script == "generate.py" else []
+    prompt = ["--prompt", "x"] if script == "infer/generate.py" else []
     result = _run(script, "--workdir", workdir, "--top_k", "3", *prompt)
     assert result.returncode == 1 and "--top_k" in result.stderr, result.stderr[-2000:]
     assert "temperature" in result.stderr and result.stderr.count("\n") == 1
 
 def test_ar_reports_no_acceptance_rate(workdir):
     """Catches `ar` rows printing acceptance 0.00: ar drafts nothing, so there is none."""
-    result = _run("generate.py", "--workdir", workdir, "--strategy", "ar", "--prompt", "x",
+    result = _run("infer/generate.py", "--workdir", workdir, "--strategy", "ar", "--prompt", "x",
                   "--max_new_tokens", "4")
     assert result.returncode == 0 and "acceptance=n/a" in result.stdout, result.stderr[-2000:]
 
@@ -221,7 +222,7 @@ def test_ctrl_c_during_generation_ends_cleanly_keeping_finished_rows(workdir, tm
 
 
 def test_generate_without_a_checkpoint_is_a_clear_error(tmp_path):
-    result = _run("generate.py", "--workdir", str(tmp_path), "--prompt", "x")
+    result = _run("infer/generate.py", "--workdir", str(tmp_path), "--prompt", "x")
     assert result.returncode == 1 and "no checkpoints in" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -238,7 +239,7 @@ def test_generate_on_a_mesh_of_four_devices_matches_one_device(workdir, tmp_path
                              ("mesh", ["--tree", "2,2,1", "--mesh", "2,1,2"],
                               {"XLA_FLAGS": flags})):
         out = tmp_path / "out.jsonl"
-        result = _run("generate.py", "--workdir", workdir, "--prompts_file", str(prompts),
+        result = _run("infer/generate.py", "--workdir", workdir, "--prompts_file", str(prompts),
                       "--max_new_tokens", "16", "--output", str(out), *extra, env=env)
         assert result.returncode == 0, result.stderr[-2000:]
         completions[name] = [json.loads(line)["completion"] for line in open(out)]
@@ -255,8 +256,8 @@ def test_bench_reports_speed_acceptance_and_bandwidth(workdir, tmp_path):
     no ar run): ar always runs, and bytes a step charged at a context of max_new_tokens
     instead of the mean one, the mean prompt plus half the new tokens (recomputed here)."""
     report_path = tmp_path / "bench.json"
-    result = _run("bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len", "16",
-                  "--max_new_tokens", "48", "--repeats", "2", "--batch_size", "2",
+    result = _run("bench/bench.py", "--workdir", workdir, "--num_prompts", "2", "--prompt_len",
+                  "16", "--max_new_tokens", "48", "--repeats", "2", "--batch_size", "2",
                   "--strategies", "selfspec",
                   "--exit_layer=1,2",
                   "--tree", "chain", "--tree", "2,1", "--bandwidth_mb", "64",
@@ -298,7 +299,7 @@ def test_busy_bench_compares_the_kernel_with_xla_under_load(workdir, tmp_path):
     if not cpu_matmul.available():
         pytest.skip("no C++ compiler: nothing to compare")
     report = tmp_path / "busy.json"
-    result = _run("busy_bench.py", "--workdir", workdir, "--busy", "0,1", "--pairs", "1",
+    result = _run("bench/busy_bench.py", "--workdir", workdir, "--busy", "0,1", "--pairs", "1",
                   "--num_prompts", "1", "--prompt_len", "16", "--max_new_tokens", "8",
                   "--kernel", "all", "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -317,7 +318,7 @@ def test_attention_bench_times_the_kernel_against_xla(workdir, tmp_path):
     if not cpu_attention.available():
         pytest.skip("no C++ compiler: nothing to compare")
     report = tmp_path / "attention.json"
-    result = _run("attention_bench.py", "--workdir", workdir, "--tokens", "1,3",
+    result = _run("bench/attention_bench.py", "--workdir", workdir, "--tokens", "1,3",
                   "--filled", "5", "--slots", "40", "--calls", "2", "--repeats", "1",
                   "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -325,10 +326,11 @@ def test_attention_bench_times_the_kernel_against_xla(workdir, tmp_path):
     assert [(r["tokens"], r["filled"]) for r in rows] == [(1, 5), (3, 5)]
     assert all(r["xla_us"] > 0 and r["kernel_us"] > 0 for r in rows)
     assert "| new tokens | filled slots | XLA | kernel | XLA / kernel |" in result.stdout
-    result = _run("attention_bench.py", "--workdir", workdir, "--filled", "40", "--slots", "40")
+    result = _run("bench/attention_bench.py", "--workdir", workdir, "--filled", "40", "--slots",
+                  "40")
     assert result.returncode != 0
     assert "--filled=40 plus --tokens=1 exceed --slots=40" in result.stderr.strip().splitlines()[-1]
-    result = _run("attention_bench.py", "--workdir", workdir, "--tokens", "1,0")
+    result = _run("bench/attention_bench.py", "--workdir", workdir, "--tokens", "1,0")
     assert result.returncode != 0 and "--tokens=0 must be >= 1" in result.stderr
 
 
@@ -348,7 +350,7 @@ def test_search_skip_prints_the_best_sets_and_a_command_that_runs(workdir, tmp_p
     """The README's skip-set search: a table of scored sets with LayerSkip's exits marked,
     JSON of every set, and a best line whose flags generate.py accepts."""
     report = tmp_path / "skip.json"
-    result = _run("search_skip.py", "--workdir", workdir, "--num_prompts", "2",
+    result = _run("infer/skip_search.py", "--workdir", workdir, "--num_prompts", "2",
                   "--prompt_len", "16", "--max_new_tokens", "16", "--max_draft", "4",
                   "--output_json", str(report))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -356,7 +358,7 @@ def test_search_skip_prints_the_best_sets_and_a_command_that_runs(workdir, tmp_p
     assert len(scored) >= 4 and all(0 <= s["acceptance"] <= 1 for s in scored)
     assert "(= selfspec E=1)" in result.stdout
     best = result.stdout.strip().splitlines()[-1].removeprefix("best: ").split()
-    generated = _run("generate.py", "--workdir", workdir, *best, "--prompt", "x = ",
+    generated = _run("infer/generate.py", "--workdir", workdir, *best, "--prompt", "x = ",
                      "--max_new_tokens", "8")
     assert generated.returncode == 0, generated.stderr[-2000:]
 
@@ -368,13 +370,14 @@ def test_generate_with_a_draft_model_matches_ar(workdir, tmp_path):
     for name, extra in (("ar", ["--strategy", "ar"]),
                         ("draft", ["--strategy", "draft", "--draft_workdir", workdir])):
         out = tmp_path / f"{name}.jsonl"
-        result = _run("generate.py", "--workdir", workdir, *extra, "--prompt", "import os",
+        result = _run("infer/generate.py", "--workdir", workdir, *extra, "--prompt", "import os",
                       "--max_new_tokens", "16", "--output", str(out))
         assert result.returncode == 0, result.stderr[-2000:]
         outputs[name] = json.loads(out.read_text())
     assert outputs["draft"]["completion"] == outputs["ar"]["completion"]
     assert outputs["draft"]["acceptance_rate"] > 0.9  # the budget may cut the last round
-    missing = _run("generate.py", "--workdir", workdir, "--strategy", "draft", "--prompt", "x")
+    missing = _run("infer/generate.py", "--workdir", workdir, "--strategy", "draft", "--prompt",
+                   "x")
     assert missing.returncode == 1 and "pass --draft_workdir" in missing.stderr
 
 

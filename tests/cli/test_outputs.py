@@ -69,8 +69,8 @@ def _umask() -> int:
 
 @pytest.mark.parametrize("command", [
     ["infer/generate.py", "--prompt=x", "--output={out}"],
-    ["infer/bench.py", "--output_json={out}"],
-    ["infer/calibrate.py", "--output_json={out}"],
+    ["bench/bench.py", "--output_json={out}"],
+    ["infer/learn_then_test.py", "--output_json={out}"],
 ])
 def test_a_failed_run_leaves_an_existing_output_untouched(tmp_path, command):
     """Catches an entry point that empties its output at start-up (the bug: a mistyped
@@ -84,7 +84,7 @@ def test_a_failed_run_leaves_an_existing_output_untouched(tmp_path, command):
 
 
 @pytest.mark.parametrize("script, output", [("infer/generate.py", "--output"),
-                                            ("infer/bench.py", "--output_json")])
+                                            ("bench/bench.py", "--output_json")])
 def test_an_output_onto_its_prompts_file_is_refused(tmp_path, script, output):
     """Catches `--output` (generate) or `--output_json` (bench) equal to `--prompts_file`, or a
     link to it, destroying the prompts (bench wrote its JSON over them)."""

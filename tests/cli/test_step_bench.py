@@ -1,4 +1,4 @@
-"""The train step's model FLOPs and `train/step_bench.py`, which turns them into model-FLOPs
+"""The train step's model FLOPs and `bench/step_bench.py`, which turns them into model-FLOPs
 utilisation; the 1B bfloat16 config it is meant to run on a GPU."""
 
 import math
@@ -47,7 +47,7 @@ def test_step_bench_reports_step_times_and_utilisation(tmp_path):
     run = tiny_run(train=dict(batch_size=4))
     config.write_text("import ml_collections\n\n\ndef get_config():\n    return "
                       f"ml_collections.ConfigDict({run!r})\n")
-    result = run_script("train/step_bench.py", f"--config={config}", "--steps=2",
+    result = run_script("bench/step_bench.py", f"--config={config}", "--steps=2",
                         "--peak_tflops=0.001")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stdout.splitlines() if "ms/step" in line]

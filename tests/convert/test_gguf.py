@@ -303,7 +303,7 @@ def test_bad_files_are_one_line_errors_and_write_nothing(tmp_path):
         GgufCheckpoint(str(tmp_path / "fused.gguf"))
     with pytest.raises(ConversionError, match="type Q8_1, which the gguf package cannot"):
         GgufCheckpoint(str(tmp_path / "q8_1.gguf")).get("model.embed_tokens.weight")
-    result = run_script("infer/convert.py", "--gguf", str(tmp_path / "text.gguf"), "--workdir",
+    result = run_script("tools/convert.py", "--gguf", str(tmp_path / "text.gguf"), "--workdir",
                         str(tmp_path / "cli"))
     assert result.returncode == 1 and "is not a readable GGUF file" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "cli").exists()

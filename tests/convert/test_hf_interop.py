@@ -167,19 +167,20 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
     workdir, exported = str(tmp_path / "workdir"), str(tmp_path / "exported")
 
     def cli(script, *args):
-        result = run_script(f"infer/{script}", *args)
+        result = run_script(script, *args)
         assert result.returncode == 0, result.stderr[-2000:]
         return result.stdout
 
-    assert "imported a 3-layer model" in cli("convert.py", "--hf_dir", source, "--workdir", workdir)
-    completions = {s: cli("generate.py", "--workdir", workdir, "--strategy", s, "--prompt",
+    assert "imported a 3-layer model" in cli("tools/convert.py", "--hf_dir", source, "--workdir",
+                                             workdir)
+    completions = {s: cli("infer/generate.py", "--workdir", workdir, "--strategy", s, "--prompt",
                           "def x", "--max_new_tokens", "8").split("\n--- tau=")[0]
                    for s in ("ar", "selfspec")}
     assert completions["ar"] == completions["selfspec"]
     assert completions["ar"].startswith("def x") and len(completions["ar"]) > len("def x")
     prompts, report = tmp_path / "prompts.jsonl", tmp_path / "bench.json"
     prompts.write_text('{"prompt": "def x"}\n{"prompt": "import os"}\n')
-    cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts), "--max_new_tokens",
+    cli("bench/bench.py", "--workdir", workdir, "--prompts_file", str(prompts), "--max_new_tokens",
         "24", "--repeats", "1", "--bandwidth_mb", "16", "--strategies",
         "ar,selfspec,ngram,draft", "--draft_workdir", workdir, "--compare_hf", "--output_json",
         str(report))
@@ -194,11 +195,11 @@ def test_converted_checkpoint_decodes_through_the_clis(tmp_path):
         assert peer["specjax_speedup"] == pytest.approx(
             rates[peer["specjax_strategy"]] / peer["tokens_per_s"])
     # A variant projected past the budget is skipped and said so, not run for an hour.
-    output = cli("bench.py", "--workdir", workdir, "--prompts_file", str(prompts),
+    output = cli("bench/bench.py", "--workdir", workdir, "--prompts_file", str(prompts),
                  "--max_new_tokens", "8", "--repeats", "1", "--bandwidth_mb", "16",
                  "--strategies", "ar", "--compare_hf", "--hf_budget_s", "1e-9")
     assert "hf greedy: skipped (one prompt took" in output and "past the 0 min budget" in output
-    cli("convert.py", "--to_hf", "--workdir", workdir, "--hf_dir", exported)
+    cli("tools/convert.py", "--to_hf", "--workdir", workdir, "--hf_dir", exported)
     assert os.path.exists(os.path.join(exported, "tokenizer.json"))
     with open(os.path.join(exported, "config.json")) as f:
         assert json.load(f)["eos_token_id"] == 1

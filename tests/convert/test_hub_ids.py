@@ -50,7 +50,7 @@ def test_a_hub_id_in_the_cache_imports_offline(hub, tmp_path, tiny_params):
     workdir = str(tmp_path / "w")
     model = specjax.import_hf(HUB_ID, workdir)
     assert model.config.num_layers == 4 and _same_weights(workdir, tiny_params)
-    result = run_script("infer/convert.py", "--hf_id", HUB_ID, "--workdir", str(tmp_path / "c"),
+    result = run_script("tools/convert.py", "--hf_id", HUB_ID, "--workdir", str(tmp_path / "c"),
                         env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)})
     assert result.returncode == 0, result.stderr[-2000:]
     assert _same_weights(str(tmp_path / "c"), tiny_params)
@@ -74,7 +74,7 @@ def test_a_hub_id_without_cache_or_network_is_one_line(tmp_path, env):
     """Catches huggingface_hub's own multi-line error (or a traceback) reaching the user, and
     an error that names neither the id nor what to do, offline and with the Hub unreachable;
     no workdir is left."""
-    result = run_script("infer/convert.py", "--hf_id", HUB_ID, "--workdir", str(tmp_path / "w"),
+    result = run_script("tools/convert.py", "--hf_id", HUB_ID, "--workdir", str(tmp_path / "w"),
                         env={**env, "HF_HUB_CACHE": str(tmp_path / "empty")})
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert result.stderr.startswith(f"error: '{HUB_ID}' is not a local folder, and the Hugging "

@@ -31,7 +31,7 @@ def smollm2_gguf() -> str:
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("smollm2") / "w")
-    result = run_script("infer/convert.py", "--gguf", smollm2_gguf(), "--workdir", workdir)
+    result = run_script("tools/convert.py", "--gguf", smollm2_gguf(), "--workdir", workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "imported a 30-layer model" in result.stdout
     return specjax.load(workdir)

@@ -110,7 +110,7 @@ def test_dynamic_tree_budget_is_validated():
 
 
 def test_the_registry_builds_chains_and_trees_from_options():
-    """Catches a chain's confidence stop, stored by calibrate.py as the checkpoint's default,
+    """Catches a chain's confidence stop, stored by learn_then_test.py as the checkpoint's default,
     making every tree fail ("set it to 0" for a value the user never gave; the fourth probe),
     and a bad tree accepted into a config (it failed only when decoding from the checkpoint)."""
     options = DecodingConfig(exit_layer=2, num_draft=5, draft_threshold=0.3)
@@ -123,7 +123,7 @@ def test_the_registry_builds_chains_and_trees_from_options():
     assert shape_for(static) == StaticTree.from_branching((3, 1), "iid")
     with pytest.raises(ValueError, match="unknown strategy 'x'"):
         make_strategy("x", options)
-    # A chain's confidence stop stored as a default (calibrate.py --write) does not apply to a
+    # A chain's confidence stop stored as a default (learn_then_test.py --write) does not apply to a
     # tree; given by the user with one, it is refused as unused.
     assert shape_for(DecodingConfig(tree="2,2", draft_threshold=0.4)) == shape_for(
         DecodingConfig(tree="2,2"))

@@ -47,24 +47,24 @@ DECODE = ["--num_prompts=1", "--prompt_len=16", "--max_new_tokens=8"]
 SMOKE = {
     "train/train.py": TRAIN,
     "infer/generate.py": ["--max_new_tokens=8"],
-    "infer/bench.py": [*DECODE, "--repeats=1", "--bandwidth_mb=1"],
-    "infer/calibrate.py": ["--grid=0.95,0.5,0", "--num_prompts=4", "--per_document=2",
+    "bench/bench.py": [*DECODE, "--repeats=1", "--bandwidth_mb=1"],
+    "infer/learn_then_test.py": ["--grid=0.95,0.5,0", "--num_prompts=4", "--per_document=2",
                            "--skip_documents=0", "--prompt_len=16", "--max_new_tokens=8",
                            "--speed_prompts=1"],
-    "infer/calm_bench.py": [*DECODE, "--repeats=1"],
-    "infer/search_skip.py": [*DECODE, "--max_draft=3", "--top=2"],
-    "infer/busy_bench.py": [*DECODE, "--pairs=1"],
-    "infer/attention_bench.py": ["--calls=5", "--repeats=1"],
-    "infer/compile_bench.py": ["--calls=2", "--max_new_tokens=4", "--prompt_len=8"],
-    "infer/exits.py": ["--max_tokens=256", "--context=32", "--repeats=1", "--num_draft=2"],
+    "bench/calm_quality.py": [*DECODE, "--repeats=1"],
+    "infer/skip_search.py": [*DECODE, "--max_draft=3", "--top=2"],
+    "bench/busy_bench.py": [*DECODE, "--pairs=1"],
+    "bench/attention_bench.py": ["--calls=5", "--repeats=1"],
+    "bench/compile_bench.py": ["--calls=2", "--max_new_tokens=4", "--prompt_len=8"],
+    "infer/exit_report.py": ["--max_tokens=256", "--context=32", "--repeats=1", "--num_draft=2"],
     "infer/draft_vocab.py": ["--max_tokens=4096"],
     "infer/tune.py": ["--num_prompts=1", "--prompt_len=16", "--max_new_tokens=8",
                       "--num_draft=2", "--trees=", "--exits=1", "--confirm=1"],
-    "infer/tree_scan_bench.py": ["--prompt_len=16", "--repeats=1"],
-    "train/step_bench.py": ["--steps=2"],
-    "train/data_bench.py": ["--repeats=1", "--config.data.max_documents=20"],
+    "bench/tree_scan_bench.py": ["--prompt_len=16", "--repeats=1"],
+    "bench/step_bench.py": ["--steps=2"],
+    "bench/data_bench.py": ["--repeats=1", "--config.data.max_documents=20"],
     "train/tokenizer.py": ["--config.data.max_documents=60", "--vocab_size=300"],
-    "infer/convert.py": [],
+    "tools/convert.py": [],
 }
 # The documented commands no test can run here, each with why (checked against the docs).
 NOT_RUN = {
@@ -109,9 +109,9 @@ def makes(command: list[str]) -> str | None:
     script = command[0]
     if script == "train/tokenizer.py":
         return _flag(command, "output_dir")
-    if script == "infer/convert.py" and "--to_hf" in command:
+    if script == "tools/convert.py" and "--to_hf" in command:
         return _flag(command, "hf_dir")
-    return _flag(command, "workdir") if script in ("train/train.py", "infer/convert.py") else None
+    return _flag(command, "workdir") if script in ("train/train.py", "tools/convert.py") else None
 
 
 def reads(command: list[str]) -> list[str]:
@@ -127,10 +127,10 @@ def _smoke(command: list[str]) -> list[str]:
     extra = list(SMOKE[script])
     config = _flag(command, "config") or ""
     if config.partition(":")[0] == "tiny_code" and script in ("train/train.py",
-                                                                 "train/step_bench.py",
-                                                                 "infer/tree_scan_bench.py"):
-        extra += [*DATA, *MODEL] if script != "infer/tree_scan_bench.py" else MODEL
-        if config.endswith((":hybrid", ":mamba2")) or script == "infer/tree_scan_bench.py":
+                                                                 "bench/step_bench.py",
+                                                                 "bench/tree_scan_bench.py"):
+        extra += [*DATA, *MODEL] if script != "bench/tree_scan_bench.py" else MODEL
+        if config.endswith((":hybrid", ":mamba2")) or script == "bench/tree_scan_bench.py":
             extra += SSM
     return [script, *args, *extra]
 
@@ -140,7 +140,7 @@ def one_point(command: list[str]) -> list[str]:
     repeated one (trees, skipped layers) to its first and last (a chain and a tree, whose
     options the command sets). A study's sweep is its size, one compiled program per point:
     docs/results/'s sweeps take more than 30 minutes at smoke size."""
-    if command[0] != "infer/bench.py":
+    if command[0] != "bench/bench.py":
         return command
     pairs, args, i = [], command[1:], 0
     while i < len(args):

@@ -36,10 +36,10 @@ SMOKE = {
     "train/tokenizer.py": ["--config.data.max_documents=150"],
     "train/train.py standin": SMALL_RUN + SMALL_MODEL,
     "train/train.py continual": SMALL_RUN,
-    "infer/exits.py": ["--max_tokens=1024", "--repeats=2", "--num_draft=2,4"],
-    "infer/bench.py": ["--num_prompts=2", "--prompt_len=16", "--max_new_tokens=12",
+    "infer/exit_report.py": ["--max_tokens=1024", "--repeats=2", "--num_draft=2,4"],
+    "bench/bench.py": ["--num_prompts=2", "--prompt_len=16", "--max_new_tokens=12",
                        "--repeats=1"],
-    "infer/convert.py": [],
+    "tools/convert.py": [],
 }
 
 
@@ -66,9 +66,9 @@ def test_the_readme_recipe_runs_from_a_stand_in_to_a_self_drafting_export(tmp_pa
     or computes differently."""
     commands = recipe_commands()
     assert [c[1] for c in commands] == [
-        "train/tokenizer.py", "train/train.py", "infer/convert.py", "infer/convert.py",
-        "infer/exits.py", "train/train.py", "infer/exits.py", "infer/bench.py",
-        "infer/convert.py"]
+        "train/tokenizer.py", "train/train.py", "tools/convert.py", "tools/convert.py",
+        "infer/exit_report.py", "train/train.py", "infer/exit_report.py", "bench/bench.py",
+        "tools/convert.py"]
     for args in commands:
         result = run_script(*_smoke(args), cwd=tmp_path)
         assert result.returncode == 0, (args, result.stderr[-2000:])

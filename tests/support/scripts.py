@@ -106,9 +106,9 @@ def reader_files(folder) -> None:
 
 def check_import_refusals(tmp_path, base: str, cases) -> None:
     """Each (folder under tmp_path, message) imported as a drafter on `base` with
-    infer/convert.py: one line holding the message, status 1, no workdir left."""
+    tools/convert.py: one line holding the message, status 1, no workdir left."""
     for folder, message in cases:
-        result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / folder),
+        result = run_script("tools/convert.py", "--hf_dir", str(tmp_path / folder),
                             "--base_workdir", base, "--workdir", str(tmp_path / f"w_{folder}"))
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
         assert not (tmp_path / f"w_{folder}").exists()

@@ -1,4 +1,4 @@
-"""The exit report (specjax/tools/exit_report.py, infer/exits.py, LanguageModel.exit_report):
+"""The exit report (specjax/tools/exit_report.py, infer/exit_report.py, LanguageModel.exit_report):
 per-exit metrics against direct forwards, its predictions against hand values, the CLI end to
 end."""
 
@@ -227,11 +227,11 @@ def imported(tmp_path_factory):
 
 
 def _run(*args):
-    return run_script("infer/exits.py", *args)
+    return run_script("infer/exit_report.py", *args)
 
 
 def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported):
-    """infer/exits.py on an imported checkpoint (no training metadata): the table, a JSON list
+    """infer/exit_report.py on an imported checkpoint (no training metadata): the table, a JSON list
     of one record per exit (K = 2..8), a PNG, no temporary files left. Catches a report that
     needs a trained run's metadata, outputs left unrenamed and a plot never written."""
     result = imported["result"]
@@ -242,7 +242,7 @@ def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported)
     assert all(list(r["tau"]) == list(r["speedup"]) == [str(k) for k in range(2, 9)]
                for r in records)
     assert imported["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "(last layer)" in result.stdout and "infer/bench.py --exit_layer=" in result.stdout
+    assert "(last layer)" in result.stdout and "bench/bench.py --exit_layer=" in result.stdout
     assert "512 held-out tokens in windows of 32" in result.stdout
     assert not list(imported["root"].glob(".*partial"))
 
@@ -250,7 +250,7 @@ def test_cli_prints_the_table_and_writes_one_record_per_exit_and_a_png(imported)
 def test_cli_plots_in_its_extensions_format_and_reads_a_named_text_field(imported, tmp_path):
     """Catches `--plot x.svg` writing PNG bytes under an .svg name, an extension matplotlib
     cannot write refused only after the report, and a texts file whose field is not "text"
-    pointed to data.text_field, a setting exits.py has no flag for (it has --text_field)."""
+    pointed to data.text_field, a setting exit_report.py has no flag for (it has --text_field)."""
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"body": t}) + "\n" for t in imported["texts"]))
     plot = tmp_path / "exits.svg"

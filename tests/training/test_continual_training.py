@@ -274,7 +274,7 @@ def test_memory_check_prints_the_estimate(tmp_path):
     """Catches the memory check's command failing (on a CPU it prints the estimate alone: the
     CPU reports no peak) or writing no record."""
     out = tmp_path / "memory.json"
-    result = run_script("train/memory_check.py", "--config",
+    result = run_script("bench/memory_check.py", "--config",
                         os.path.join(ROOT, "tests", "configs", "tiny.py"), "--steps=1",
                         "--config.train.grad_accum=2", f"--output_json={out}")
     assert result.returncode == 0, result.stderr[-2000:]

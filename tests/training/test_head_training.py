@@ -248,7 +248,7 @@ def test_a_head_beside_its_model_drafts_from_its_own_exit(base, tmp_path):
     prompts.write_text('{"prompt": "def f(x):"}\n')
     for script, extra in (("infer/generate.py", ["--strategy", "kangaroo", "--prompts_file",
                                                   str(prompts)]),
-                          ("infer/bench.py", ["--strategies", "kangaroo", "--num_prompts", "1",
+                          ("bench/bench.py", ["--strategies", "kangaroo", "--num_prompts", "1",
                                               "--prompt_len", "8", "--repeats", "1"])):
         result = run_script(script, "--workdir", base, "--draft_workdir", head,
                             "--max_new_tokens", "8", *extra)

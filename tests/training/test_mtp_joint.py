@@ -144,7 +144,7 @@ def test_a_model_trained_with_mtp_drafts_with_its_own_modules(tmp_path):
     out = generator.generate(prompts, max_new_tokens=12, strategy=make_strategy(
         "mtp", DecodingConfig(num_draft=3)))
     assert out.tokens == per_step_argmax(generator, prompts, 12)
-    result = run_script("infer/convert.py", "--to_hf", "--workdir", workdir, "--hf_dir",
+    result = run_script("tools/convert.py", "--to_hf", "--workdir", workdir, "--hf_dir",
                         str(tmp_path / "hf"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "MTP module(s) are not exported" in result.stderr

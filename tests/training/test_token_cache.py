@@ -164,7 +164,7 @@ def test_bad_data_files_are_one_line_errors(tmp_path, files, message):
 
 def test_the_data_bench_runs(tmp_path):
     """Catches the data bench's command failing (it is the docs' tokenization figure)."""
-    result = run_script("train/data_bench.py", "--config",
+    result = run_script("bench/data_bench.py", "--config",
                         os.path.join(ROOT, "tests", "configs", "tiny.py"), "--repeats=1",
                         "--config.data.max_documents=20")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -3,8 +3,8 @@ per-token exits as the drafter of lossless speculative decoding.
 
 `calm` proposes nothing; its verification is an early-exit pass (`calm_exit.EarlyExit`) over
 the pending token, whose exit logits the loop samples or takes the argmax of: quality traded
-for speed, bounded by Learn-then-Test calibration (`infer/calibrate.py`). Each token's exit and
-confidence come back in the output's trace.
+for speed, bounded by Learn-then-Test calibration (`infer/learn_then_test.py`). Each token's
+exit and confidence come back in the output's trace.
 
 `calmdraft` drafts every token with the same early-exit pass (per-token depth: an easy token
 leaves at the first candidate, a hard one at a later one, at the last candidate at most) and

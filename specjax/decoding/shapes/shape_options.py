@@ -63,7 +63,7 @@ def shape_for(options: ShapeOptions, stop_risk: float = 0.0) -> Shape:
         return Chain(options.num_draft, options.draft_threshold, stop_risk)
     if tree == "auto" or tree.startswith("auto:"):
         raise ValueError(f"tree {tree!r} must be resolved from measurements first "
-                         "(infer/generate.py and infer/bench.py do)")
+                         "(infer/generate.py and bench/bench.py do)")
     if tree == "dynamic":
         return DynamicTree(options.tree_nodes, options.tree_top_k, options.tree_depth)
     return StaticTree.parse(tree, options.tree_children)

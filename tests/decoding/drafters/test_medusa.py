@@ -251,7 +251,7 @@ def test_published_medusa_heads_import_and_match_a_reference_forward(params, tmp
     tensors as they are."""
     base = model_workdir(str(tmp_path / "base"), params, CFG)
     published = _published_medusa(str(tmp_path / "hub"), CFG, HEADS)
-    result = run_script("infer/convert.py", "--hf_dir", str(tmp_path / "hub"),
+    result = run_script("tools/convert.py", "--hf_dir", str(tmp_path / "hub"),
                         "--base_workdir", base, "--workdir", str(tmp_path / "heads"))
     assert result.returncode == 0, result.stderr[-2000:]
     loaded = load_model(str(tmp_path / "heads"))

@@ -1,6 +1,6 @@
 """Verifying a token tree through Mamba-2 layers: the tree scan against unrolled paths.
 
-    python infer/tree_scan_bench.py --config tiny_code:mamba2 [--tree 3,2,1]
+    python bench/tree_scan_bench.py --config tiny_code:mamba2 [--tree 3,2,1]
 
 One verification pass of the pending token and a static tree's nodes over every layer of a model
 with a committed prompt, two ways, each jitted and timed in turn after a warm-up:

@@ -3,7 +3,7 @@ makes them, with new-token budgets spread from 1 to --max_new_tokens and batch s
 through --batch_sizes; prints each call's new decode programs and compile seconds, then the
 totals.
 
-    python infer/compile_bench.py --workdir runs/smoke [--calls 20] [--max_new_tokens 256] \
+    python bench/compile_bench.py --workdir runs/smoke [--calls 20] [--max_new_tokens 256] \
         [--batch_sizes 1,3,4] [--prompt_len 32]
 
 Call i asks for round(M^(i / (calls - 1))) new tokens (M = --max_new_tokens: 1, ..., M, spread

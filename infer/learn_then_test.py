@@ -3,9 +3,10 @@
 1 - --epsilon over the calibration prompts, written to the workdir's decoding defaults
 (`calibrated_decoding.json`, read by every entry point that loads the workdir).
 
-    python infer/calibrate.py --workdir runs/tiny --delta 0.1 --epsilon 0.05 --consistency textual
-    python infer/calibrate.py --workdir runs/calm --calm_measure classifier --consistency risk
-    python infer/calibrate.py --workdir runs/tiny --strategy selfspec --delta 0.3
+    python infer/learn_then_test.py --workdir runs/tiny --delta 0.1 --epsilon 0.05 \\
+        --consistency textual
+    python infer/learn_then_test.py --workdir runs/calm --calm_measure classifier --consistency risk
+    python infer/learn_then_test.py --workdir runs/tiny --strategy selfspec --delta 0.3
 
 --strategy calm calibrates CALM's lambda (`calm_threshold`), the risk a consistency (see
 `specjax.tools.calm_quality`): textual, 1 - ROUGE-L F1 against the full model's greedy
@@ -15,7 +16,7 @@ the fraction of a prompt's drafts that verification rejects (wasted draft work),
 sampled (--temperature, --top_p).
 
 Calibration prompts are windows of held-out documents after the first --skip_documents (which
-infer/bench.py and infer/calm_bench.py decode), or the first --num_prompts of a --prompt_set
+bench/bench.py and bench/calm_quality.py decode), or the first --num_prompts of a --prompt_set
 (HumanEval, chat questions), whose reference continuation is the model's own greedy one.
 """
 

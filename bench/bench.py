@@ -2,9 +2,9 @@
 decoding, tokens per round, acceptance, compile time, and memory bandwidth. Same weights and
 prompts, one process, after a warm-up; greedy unless --temperature.
 
-    python infer/bench.py --workdir runs/tiny
-    python infer/bench.py --workdir runs/tiny --exit_layer=1,2 --num_draft=3,4,6
-    python infer/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
+    python bench/bench.py --workdir runs/tiny
+    python bench/bench.py --workdir runs/tiny --exit_layer=1,2 --num_draft=3,4,6
+    python bench/bench.py --workdir runs/tiny --tree chain --tree 2,2,1,1 --tree dynamic --tree auto
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)

@@ -2,8 +2,8 @@
 held-out prompts (greedy, or sampled with --temperature), and prints the best sets with the
 command that decodes with the first.
 
-    python infer/search_skip.py --workdir runs/tiny
-    python infer/search_skip.py --workdir runs/tiny --temperature 0.8 --top_p 0.95
+    python infer/skip_search.py --workdir runs/tiny
+    python infer/skip_search.py --workdir runs/tiny --temperature 0.8 --top_p 0.95
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)

@@ -1,10 +1,10 @@
 """The exit report of a workdir's model: per exit, held-out loss, top-1 accuracy and agreement
 with the last layer, and the predicted tau and speed-up of drafting K tokens from it (see
-`specjax/tools/exit_report.py`; estimates, which infer/bench.py then measures). Works on a model
+`specjax/tools/exit_report.py`; estimates, which bench/bench.py then measures). Works on a model
 trained here or freshly imported (the logit lens).
 
-    python infer/exits.py --workdir runs/tiny
-    python infer/exits.py --workdir runs/llama --texts_file heldout.jsonl \\
+    python infer/exit_report.py --workdir runs/tiny
+    python infer/exit_report.py --workdir runs/llama --texts_file heldout.jsonl \\
         --output_json exits.json --plot exits.png
 """
 

@@ -4,8 +4,8 @@ a warm-up), agreement with the full model's greedy output (ROUGE-L F1) and the p
 log-loss of the held-out continuation (teacher-forced through the same exits). Optionally the
 curve as a PNG, with the workdir's calibrated lambda marked.
 
-    python infer/calm_bench.py --workdir runs/tiny --plot calm_curve.png
-    python infer/calm_bench.py --workdir runs/tiny --calm_exits 1,2,3,4,5,6,7
+    python bench/calm_quality.py --workdir runs/tiny --plot calm_curve.png
+    python bench/calm_quality.py --workdir runs/tiny --calm_exits 1,2,3,4,5,6,7
 """
 
 import specjax.cli.early_interrupt  # noqa: F401  (first: Ctrl-C during the imports)

@@ -1,7 +1,7 @@
 """The train step's memory: the estimate training prints at start-up against the device's
 measured peak.
 
-    python train/memory_check.py --config tiny_code:gpu1b \\
+    python bench/memory_check.py --config tiny_code:gpu1b \\
         --config.train.grad_accum=4 --config.train.remat=full [--steps 3] [--output_json F]
 
 Runs a few steps of the run's own LayerSkip train step (its compiled program, state and data,

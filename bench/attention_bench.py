@@ -2,7 +2,7 @@
 ops, for a few new-token counts (1: decoding a token, K+1: verifying K drafts) and filled parts
 of the cache.
 
-    python infer/attention_bench.py --workdir runs/tiny [--tokens 1,7,16] [--filled 150,300]
+    python bench/attention_bench.py --workdir runs/tiny [--tokens 1,7,16] [--filled 150,300]
 
 Both run inside one jitted loop of --calls calls (each call's output feeds the next query, so
 none is skipped), compiled ahead of time in this one process and timed in turns; the table

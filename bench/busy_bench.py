@@ -1,7 +1,7 @@
 """Decoding speed on the default path (each CPU kernel where `kernels.decision` picks it) against
 XLA's own ops, on an idle and on a busy machine.
 
-    python infer/busy_bench.py --workdir runs/tiny [--busy 0,1,2] [--pairs 20] \
+    python bench/busy_bench.py --workdir runs/tiny [--busy 0,1,2] [--pairs 20] \
         [--kernel matmul|attention|all]
 
 For each count in --busy, that many processes spin on the cores (`python -c 'while True:

@@ -1,7 +1,7 @@
 """The input pipeline's speed: building the token cache against the `tokenizers` library's own
 batch encoding of the same texts, opening a cached corpus, and reading one training batch.
 
-    python train/data_bench.py --config tiny_code --config.data.tokenizer=runs/bpe
+    python bench/data_bench.py --config tiny_code --config.data.tokenizer=runs/bpe
 
 Each figure is the best of --repeats; the cache is built in a fresh temporary folder each time
 (the corpus is read from its files, tokenized, written), the library encodes texts already in

@@ -2,13 +2,13 @@
 Mamba-2, Bamba: docs/guide/huggingface.md) and Llama-family GGUF files to specjax workdirs and
 back, and imports published drafters for a model (Medusa heads, EAGLE-3 heads).
 
-    python infer/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
-    python infer/convert.py --hf_id HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2_hf
-    python infer/convert.py --gguf path/to/model.gguf --workdir runs/imported
-    python infer/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
-    python infer/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
+    python tools/convert.py --hf_dir path/to/hf_model --workdir runs/imported [--dtype float32]
+    python tools/convert.py --hf_id HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2_hf
+    python tools/convert.py --gguf path/to/model.gguf --workdir runs/imported
+    python tools/convert.py --to_hf --workdir runs/tiny --hf_dir exported/tiny
+    python tools/convert.py --hf_dir path/to/medusa_heads --base_workdir runs/imported \
         --workdir runs/medusa_imported
-    python infer/convert.py --hf_dir path/to/eagle3_head --base_workdir runs/imported \
+    python tools/convert.py --hf_dir path/to/eagle3_head --base_workdir runs/imported \
         --workdir runs/eagle_imported
 """
 

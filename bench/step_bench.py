@@ -2,8 +2,8 @@
 on the mesh, as training does) against a plain `jax.jit` of the same step, on the same state and
 batches, in one process, and the model-FLOPs utilisation of each.
 
-    python train/step_bench.py --config tiny_code [--steps 10]
-    python train/step_bench.py --config tiny_code:gpu1b   # on a GPU
+    python bench/step_bench.py --config tiny_code [--steps 10]
+    python bench/step_bench.py --config tiny_code:gpu1b   # on a GPU
 
 Each program is compiled ahead of time (compile time printed separately); steps then alternate
 between the two after one warm-up step each, so both see the same machine load, and the median

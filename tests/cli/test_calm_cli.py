@@ -26,7 +26,7 @@ def _run(script, *args):
 
 
 def _mean_exit(workdir, *args):
-    result = _run("generate.py", "--workdir", workdir, "--strategy", "calm", "--prompt",
+    result = _run("infer/generate.py", "--workdir", workdir, "--strategy", "calm", "--prompt",
                   "def f(x):", "--max_new_tokens", "8", *args)
     assert result.returncode == 0, result.stderr[-2000:]
     return float(result.stdout.split("mean_exit=")[1].split()[0])
@@ -77,7 +77,7 @@ def test_selfspec_eta_calibration_sets_the_chains_confidence_stop(workdir, tmp_p
                   "--delta", "0.99", *CALIBRATION[:-1], "0.9,0.5")
     assert result.returncode == 0, result.stderr[-2000:]
     out = tmp_path / "out.jsonl"
-    result = _run("generate.py", "--workdir", workdir, "--strategy", "selfspec", "--prompt",
+    result = _run("infer/generate.py", "--workdir", workdir, "--strategy", "selfspec", "--prompt",
                   "def f(x):", "--max_new_tokens", "8", "--num_draft", "3", "--output", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads(out.read_text())

@@ -16,7 +16,7 @@ from specjax.decoding import registry
 from specjax.decoding.drafter import Strategy
 from specjax.decoding.options import join_options, option
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DRAFTER_FILE = '''
 import dataclasses

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
-from specjax.decoding.drafters.text_history import commit_text, prompt_text
+from specjax.decoding.drafters.text_history import commit_text, prefill_text
 from specjax.decoding.options import at_least, option, within
 from specjax.decoding.proposal import Proposal, depth_step
 from specjax.decoding.shapes.chain import Chain
@@ -77,7 +77,7 @@ class PromptLookup(DrafterBase):
                 "max_matching_ngram_size": self.ngram_max}
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> jax.Array:
-        return prompt_text(prefilled)
+        return prefill_text(prefilled)
 
     def propose(self, ctx: DraftContext, state: jax.Array, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, jax.Array]:

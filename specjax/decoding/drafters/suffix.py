@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, DrafterBase, Prefilled, Round, Strategy
-from specjax.decoding.drafters.text_history import commit_text, prompt_text
+from specjax.decoding.drafters.text_history import commit_text, prefill_text
 from specjax.decoding.options import option, within
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.chain import Chain
@@ -75,7 +75,7 @@ class SuffixDecoding(DrafterBase):
                 f"{self.shape.label()}")
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> jax.Array:
-        return prompt_text(prefilled)
+        return prefill_text(prefilled)
 
     def commit(self, ctx: DraftContext, state: jax.Array, done: Round) -> jax.Array:
         return commit_text(state, done)

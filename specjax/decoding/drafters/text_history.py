@@ -1,5 +1,5 @@
 """The text so far as a drafter's state, for the drafters that copy from it (`ngram`, `suffix`):
-[B, cache_len + 1] tokens, the prompts at prefill (`prompt_text`), then each round's accepted
+[B, cache_len + 1] tokens, the prompts at prefill (`prefill_text`), then each round's accepted
 drafts and next pending token written at commit (`commit_text`), inside the jitted loop.
 """
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from specjax.decoding.drafter import Prefilled, Round
 
 
-def prompt_text(prefilled: Prefilled) -> jax.Array:
+def prefill_text(prefilled: Prefilled) -> jax.Array:
     """The text so far [B, cache_len + 1], a drafter's state that copies from it: the prompts
     (the pending token and what follows are written as rounds commit)."""
     width = prefilled.cache_len + 1

@@ -45,7 +45,7 @@ from specjax.decoding.sampling import sampling_or_greedy
 from specjax.kernels import decision
 from specjax.loading import load_model
 from specjax.prompt_sets import PROMPT_SETS, encode_prompts, load_prompt_set
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 from specjax.tools.bench import (
     decode_step_bytes,
     matvec_bandwidth,
@@ -114,7 +114,7 @@ def benchmark() -> dict:
     mesh = mesh_from_flag()
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     params, cfg, meta = loaded.params, loaded.cfg, loaded.meta
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(meta, FLAGS.workdir)
     if FLAGS.prompts_file:
         prompts = encode_prompts(tokenizer, read_prompts_file(FLAGS.prompts_file))
     elif FLAGS.prompt_set in PROMPT_SETS:

@@ -42,7 +42,7 @@ from specjax.decoding.registry import STRATEGIES, make_strategy
 from specjax.kernels import KERNELS, decision, library
 from specjax.loading import load_model
 from specjax.timing import time_interleaved
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 
 define_model_flags(required=True)
 define_prompt_flags(num_prompts=4, prompt_len=128, max_new_tokens=128)
@@ -72,7 +72,7 @@ def measure() -> list[dict]:
                              "backend): nothing to compare")
     loaded = load_model(FLAGS.workdir)
     cfg, meta = loaded.cfg, loaded.meta
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(meta, FLAGS.workdir)
     prompts = heldout_prompts(heldout_data(meta), tokenizer, FLAGS.num_prompts, FLAGS.prompt_len)
     strategy = make_strategy(FLAGS.strategy,
                              decoding_options(decoding_defaults(meta), cfg, {}))

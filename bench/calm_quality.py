@@ -33,7 +33,7 @@ from specjax.io.calibrated_defaults import read_calibrated
 from specjax.loading import load_model
 from specjax.outputs import staged
 from specjax.plots import calm_curve, image_format
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import heldout_continuations, measure_quality
 
@@ -74,7 +74,7 @@ def run(plot: str | None, plot_format: str = "png") -> list[dict]:
     if not all(0 <= t <= 1 for t in thresholds):
         raise ValueError(f"--thresholds={','.join(FLAGS.thresholds)}: each must lie in [0, 1]")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
-    tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(loaded.meta, FLAGS.workdir)
     if FLAGS.calm_threshold is not None:
         raise ValueError("--calm_threshold: the bench sweeps --thresholds instead; drop it")
     options = options_from_flags(decoding_defaults(loaded.meta), loaded.cfg, ["calm"])

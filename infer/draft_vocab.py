@@ -24,7 +24,7 @@ from specjax.io.calibrated_defaults import write_calibrated
 from specjax.io.checkpoint import load_model_config
 from specjax.io.draft_vocab import rank_ids, write_ranking
 from specjax.outputs import check_writable
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 
 define_model_flags()
 flags.DEFINE_integer("size", None, "How many ids to draft over (N).")
@@ -46,7 +46,7 @@ def run() -> None:
     cfg, meta = load_model_config(FLAGS.workdir)
     if FLAGS.size > cfg.vocab_size:
         raise ValueError(f"--size={FLAGS.size} exceeds the model's {cfg.vocab_size} ids")
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(meta, FLAGS.workdir)
     texts, source = given_texts(), FLAGS.texts_file
     if texts is None:
         data = heldout_data(meta)

@@ -22,7 +22,7 @@ from specjax.cli.flags import define_model_flags, define_output_flags
 from specjax.cli.texts import define_texts_flags, given_texts
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 from specjax.tools.exit_report import NUM_DRAFTS, model_exit_report
 
 define_model_flags()
@@ -59,7 +59,7 @@ def run() -> None:
     with staged(FLAGS.output_json) as json_path, staged(FLAGS.plot) as plot_path:
         texts = given_texts()
         loaded = load_model(FLAGS.workdir)
-        tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
+        tokenizer = workdir_tokenizer(loaded.meta, FLAGS.workdir)
         report = model_exit_report(
             loaded.params, loaded.cfg, tokenizer, loaded.meta, texts, seq_len=FLAGS.seq_len,
             max_tokens=FLAGS.max_tokens, num_draft=num_draft, batch_size=FLAGS.batch_size,

@@ -48,7 +48,7 @@ from specjax.prompt_sets import (
     load_prompt_set,
     prompt_text,
 )
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 
 define_model_flags(drafters=True)
 define_prompt_flags(prompts_file=True, num_prompts=None, max_new_tokens=128)
@@ -125,7 +125,7 @@ def _generate(sampling, mesh, output):
     finishes; returns (tree plan, tree spec, rounds, committed tokens, prompts)."""
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir, mesh=mesh)
     cfg, meta = loaded.cfg, loaded.meta
-    tokenizer = get_tokenizer(meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(meta, FLAGS.workdir)
     prompts = _prompts(tokenizer)
     encoded = encode_prompts(tokenizer, prompts, chat=FLAGS.chat,
                              add_special_tokens=FLAGS.add_special_tokens)
@@ -156,8 +156,9 @@ def _generate(sampling, mesh, output):
                                  stop=stops)
         for prompt, tokens, stats, trace in zip(prompts[batch], out.tokens, out.stats,
                                                 out.trace, strict=True):
-            record = {"prompt": prompt_text(prompt, tokenizer), "completion": tokenizer.decode(tokens),
-                      "tokens": tokens, **stats.to_dict(), **_exits(trace), **_kernels()}
+            record = {"prompt": prompt_text(prompt, tokenizer),
+                      "completion": tokenizer.decode(tokens), "tokens": tokens,
+                      **stats.to_dict(), **_exits(trace), **_kernels()}
             if FLAGS.logprobs:
                 record["logprobs"] = trace[LOGPROB]
             if output:

@@ -54,7 +54,7 @@ from specjax.loading import load_model
 from specjax.outputs import check_writable
 from specjax.prompt_sets import PROMPT_SETS, encode_prompts, load_prompt_set
 from specjax.timing import progress_bar
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.calm_quality import CONSISTENCIES, heldout_continuations, measure_quality
 from specjax.tools.learn_then_test import check_risk_levels, learn_then_test
@@ -117,7 +117,7 @@ def run() -> dict:
         check_writable(FLAGS.workdir, f"the calibrated defaults into --workdir {FLAGS.workdir} "
                        "(--nowrite only reports them)")
     loaded = load_model(FLAGS.workdir, draft_workdir=FLAGS.draft_workdir)
-    tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(loaded.meta, FLAGS.workdir)
     calibrated = "calm_threshold" if FLAGS.strategy == "calm" else "draft_threshold"
     if getattr(FLAGS, calibrated) is not None:
         raise ValueError(f"--{calibrated}: this is what calibration chooses (over --grid); "

@@ -25,7 +25,7 @@ from specjax.cli.flags import (
 from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.sampling import sampling_or_greedy
 from specjax.loading import load_model
-from specjax.tokenizer import get_tokenizer
+from specjax.tokenizer import workdir_tokenizer
 from specjax.tools.skip_search import AcceptanceProbe, SkipCandidate, measure_costs, search
 
 define_model_flags()
@@ -48,7 +48,7 @@ def run() -> list[SkipCandidate]:
     require_positive_flags("num_prompts", "prompt_len", "max_new_tokens", "max_draft", "top")
     sampling = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
     loaded = load_model(FLAGS.workdir)
-    tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"), FLAGS.workdir)
+    tokenizer = workdir_tokenizer(loaded.meta, FLAGS.workdir)
     prompts = heldout_prompts(heldout_data(loaded.meta), tokenizer, FLAGS.num_prompts,
                               FLAGS.prompt_len)
     generator = loaded.generator()

@@ -53,9 +53,13 @@ from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import LoadedModel, load_model
 from specjax.outputs import check_writable
 from specjax.prompt_sets import (
-    PromptInput, encode_prompts, load_prompt_set, prompt_text, token_ids,
+    PromptInput,
+    encode_prompts,
+    load_prompt_set,
+    prompt_text,
+    token_ids,
 )
-from specjax.tokenizer import Tokenizer, get_tokenizer
+from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report
 from specjax.tools.tree_search import TreePlan
@@ -152,8 +156,7 @@ class LanguageModel:
         self.config: ModelConfig = loaded.cfg
         self.meta: dict[str, Any] = loaded.meta
         self.step = loaded.meta.get("step")
-        self.tokenizer: Tokenizer = get_tokenizer(loaded.meta.get("tokenizer", "bytes"),
-                                                  loaded.workdir)
+        self.tokenizer: Tokenizer = workdir_tokenizer(loaded.meta, loaded.workdir)
         self.decoding_defaults: DecodingConfig = decoding_defaults(loaded.meta)
         self.generator: Generator = loaded.generator()
         self._loaded = loaded

@@ -399,6 +399,11 @@ def _prefix(spec: dict) -> list[int]:
     return [] if spec.get("bos_id") is None else [spec["bos_id"]]
 
 
+def workdir_tokenizer(meta: dict, workdir: str) -> Tokenizer:
+    """The tokenizer a workdir's checkpoint metadata records (bytes where it records none)."""
+    return get_tokenizer(meta.get("tokenizer", ByteTokenizer.name), workdir)
+
+
 def get_tokenizer(spec: str | dict, workdir: str | None = None) -> Tokenizer:
     """The tokenizer a config or checkpoint names: "bytes", or {"kind": "hf", "file": ...,
     "bos_id": ..., "eos_id": ..., "prefix": ..., "suffix": ...} (`HFTokenizer.spec`) with the

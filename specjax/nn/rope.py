@@ -1,5 +1,6 @@
-"""Rotary position embeddings (rotate-half convention of HF Llama), scaled as Llama-3's or linearly, on all
-of each head's channels or the first `ModelConfig.rotary_dim` (partial rotation, as in Bamba)."""
+"""Rotary position embeddings (rotate-half convention of HF Llama), scaled as Llama-3's or
+linearly, on all of each head's channels or the first `ModelConfig.rotary_dim` (partial
+rotation, as in Bamba)."""
 
 from typing import NamedTuple
 

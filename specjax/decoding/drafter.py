@@ -85,6 +85,17 @@ class Prefilled:
     cache_len: int = flax.struct.field(pytree_node=False)
     max_new_tokens: jax.Array | int
 
+    def at_last_token(self, values: jax.Array) -> jax.Array:
+        """Each row's value at its prompt's last token, from `values` [B, P, ...]: the feature
+        a head drafts the first token from."""
+        return last_prompt_token(values, self.lengths)
+
+
+def last_prompt_token(values: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Each row's value at position lengths - 1 of `values` [B, P, ...] (right-padded prompts)."""
+    index = (lengths - 1).reshape((-1, 1) + (1,) * (values.ndim - 2))
+    return jnp.take_along_axis(values, index, axis=1)[:, 0]
+
 
 @flax.struct.dataclass
 class Round:

@@ -133,12 +133,12 @@ def test_rows_that_stop_drafting_early_are_verified_only_as_far_as_they_drafted(
     draft counted where the pass verifies 2)."""
     strategy = chain(1, 6, 0.999)
     assert strategy.shape.verify_sizes == (2, 4, 6)
-    prompts, lengths = generator.pad([list(range(1, 17))] * 2)  # no padding slots
+    prompts, lengths = generator.pad([list(range(1, 33))] * 2)  # no padding slots
     state = decode_rounds(generator.params, {}, CFG, strategy, prompts, lengths, rounds=1,
-                          max_new_tokens=8, cache_len=32)
+                          max_new_tokens=8, cache_len=48)
     assert state.stats.drafted.tolist() == [2, 2] and state.stats.verified.tolist() == [3, 3]
     written = jnp.any(state.cache.layers[-1].k != 0, axis=(0, 2))  # per slot
-    assert written.tolist() == [True] * 19 + [False] * 13  # prompt, pending, two nodes
+    assert written.tolist() == [True] * 35 + [False] * 13  # prompt, pending, two nodes
 
 
 def test_speculation_actually_accepts_and_rejects(generators):

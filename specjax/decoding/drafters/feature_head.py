@@ -105,8 +105,7 @@ class FeatureHead(VocabHead, DrafterBase):
             _, kv = run_cell(self.kind, ctx.params, ctx.draft_params, ctx.cfg, 0,
                              features[:, :-1], prefilled.prompts[:, 1:], layout.positions,
                              layout.mask, kv, layout.slots)
-        last = jnp.take_along_axis(features, (prefilled.lengths - 1)[:, None, None], axis=1)
-        return FeatureState(kv, last[:, 0])
+        return FeatureState(kv, prefilled.at_last_token(features))
 
     def propose(self, ctx: DraftContext, state: FeatureState, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, FeatureState]:

@@ -16,7 +16,6 @@ import dataclasses
 from typing import ClassVar
 
 import jax
-import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.decoding.draft_vocab import VocabHead, VocabOptions
@@ -78,8 +77,7 @@ class Medusa(VocabHead, DrafterBase):
         if self.exit_layer != ctx.cfg.num_layers:
             raise ValueError(f"Medusa heads read layer {self.exit_layer}, not the model's last "
                              f"({ctx.cfg.num_layers}): bind the drafter to its heads")
-        hidden = prefilled.exit_hidden[self.exit_layer]
-        return jnp.take_along_axis(hidden, (prefilled.lengths - 1)[:, None, None], axis=1)[:, 0]
+        return prefilled.at_last_token(prefilled.exit_hidden[self.exit_layer])
 
     def propose(self, ctx: DraftContext, state: jax.Array, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, jax.Array]:

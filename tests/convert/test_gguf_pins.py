@@ -1,5 +1,6 @@
 """GGUF import pinned where the fresh audit's plants got past tests/test_gguf.py: metadata
-every test file wrote with Llama-2's default value."""
+every test file wrote with Llama-2's default value, and the EOS the workdir's own
+generation_config.json ends at (read by transformers, against the gguf package's reader)."""
 
 import jax
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 
 from specjax import model as M  # noqa: E402
 from specjax.convert.gguf import GgufCheckpoint  # noqa: E402
@@ -35,3 +37,17 @@ def test_the_rope_base_is_read_from_the_file(tmp_path, monkeypatch):
     params, _, _ = load_params(str(tmp_path / "w"))
     logits = jax.jit(M.forward, static_argnames="cfg")(params, cfg, tokens)
     np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-4)
+
+
+def test_the_imported_generation_config_ends_at_the_files_eos(tmp_path):
+    """The workdir's generation_config.json (what transformers' `generate` reads from the
+    folder) ends generations at the GGUF's `tokenizer.ggml.eos_token_id`, read here with the
+    gguf package's own reader. Catches the import's stop ids left empty: specjax itself falls
+    back to config.json's EOS, but transformers on the workdir's files never stops at EOS."""
+    path = tmp_path / "t.gguf"
+    test_gguf.write_gguf(path, test_gguf.hf_llama(), {})
+    field = gguf.GGUFReader(str(path)).fields["tokenizer.ggml.eos_token_id"]
+    eos = int(field.contents())
+    import_checkpoint(str(path), str(tmp_path / "w"))
+    generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "w"))
+    assert generation.eos_token_id == eos == 2

@@ -1,6 +1,7 @@
 """The families' config.json reading pinned where the fresh audit's plants got past
 tests/test_hf_families.py (whose configs are written by transformers 5, with `layer_types`):
-a config.json of an older transformers, read against transformers' own derivation."""
+a config.json of an older transformers, read against transformers' own derivation (Qwen's
+windows) or by hand (Gemma-3's two RoPE bases)."""
 
 import pytest
 
@@ -27,3 +28,16 @@ def test_qwens_sliding_layers_without_layer_types_start_at_max_window_layers(fam
     cfg = model_config_from_hf(hf)
     assert cfg.sliding_layers == expected == tuple(range(first, SIZES["num_hidden_layers"]))
     assert cfg.sliding_window == 5
+
+
+def test_a_gemma3_config_of_transformers_4_rotates_sliding_layers_at_its_local_base():
+    """Gemma-3's config.json as transformers 4 wrote it (no `rope_parameters`; `rope_theta`
+    for the global layers, `rope_local_base_freq` for the sliding ones, by hand) imports both
+    bases. Catches the local base's key misread (the sliding layers rotated at the default
+    10,000 whatever the checkpoint says: logits unlike its own from the first position on)."""
+    config = transformers.Gemma3TextConfig(**SIZES, head_dim=8)
+    hf = {**config.to_dict(), "architectures": ["Gemma3ForCausalLM"],
+          "rope_theta": 500000.0, "rope_local_base_freq": 25000.0}
+    del hf["rope_parameters"]
+    cfg = model_config_from_hf(hf)
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (500000.0, 25000.0)

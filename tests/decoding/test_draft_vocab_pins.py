@@ -1,6 +1,8 @@
 """Drafting over part of the vocabulary pinned where the fresh audit's plants got past
-tests/test_draft_vocab.py (whose model has no logit soft-cap): the subset head against a
-NumPy computation."""
+tests/test_draft_vocab.py (whose model has no logit soft-cap, whose rankings repeat no id
+within a row): the subset head against a NumPy computation, the ranking against a Counter."""
+
+import collections
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.heads.vocab_subset import MASKED_LOGIT, DraftVocab, head_logits
+from specjax.io.draft_vocab import rank_ids
 from specjax.model import init_params
 from tests.support.models import TINY_MODEL
 
@@ -30,3 +33,16 @@ def test_a_soft_capped_subset_head_caps_as_the_full_head_does():
                                     DraftVocab.gather(params, cfg, jnp.asarray(ids, jnp.int32))))
     np.testing.assert_allclose(logits[..., ids], CAP * np.tanh(raw / CAP), rtol=1e-5, atol=1e-5)
     assert np.all(np.delete(logits, ids, axis=-1) == MASKED_LOGIT)
+
+
+def test_rank_ids_counts_every_occurrence_as_a_counter_does():
+    """The ranking is by token frequency in the text (`collections.Counter` over every token
+    of every row, then ascending id): an id repeated within one row counts each time. Catches
+    the count taken per row (a document frequency: a token filling one long document ranked
+    below one seen once in each of two short ones, so the subset drops the text's commonest
+    ids)."""
+    rows = [[4, 4, 4, 4, 6], [6, 3], [3, 8]]
+    counts = collections.Counter(token for row in rows for token in row)
+    expected = sorted(range(10), key=lambda i: (-counts[i], i))[:5]
+    assert expected == [4, 3, 6, 8, 0]
+    assert rank_ids(rows, vocab_size=10, size=5).tolist() == expected

@@ -1,0 +1,37 @@
+"""Stop strings pinned where the fresh audit's plants got past tests/api/
+test_generate_conveniences.py: the automaton's step (`stop_strings.advance`) on rows that keep
+nothing, against a plain-Python search of the text kept."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decoding.stop_strings import StopStrings, advance
+from specjax.tokenizer import ByteTokenizer
+
+STOP = "ab"
+
+
+def _ids(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def test_a_row_that_keeps_nothing_keeps_its_stop_state():
+    """Row 0 keeps each round's one token; row 1 keeps nothing in the middle round (done, or
+    at its budget: count 0) and its next round's "b" follows the "a" of the round before. By
+    a plain search of the text each row kept: row 0 kept "a", "x", "b" (no stop), row 1 "a",
+    "b" ("ab": stopped). Catches the state after a round taken from the tokens the row did not
+    keep (row 1's state moved past its "a" by the uncommitted "x": its stop string missed, and
+    another's matched over text that was never output)."""
+    tokenizer = ByteTokenizer()
+    stops = StopStrings(STOP, tokenizer.token_bytes())
+    table = stops.table([_ids("q"), _ids("q")], tokenizer.vocab_size, stops.num_states)
+    state, kept_text = table.state, ["", ""]
+    ended = np.zeros(2, bool)
+    for letters, counts in ((("a", "a"), (1, 1)), (("x", "x"), (1, 0)), (("b", "b"), (1, 1))):
+        tokens = jnp.asarray([_ids(letter) for letter in letters], jnp.int32)
+        count, hit, state = advance(table, state, tokens, jnp.asarray(counts, jnp.int32))
+        np.testing.assert_array_equal(np.asarray(count), counts)
+        kept_text = [text + letters[row][:counts[row]] for row, text in enumerate(kept_text)]
+        ended = np.asarray(hit)
+    assert kept_text == ["axb", "ab"]
+    assert ended.tolist() == [STOP in text for text in kept_text] == [False, True]

@@ -1,5 +1,6 @@
 """Notebook hygiene pinned where the fresh audit's plants got past
-tests/test_notebook_hygiene.py: which IPython shells count as a notebook, by hand-built shells."""
+tests/test_notebook_hygiene.py: which IPython shells count as a notebook, by hand-built shells,
+and which stream a terminal bar draws on."""
 
 import sys
 import types
@@ -32,3 +33,14 @@ def test_an_ipython_shell_that_is_no_kernel_gets_the_terminal_bar(monkeypatch, c
     assert timing.in_notebook() is False
     bar = timing.tqdm_bar(range(2), disable=True)
     assert type(bar) is std.tqdm
+
+
+def test_a_terminal_bar_is_drawn_on_stderr_only(monkeypatch, capsys):
+    """Outside a notebook the bar goes to stderr and stdout stays the command's output alone
+    (`infer/generate.py ... > out.txt`, a JSON result piped on). Catches the terminal bar
+    drawn on stdout (bar frames mixed into the redirected text or JSON)."""
+    _shell(monkeypatch, None)
+    for _ in timing.tqdm_bar(range(3), desc="steps", disable=False):
+        pass
+    captured = capsys.readouterr()
+    assert captured.out == "" and "steps" in captured.err

@@ -1,9 +1,11 @@
 """The tuner pinned where the fresh audit's plants got past tests/test_tune.py: which kinds the
-confirmation runs, against a hand-picked answer on a scripted benchmark."""
+confirmation runs, against a hand-picked answer on a scripted benchmark, and which exits it
+tries, against a hand-built report whose best exit changes with num_draft."""
 
 import time
 import types
 
+from specjax.decoding.registry import DecodingConfig
 from specjax.tools import tune as tuner
 
 SPEEDS = {"ngram": 1.1, "suffix": 1.5, "lookahead": 1.3, "draft num_draft=4": 1.9}
@@ -32,3 +34,25 @@ def test_the_confirmation_runs_the_kinds_with_the_best_predictions(monkeypatch):
     assert confirmed == [["draft num_draft=4", "suffix"]]
     assert [row.predicted for row in tuning.rows] == [1.1, 1.5, 1.3, 1.9]
     assert tuning.winner == found[3] and tuning.confirmed and tuning.winner_speedup == 1.9
+
+
+class _CrossingReport:
+    """A 4-layer exit report, speed-ups by hand: exit 1 is best with few drafts, exit 3 with
+    many (its agreement is high, each round costs more), exit 2 never."""
+
+    num_layers = 4
+    TABLE = {(1, 2): 1.6, (1, 6): 1.2, (2, 2): 1.3, (2, 6): 1.4, (3, 2): 1.1, (3, 6): 2.0}
+
+    def speedup(self, exit_layer, num_draft):
+        return self.TABLE[exit_layer, num_draft]
+
+
+def test_selfspec_exits_are_ranked_by_their_best_num_draft():
+    """The exits kept are those whose best speed-up over every num_draft is highest: exit 3
+    (2.0x at K=6) and exit 1 (1.6x at K=2), not exit 2 (1.4x at best). Catches the exits
+    ranked by the first num_draft's figure alone (exit 3, the report's best, would be left
+    out, and the tuner would never try it)."""
+    found = tuner.candidates(["selfspec"], DecodingConfig(), _CrossingReport(), exits=2,
+                             num_draft=[2, 6], trees=[])
+    assert [(c.options["exit_layer"], c.options["num_draft"], c.predicted) for c in found] == [
+        (3, 2, 1.1), (3, 6, 2.0), (1, 2, 1.6), (1, 6, 1.2)]

@@ -390,7 +390,7 @@ def test_a_prompts_line_whose_prompt_is_not_a_string_is_named(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a"}\n{"prompt": 5}\n')
     with pytest.raises(ValueError, match=f"^{prompts}:2: expected an object with a string "
-                                         "'prompt' or a 'messages' list$"):
+                                         "'prompt', a 'messages' list or an 'ids' list$"):
         read_prompts_file(str(prompts))
 
 

@@ -121,14 +121,18 @@ class Generator:
     the caches are laid out by `sharding.CACHE_AXES`, and jit places everything else.
     `draft_vocab` ranks token ids for drafting over part of the vocabulary (most frequent
     first, `io.draft_vocab`): a strategy with `draft_vocab` = N drafts over its first N.
+    `min_prompt_width`: the narrowest prompt bucket; below the default, short prompts compile
+    more programs but prefill fewer padding positions (thousands of rows of a few tokens).
     """
 
     def __init__(self, params: Params, cfg: ModelConfig, *, max_cache_len: int = 8192,
                  draft_weights: Mapping[str, DraftWeights] | None = None,
-                 mesh: Mesh | None = None, draft_vocab: Sequence[int] | None = None):
+                 mesh: Mesh | None = None, draft_vocab: Sequence[int] | None = None,
+                 min_prompt_width: int = MIN_PROMPT_WIDTH):
         compilation_cache.enable()
         self.cfg = cfg
         self.max_cache_len = max_cache_len
+        self.min_prompt_width = min_prompt_width
         self.mesh = mesh
         self.draft_vocab = None if draft_vocab is None else np.asarray(draft_vocab, np.int64)
         self.draft_weights = {name: dataclasses.replace(w, params=self._place(w.params))
@@ -278,7 +282,7 @@ class Generator:
         return [*prompts, *[[0]] * (count - len(prompts))]
 
     def pad(self, prompts: Sequence[Sequence[int]]) -> tuple[jax.Array, jax.Array]:
-        """Right-pads prompts to the `bucket` of the longest (at least `MIN_PROMPT_WIDTH`);
+        """Right-pads prompts to the `bucket` of the longest (at least `min_prompt_width`);
         returns (tokens, lengths)."""
         if len(prompts) == 0:
             raise ValueError("no prompts given")
@@ -288,7 +292,7 @@ class Generator:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
             if row.min() < 0 or row.max() >= self.cfg.vocab_size:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.cfg.vocab_size})")
-        width = bucket(max(len(r) for r in rows), MIN_PROMPT_WIDTH)
+        width = bucket(max(len(r) for r in rows), self.min_prompt_width)
         padded = np.zeros((len(rows), width), np.int32)
         for i, row in enumerate(rows):
             padded[i, :len(row)] = row

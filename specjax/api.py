@@ -48,7 +48,7 @@ from specjax.decoding.engine import acceptance_by_depth as _by_depth
 from specjax.decoding.loop import LOGPROB
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy
 from specjax.decoding.sampling import SamplingParams, sampling_or_greedy
-from specjax.decoding.stop_strings import StopStrings
+from specjax.decoding.stop_strings import StopStrings, stop_list
 from specjax.io.calibrated_defaults import write_calibrated
 from specjax.loading import LoadedModel, load_model
 from specjax.outputs import check_writable
@@ -315,10 +315,7 @@ class LanguageModel:
     def _stop_strings(self, stop: str | Sequence[str]) -> StopStrings:
         """`stop`'s automaton over this tokenizer, built once per stop strings (SmolLM2: 0.6 s
         a build, against seconds of decoding) for the last `STOP_STRINGS_KEPT` of them."""
-        key = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list | tuple) \
-            else None
-        if key is None or not all(isinstance(s, str) for s in key):
-            return StopStrings(stop, self.tokenizer.token_bytes())  # its one-line error
+        key = stop_list(stop)
         if key not in self._stops:
             if len(self._stops) == STOP_STRINGS_KEPT:
                 del self._stops[next(iter(self._stops))]

@@ -72,11 +72,18 @@ def encode_prompts(tokenizer: Tokenizer, prompts: Sequence[PromptInput], *, chat
     False."""
     if chat and any(isinstance(p, tuple) for p in prompts):
         raise ValueError("chat=True renders text prompts; token ids are taken as they are")
-    return [np.asarray(prompt, np.int32) if isinstance(prompt, tuple) else
-            encode_chat(tokenizer, [{"role": "user", "content": prompt}] if chat else prompt)
-            if chat or not isinstance(prompt, str)
-            else tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-            for prompt in prompts]
+    return [_encode_one(tokenizer, prompt, chat, add_special_tokens) for prompt in prompts]
+
+
+def _encode_one(tokenizer: Tokenizer, prompt: PromptInput, chat: bool,
+                add_special_tokens: bool) -> np.ndarray:
+    if isinstance(prompt, tuple):
+        return np.asarray(prompt, np.int32)
+    if chat:
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+    return encode_chat(tokenizer, prompt)
 
 
 def token_ids(value: object) -> tuple[int, ...] | None:

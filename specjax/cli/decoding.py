@@ -218,9 +218,10 @@ def read_prompts_file(path: str) -> list[PromptInput]:
                 raise ValueError(f"{path}:{number}: {error}") from None
             continue
         if isinstance(record, dict) and "ids" in record:
-            if token_ids(record["ids"]) is None:
+            ids = token_ids(record["ids"])
+            if ids is None:
                 raise ValueError(f"{path}:{number}: 'ids' must be a non-empty list of token ids")
-            prompts.append(token_ids(record["ids"]))
+            prompts.append(ids)
             continue
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
             raise ValueError(f"{path}:{number}: expected an object with a string 'prompt', "

@@ -88,12 +88,12 @@ class Prefilled:
     def at_last_token(self, values: jax.Array) -> jax.Array:
         """Each row's value at its prompt's last token, from `values` [B, P, ...]: the feature
         a head drafts the first token from."""
-        return last_prompt_token(values, self.lengths)
+        return at_positions(values, self.lengths - 1)
 
 
-def last_prompt_token(values: jax.Array, lengths: jax.Array) -> jax.Array:
-    """Each row's value at position lengths - 1 of `values` [B, P, ...] (right-padded prompts)."""
-    index = (lengths - 1).reshape((-1, 1) + (1,) * (values.ndim - 2))
+def at_positions(values: jax.Array, positions: jax.Array) -> jax.Array:
+    """Each row's value at its own position of `values` [B, T, ...]: [B, ...]."""
+    index = positions.reshape((-1, 1) + (1,) * (values.ndim - 2))
     return jnp.take_along_axis(values, index, axis=1)[:, 0]
 
 
@@ -121,8 +121,7 @@ class Round:
         """The value at the last position the round kept, from `kept` [B, 1+D, ...] (along the
         accepted path, the pending token's first: `nn.cache.along_path`), for each row the
         round advanced; `previous` [B, ...] for rows that are done."""
-        index = self.acceptance.num_accepted.reshape((-1, 1) + (1,) * (kept.ndim - 2))
-        last = jnp.take_along_axis(kept, index, axis=1)[:, 0]
+        last = at_positions(kept, self.acceptance.num_accepted)
         active = (self.lengths_after > self.lengths_before).reshape(
             (-1,) + (1,) * (previous.ndim - 1))
         return jnp.where(active, last.astype(previous.dtype), previous)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from specjax.config import ModelConfig
 from specjax.decoding import streaming
 from specjax.decoding.acceptance import Acceptance, accept
-from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round, last_prompt_token
+from specjax.decoding.drafter import DraftContext, Drafter, Prefilled, Round, at_positions
 from specjax.decoding.proposal import Proposal
 from specjax.decoding.sampling import SamplingParams, probabilities, sample, token_logprobs
 from specjax.decoding.stop_strings import StopTable, advance
@@ -222,7 +222,7 @@ def prefill_target(params: Params, cfg: ModelConfig, prompts: jax.Array,
         hidden, cache = prefill_cached(params, cfg, hidden, cache, prompt_lengths,
                                        layers=(start, stop))
         exit_hidden[stop], start = hidden, stop
-    last = last_prompt_token(hidden, prompt_lengths)
+    last = at_positions(hidden, prompt_lengths - 1)
     return (cache.prefilled(prompt_lengths), exit_logits(params, cfg, last),
             {e: exit_hidden[e] for e in exits})
 

@@ -35,12 +35,7 @@ class StopStrings:
     """Stop strings over a tokenizer's vocabulary (`token_bytes`: the bytes of each id)."""
 
     def __init__(self, stops: str | Sequence[str], token_bytes: Sequence[bytes]):
-        stops = list(stops) if isinstance(stops, (list, tuple)) else [stops]
-        wrong = [s for s in stops if not isinstance(s, str) or not s]
-        if wrong or not stops:
-            raise ValueError(f"stop must be a non-empty string or a list of them, not {wrong[0]!r}"
-                             if wrong else "stop is an empty list: give stop strings or None")
-        delta, ends = _automaton([s.encode("utf-8") for s in stops])
+        delta, ends = _automaton([s.encode("utf-8") for s in stop_list(stops)])
         self.next, self.hit = _fold(delta, ends, token_bytes)
         self._built: dict[tuple[int, int], tuple[np.ndarray, jax.Array]] = {}
 
@@ -72,6 +67,16 @@ class StopStrings:
     @property
     def num_states(self) -> int:
         return self.next.shape[0]
+
+
+def stop_list(stops: str | Sequence[str]) -> tuple[str, ...]:
+    """`stop=` as a tuple of stop strings, checked: one string or a non-empty list of them."""
+    stops = tuple(stops) if isinstance(stops, (list, tuple)) else (stops,)
+    wrong = [s for s in stops if not isinstance(s, str) or not s]
+    if wrong or not stops:
+        raise ValueError(f"stop must be a non-empty string or a list of them, not {wrong[0]!r}"
+                         if wrong else "stop is an empty list: give stop strings or None")
+    return stops
 
 
 def advance(table: StopTable, state: jax.Array, tokens: jax.Array,

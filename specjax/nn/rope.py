@@ -28,7 +28,7 @@ def inverse_frequencies(cfg: ModelConfig, theta: float | None = None) -> np.ndar
     if cfg.rope_scaling is not None and theta is None:
         inv_freq = (_llama3_scale(inv_freq, cfg.rope_scaling)
                     if cfg.rope_scaling.rope_type == "llama3" else
-                    (inv_freq / np.float32(cfg.rope_scaling.factor)).astype(np.float32))
+                    inv_freq / np.float32(cfg.rope_scaling.factor))
     return inv_freq
 
 

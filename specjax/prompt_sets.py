@@ -79,11 +79,11 @@ def _encode_one(tokenizer: Tokenizer, prompt: PromptInput, chat: bool,
                 add_special_tokens: bool) -> np.ndarray:
     if isinstance(prompt, tuple):
         return np.asarray(prompt, np.int32)
+    if not isinstance(prompt, str):
+        return encode_chat(tokenizer, prompt)
     if chat:
         return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-    return encode_chat(tokenizer, prompt)
+    return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
 
 def token_ids(value: object) -> tuple[int, ...] | None:

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 import specjax  # noqa: E402
 from specjax.chat import render_chat  # noqa: E402
 from specjax.convert.hf import export_checkpoint  # noqa: E402
+from specjax.prompt_sets import encode_prompts  # noqa: E402
 from tests.support.scripts import run_script  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -107,7 +108,8 @@ def test_prompts_encode_and_generate_as_transformers_does(tmp_path, bos):
 def test_chat_prompts_render_as_apply_chat_template_and_generate_the_same(tmp_path):
     """Catches a chat template rendered otherwise than transformers renders it (blocks not
     trimmed, `bos_token` unset, the generation prompt left out), a rendered chat encoded with
-    a second BOS, and the CLI's --chat disagreeing with the API."""
+    a second BOS, the CLI's --chat disagreeing with the API, and --chat wrapping a prompts
+    file's conversation as one user message whose content is the whole list."""
     folder = checkpoint(tmp_path / "hf", bos=True, template=TEMPLATE)
     model = specjax.import_hf(folder, str(tmp_path / "w"))
     tokenizer, hf_model = reference(folder)
@@ -118,6 +120,7 @@ def test_chat_prompts_render_as_apply_chat_template_and_generate_the_same(tmp_pa
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                         return_dict=True)["input_ids"]
     assert ids.count(0) == 1  # the template's own BOS, not a second one
+    assert encode_prompts(model.tokenizer, [messages], chat=True)[0].tolist() == ids
     completion = model.generate(messages=messages, strategy="ar", max_new_tokens=10)
     assert completion.tokens == hf_greedy(hf_model, ids, 10)
     single = [{"role": "user", "content": "hello world"}]

@@ -1,11 +1,11 @@
 """Drafting over part of the vocabulary (FR-Spec, Zhao et al. 2025): which drafters may, and
 the option that says how many ids.
 
-A drafter whose draft logits come from a vocabulary head (selfspec, skip, kangaroo, specdec
-through the target's shared head; eagle, mtp and medusa through theirs) drafts over the N most
-frequent ids of a ranking (`specjax.io.draft_vocab`, made by `infer/draft_vocab.py`) when its
-`draft_vocab` is N: a smaller head (`heads.vocab_subset`), whose draft distribution q is zero
-outside the N ids. Verification keeps the full head, so greedy output is the target's and
+A drafter whose draft logits come from a vocabulary head (selfspec, skip, kangaroo, specdec,
+calmdraft through the target's shared head; eagle, mtp and medusa through theirs) drafts over
+the N most frequent ids of a ranking (`specjax.io.draft_vocab`, made by `infer/draft_vocab.py`)
+when its `draft_vocab` is N: a smaller head (`heads.vocab_subset`), whose draft distribution q
+is zero outside the N ids. Verification keeps the full head, so greedy output is the target's and
 sampled output keeps the target's law (acceptance reads that q). 0 drafts over the whole
 vocabulary.
 """
@@ -28,8 +28,8 @@ class VocabOptions:
     """How many ids a drafter with a vocabulary head drafts over."""
 
     draft_vocab: int = option(
-        0, "Drafters with a vocabulary head (selfspec, skip, kangaroo, specdec, eagle, mtp, "
-           "medusa): "
+        0, "Drafters with a vocabulary head (selfspec, skip, kangaroo, specdec, calmdraft, "
+           "eagle, mtp, medusa): "
            "draft over the N most frequent ids of the workdir's ranking (infer/draft_vocab.py), "
            "a smaller head; verification keeps the full one, so the output is unchanged. 0: the "
            "whole vocabulary.", _within_vocabulary)

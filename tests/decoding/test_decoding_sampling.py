@@ -156,8 +156,10 @@ STRATEGIES = {
     # A block drafting each depth from its parent's feature (the K/V it keeps across rounds).
     "eagle-chain": Eagle(Chain(3)),
     "mtp-tree": Mtp(StaticTree.from_branching((2, 1))),
-    # Drafts over 3 of the 8 ids (q zero outside them), the shared head's and a head's own.
+    # Drafts over 3 of the 8 ids (q zero outside them): the shared head's, at CALM's exits
+    # and a head's own.
     "vocab-chain": SelfSpeculative(1, Chain(2), draft_vocab=3),
+    "vocab-calmdraft-chain": CalmDraft(EarlyExit((1, 2)), 0.3, 4.0, Chain(2), draft_vocab=3),
     "vocab-medusa-tree": Medusa(StaticTree.from_branching((2, 1)), draft_vocab=3),
     # Jacobi guesses beside pool n-grams, every child deterministic.
     "lookahead-tree": Lookahead(3, 2, 2, 8),

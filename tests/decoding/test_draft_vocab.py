@@ -15,6 +15,8 @@ import pytest
 import specjax
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.calm_exit import EarlyExit
 from specjax.decoding.drafters.eagle import Eagle
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative
@@ -25,7 +27,7 @@ from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.skip import SkipLayers
 from specjax.decoding.drafters.specdec import SpecDecHead
 from specjax.decoding.engine import Generator
-from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.registry import DecodingConfig, make_strategy, require_used
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -94,6 +96,7 @@ DRAFTERS = {
     "skip": SkipLayers((1, 2), Chain(3), draft_vocab=N),
     "kangaroo": Kangaroo(1, Chain(3), draft_vocab=N),
     "specdec": SpecDecHead(1, DynamicTree(5, 2, 3), draft_vocab=N),
+    "calmdraft": CalmDraft(EarlyExit((1, 2)), 0.4, 4.0, Chain(3), draft_vocab=N),
     "eagle": Eagle(Chain(3), draft_vocab=N),
     "mtp": Mtp(StaticTree.from_branching((2, 1)), draft_vocab=N),
     "medusa": Medusa(StaticTree.from_branching((2, 1)), draft_vocab=N),
@@ -115,13 +118,15 @@ def test_greedy_over_a_subset_is_the_per_step_argmax(generator, reference, name)
 
 @pytest.mark.parametrize("strategy", [SelfSpeculative(1, Chain(3)), Eagle(Chain(3)),
                                       Kangaroo(1, StaticTree.from_branching((2, 1))),
-                                      Medusa(Chain(2))],
+                                      Medusa(Chain(2)),
+                                      CalmDraft(EarlyExit((1, 2)), 0.4, 4.0, Chain(3))],
                          ids=lambda s: s.name)
 def test_a_subset_of_every_id_drafts_what_the_full_head_drafts(generator, strategy):
     """draft_vocab = V over a shuffled ranking: the same proposals, so the same acceptance
     counts and rounds, as the full head. Catches the scores placed back at other ids than the
     rows were gathered from (unsorted ids, an off-by-one), which greedy output cannot see:
-    only the drafts, and so tau, change."""
+    only the drafts, and so tau, change; for calmdraft also a confidence read from other
+    scores than the exit's (its exits, and so its drafts, would move)."""
     import dataclasses
 
     full = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=strategy).total
@@ -147,6 +152,44 @@ def test_the_draft_head_is_a_product_with_n_rows(params):
     np.testing.assert_allclose(logits[..., ids], full[..., ids], rtol=1e-5, atol=1e-5)
     assert logits.shape[-1] == CFG.vocab_size and float(jnp.max(
         jnp.delete(logits, ids, axis=-1))) < -1e8
+
+
+def test_calms_exit_heads_are_products_with_n_rows(params):
+    """CALM's early exit drafting over a subset scores its candidate exits with the [N, D] rows
+    and never with the [V, D] table, and its confidence is the top-two margin of the softmax
+    over the subset's scores (the reference: numpy over the full head's exit logits at the
+    ids). Catches calm_exit reading the full head (`model.exit_logits`) whatever the subset:
+    the same drafts, none of the saving, and a confidence over every id."""
+    from specjax.decoding.shapes.tree import chain_layout
+    from specjax.model import allocate_cache, unstack_layers
+
+    ids = jnp.asarray(np.sort(RANKING[:N]), jnp.int32)
+    vocab, layered = DraftVocab.gather(params, CFG, ids), unstack_layers(params, CFG)
+    tokens = jnp.asarray([[3, 9, 27]], jnp.int32)
+    layout = chain_layout(jnp.zeros((1,), jnp.int32), 3, 8)
+
+    def run(v):  # threshold 2, never reached: every token leaves at the last candidate
+        return EarlyExit((1, 2)).run(layered, CFG, {}, allocate_cache(CFG, 1, 8), tokens,
+                                     layout, jnp.full((1, 3), 2.0), draft=True, vocab=v)[0]
+
+    jaxpr = str(jax.make_jaxpr(run)(vocab))
+    products = {shape.split(",")[-1] for shape in
+                re.findall(r"f32\[([\d,]+)\] = (?:dot_general|ffi_call)", jaxpr)}
+    assert str(N) in products and str(CFG.vocab_size) not in products, products
+    full = np.asarray(run(None).logits, np.float64)[..., np.asarray(ids)]
+    probs = np.sort(np.exp(full) / np.exp(full).sum(-1, keepdims=True), axis=-1)
+    np.testing.assert_allclose(run(vocab).confidence, probs[..., -1] - probs[..., -2],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_calm_refuses_a_draft_vocabulary_the_user_sets():
+    """`calm`'s exit logits are its output (unverified): --draft_vocab with it is one line, and
+    calmdraft reads it. Catches calm declaring the option (its tokens then drawn from a subset,
+    silently changing its output)."""
+    options = [DecodingConfig(draft_vocab=N)]
+    with pytest.raises(ValueError, match=r"^--draft_vocab is not used by strategy calm "):
+        require_used(["calm"], options, ["draft_vocab"])
+    require_used(["calmdraft"], options, ["draft_vocab"])
 
 
 @pytest.mark.parametrize("name", ["selfspec-chain", "eagle"])
@@ -179,7 +222,7 @@ def test_the_option_reaches_every_vocabulary_head_and_is_checked():
     strategy whose option group is declared but whose drafter never receives N, and a bench
     sweep over --draft_vocab 0,N that keeps one row (the labels equal)."""
     options = DecodingConfig(draft_vocab=N, mix="eagle,ngram")
-    for name in ("selfspec", "kangaroo", "specdec", "eagle", "mtp", "medusa"):
+    for name in ("selfspec", "kangaroo", "specdec", "calmdraft", "eagle", "mtp", "medusa"):
         assert make_strategy(name, options).draft_vocab == N
     assert make_strategy("mixed", options).draft_vocab == N
     assert not hasattr(make_strategy("ngram", options), "draft_vocab")

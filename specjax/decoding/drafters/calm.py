@@ -9,7 +9,13 @@ exit and confidence come back in the output's trace.
 `calmdraft` drafts every token with the same early-exit pass (per-token depth: an easy token
 leaves at the first candidate, a hard one at a later one, at the last candidate at most) and
 verifies with the full model: lossless. Verification reuses the layers below the first
-candidate exit, which every draft ran. With one candidate it is `selfspec` at that exit.
+candidate exit, which every draft ran. With one candidate it is `selfspec` at that exit. Like
+the other drafters with a vocabulary head it may draft over part of the vocabulary
+(`decoding.draft_vocab`): every exit's head is then the subset's [N, D] product, and the
+confidence reads the subset's scores (the softmax and its top two over the N ids), which moves
+only where a draft leaves, never the output. `calm` takes no draft vocabulary: its exit logits
+are its output, so `--draft_vocab` with it is the registry's one-line error for an unused
+option.
 
 The threshold lambda, its decay tau and the classifier's weights are traced (`ExitParams`):
 sweeping lambda never recompiles. `threshold` and `decay` on the strategy are the values it
@@ -26,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig, layer_numbers
+from specjax.decoding.draft_vocab import VocabHead, VocabOptions
 from specjax.decoding.drafter import (
     DraftContext,
     DrafterBase,
@@ -118,7 +125,7 @@ class Calm(_EarlyExiting):
 
 
 @dataclasses.dataclass(frozen=True)
-class CalmDraft(_EarlyExiting):
+class CalmDraft(VocabHead, _EarlyExiting):
     """Speculative decoding whose drafts leave at CALM's exits; shape: a chain or a tree."""
 
     shape: Shape = Chain(num_draft=4)
@@ -131,7 +138,7 @@ class CalmDraft(_EarlyExiting):
 
     def label(self) -> str:
         return (f"{self.name} {self.early_exit.label()} lambda={self.threshold:g} "
-                f"{self.shape.label()}")
+                f"{self.shape.label()}{self.vocab_label()}")
 
     def propose(self, ctx: DraftContext, state: Position, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Position]:
@@ -140,7 +147,8 @@ class CalmDraft(_EarlyExiting):
         def step(carry: tuple[Cache, dict[str, jax.Array]], tokens: jax.Array, layout: Layout):
             cache, stats = carry
             exited, cache = self.early_exit.run(ctx.params, ctx.cfg, ctx.draft_params.head,
-                                                cache, tokens, layout, threshold, draft=True)
+                                                cache, tokens, layout, threshold, draft=True,
+                                                vocab=ctx.vocab)
             stats = {"draft_passes": stats["draft_passes"] + tokens.shape[1],
                      "draft_layers": stats["draft_layers"] + jnp.sum(exited.exit, axis=1)}
             return exited.logits, exited.first, (cache, stats)
@@ -185,5 +193,5 @@ STRATEGIES = {
                                           options.calm_decay), (CalmOptions,)),
     "calmdraft": Strategy(lambda options: CalmDraft(early_exit(options), options.calm_threshold,
                                                     options.calm_decay, shape_for(options)),
-                          (CalmOptions, ShapeOptions)),
+                          (CalmOptions, ShapeOptions, VocabOptions)),
 }

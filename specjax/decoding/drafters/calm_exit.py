@@ -35,7 +35,8 @@ from specjax.config import ModelConfig
 from specjax.decoding.branching import either
 from specjax.decoding.shapes.tree import Layout
 from specjax.heads.calm import MEASURES
-from specjax.model import Params, embed, exit_logits, propagate_cached, run_layers_cached
+from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
+from specjax.model import Params, embed, propagate_cached, run_layers_cached
 from specjax.nn.cache import Cache
 
 
@@ -107,11 +108,13 @@ class EarlyExit:
 
     def run(self, params: Params, cfg: ModelConfig, head: Params, cache: Cache,
             tokens: jax.Array, layout: Layout, threshold: jax.Array, *,
-            draft: bool = False) -> tuple[Exited, Cache]:
+            draft: bool = False, vocab: DraftVocab | None = None) -> tuple[Exited, Cache]:
         """Tokens [B, n] at `layout`, each leaving at its first candidate exit with confidence
         >= its `threshold` [B, n], else after the last layer (`draft`: at the last candidate,
         and the layers past it never run); every layer's K/V written at the tokens' slots,
-        projected from the exited hidden state in the layers a token skipped."""
+        projected from the exited hidden state in the layers a token skipped. With `vocab`
+        (a draft over part of the vocabulary) every exit's head scores its ids only, and the
+        measure reads those logits: the softmax and its top two over the subset."""
         measure = MEASURES[self.measure]
         candidates = self.candidates(cfg)
         num_layers = candidates[-1] if draft else cfg.num_layers
@@ -130,7 +133,7 @@ class EarlyExit:
                                                layers=(index, index + 1),
                                                positions=layout.positions, mask=layout.mask)
                 below, hidden = hidden, jnp.where(s.done[..., None], hidden, out)
-            logits = exit_logits(params, cfg, hidden)
+            logits = exit_head_logits(params, cfg, hidden, vocab)
             score = measure(head, cfg, hidden, below, logits)
             leave = ~s.done & ((score >= threshold) | (stop == num_layers))
             return _Pass(hidden=hidden, below=below, cache=cache, done=s.done | leave,

@@ -8,9 +8,11 @@ projection.
     out = x + mlp(mlp_norm(x));  logits = lm_head(norm(out)) + vocab_bias
 
 as EAGLE's `cnets.py` (its `midlayer`, `fc`, `norm`, `lm_head`). Published heads draft from a
-reduced vocabulary (`d2t`); specjax keeps the target's and masks the tokens a head cannot draft
-with `vocab_bias` (-1e9; 0 for a head trained here). The default layers are EAGLE-3's
-(2, L // 2, L - 3), clipped into the model.
+reduced vocabulary (`d2t`); specjax stores the head over the target's ids, masking those it
+cannot draft with `vocab_bias` (-1e9; 0 for a head trained here), and drafts over its own ids
+(`drafted_ids`) as the draft vocabulary its import records: `restrict_vocab` cuts `lm_head` to
+those V' columns, a V'-row product. The default layers are EAGLE-3's (2, L // 2, L - 3),
+clipped into the model.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.config import ModelConfig, layer_numbers
-from specjax.heads.vocab_subset import DraftVocab
+from specjax.heads.vocab_subset import MASKED_LOGIT, DraftVocab
 from specjax.model import Params
 from specjax.nn.attention import Attention
 from specjax.nn.cache import LayerKV
@@ -108,4 +111,13 @@ class EagleKind:
 
 
 EAGLE = EagleKind()
+
+
+def drafted_ids(head: Params) -> np.ndarray | None:
+    """The ascending target ids an EAGLE-3 head drafts: those `vocab_bias` leaves unmasked (a
+    published head's d2t, in workdirs imported before and after it was recorded as their draft
+    vocabulary); None when it drafts every id."""
+    bias = np.asarray(head["vocab_bias"], np.float32)
+    ids = np.flatnonzero(bias > MASKED_LOGIT / 2)
+    return None if len(ids) == len(bias) else ids
 

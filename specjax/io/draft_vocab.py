@@ -3,7 +3,9 @@
 
 The ranking is the ids by how often they occur in some text (the workdir's training data, or a
 given file), most frequent first, ties by id; a drafter with `draft_vocab` = N drafts over the
-first N. `infer/draft_vocab.py` makes it and records N as the workdir's decoding default.
+first N. `infer/draft_vocab.py` makes it and records N as the workdir's decoding default; an
+imported EAGLE-3 head with a reduced vocabulary records its own ids (`within` its base's
+ranking) and their number.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ def rank_ids(token_rows: Iterable[Iterable[int]], vocab_size: int, size: int) ->
     for row in token_rows:
         counts += np.bincount(np.asarray(list(row), np.int64), minlength=vocab_size)[:vocab_size]
     return np.lexsort((np.arange(vocab_size), -counts))[:size]
+
+
+def within(ranking: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
+    """`ids` ranked as `ranking` ranks them, those it lacks (all, without one) after them by
+    ascending id: a head that drafts only its own ids (EAGLE-3's d2t) drafts over the most
+    frequent of them."""
+    ranked = np.zeros(0, np.int64) if ranking is None else ranking[np.isin(ranking, ids)]
+    return np.concatenate([ranked, np.setdiff1d(ids, ranked)]).astype(np.int64)
 
 
 def write_ranking(workdir: str, ids: np.ndarray, source: dict[str, Any]) -> str:

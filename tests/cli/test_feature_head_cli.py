@@ -2,8 +2,10 @@
 decoded from its workdir, a head refused on other weights, and published EAGLE-3 heads
 imported with tools/convert.py against a reference forward written from EAGLE's `cnets.py`."""
 
+import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +13,17 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import specjax
 from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.registry import DecodingConfig, make_strategy
 from specjax.heads.eagle import EAGLE
 from specjax.heads.feature_head import unrolled_logits
+from specjax.heads.vocab_subset import DraftVocab
+from specjax.io.draft_vocab import read_ranking, write_ranking
 from specjax.loading import load_model
 from specjax.training.frozen_base import base_features
+from specjax.training.heads.eagle import import_eagle
 from tests.support.decoding import per_step_argmax
 from tests.support.models import TINY_MODEL, damped_params, model_workdir
 from tests.support.scripts import check_import_refusals, run_script
@@ -185,3 +191,72 @@ def test_a_published_eagle3_head_imports_and_matches_a_reference_forward(tmp_pat
         ("model", "has no medusa_num_heads"),
         ("pickled", "has no model.safetensors (specjax reads safetensors"),
     ))
+
+
+def _imported_d2t_head(tmp_path):
+    """A base ranked by a random permutation and a published head drafting 64 of its 259 ids,
+    imported: (base workdir, head workdir, the base's ranking, the head's ids)."""
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    base = model_workdir(str(tmp_path / "base"), params, CFG)
+    ranking = np.random.default_rng(1).permutation(CFG.vocab_size)
+    write_ranking(base, ranking, {"source": "a permutation"})
+    published = _published_eagle3(str(tmp_path / "hub"), CFG, (1, 2, 3), draft_vocab=64)
+    import_eagle(str(tmp_path / "hub"), base, str(tmp_path / "head"))
+    return base, str(tmp_path / "head"), ranking, np.arange(64) + published["d2t"]
+
+
+def test_an_imported_d2t_head_drafts_over_exactly_its_ids(tmp_path):
+    """A published head with 64 of 259 ids (d2t) imports with them as its workdir's draft
+    vocabulary (ranked as its base ranks them) and 64 as its default: its draft head is a
+    64-row product of its own lm_head's columns, its greedy output the per-step argmax;
+    --draft_vocab 16 drafts over the 16 of its ids the base ranks first, 65 is one line.
+    Catches the d2t ids left unrecorded (the full masked head: the same output, none of the
+    saving), a ranking that admits ids the head cannot draft or ignores the base's order, and
+    N > V' drafted past the head's ids."""
+    _, head, ranking, own = _imported_d2t_head(tmp_path)
+    model = specjax.load(head)
+    strategy = model.strategy("eagle", num_draft=3)
+    assert strategy.draft_vocab == 64
+    loaded = load_model(head)
+    generator = loaded.generator()
+    ids = generator.draft_ids(strategy)
+    assert ids.tolist() == sorted(own.tolist())
+    assert read_ranking(head, CFG.vocab_size).tolist() == ranking[np.isin(ranking, own)].tolist()
+    bound, weights = generator.with_weights(strategy, None)
+    cut = bound.restrict_vocab(weights, ids)
+    assert cut["lm_head"].shape == (CFG.d_model, 64) and not np.any(cut["vocab_bias"])
+    features = jnp.ones((2, CFG.d_model), CFG.compute_dtype)
+    vocab = DraftVocab.gather(loaded.params, CFG, ids)
+    jaxpr = str(jax.make_jaxpr(lambda w, v: EAGLE.logits(loaded.params, w, CFG, features, v))(
+        cut, vocab))
+    assert {s.split(",")[-1] for s in re.findall(r"f32\[([\d,]+)\] = (?:dot_general|ffi_call)",
+                                                  jaxpr)} == {"64"}
+    out = generator.generate(PROMPTS, max_new_tokens=8, strategy=strategy)
+    assert out.tokens == per_step_argmax(generator, PROMPTS, 8)
+    fewer = generator.draft_ids(dataclasses.replace(strategy, draft_vocab=16))
+    assert fewer.tolist() == sorted(ranking[np.isin(ranking, own)][:16].tolist())
+    with pytest.raises(ValueError, match=r"^draft_vocab=65 exceeds the 64 ids ranked"):
+        generator.generate(PROMPTS[:1], max_new_tokens=2,
+                           strategy=dataclasses.replace(strategy, draft_vocab=65))
+
+
+@pytest.mark.slow
+def test_draft_vocab_ranks_a_d2t_heads_own_ids_in_an_older_import(tmp_path):
+    """A head imported before its d2t was recorded (no draft_vocab.json, no default: it drafts
+    over the full head, masked) gets it from infer/draft_vocab.py on its workdir: the base's
+    text counted, only the head's ids ranked, N its default; --size 65 of its 64 ids is one
+    line. Catches the command refusing a head's workdir, ranking ids the head cannot draft, or
+    writing the default for the base's step instead of the head's (then ignored)."""
+    _, head, _, own = _imported_d2t_head(tmp_path)
+    for name in ("draft_vocab.json", "calibrated_decoding.json"):
+        os.remove(os.path.join(head, name))
+    assert specjax.load(head).strategy("eagle").draft_vocab == 0
+    refused = run_script("infer/draft_vocab.py", "--workdir", head, "--size", "65")
+    assert refused.returncode == 1 and refused.stderr.strip().endswith(
+        f"--size=65 exceeds the 64 ids the EAGLE-3 head in {head} drafts (its d2t)"), \
+        refused.stderr[-2000:]
+    done = run_script("infer/draft_vocab.py", "--workdir", head, "--size", "32")
+    assert done.returncode == 0, done.stderr[-2000:]
+    stored = read_ranking(head, CFG.vocab_size).tolist()
+    assert len(stored) == 32 and set(stored) < set(own.tolist())
+    assert specjax.load(head).strategy("eagle").draft_vocab == 32

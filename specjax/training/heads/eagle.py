@@ -16,9 +16,11 @@ from safetensors import safe_open
 
 from specjax.config import ModelConfig, check, layer_numbers
 from specjax.convert.hf_config import read_config_json
-from specjax.heads.eagle import EAGLE, default_layers
+from specjax.heads.eagle import EAGLE, default_layers, drafted_ids
 from specjax.heads.feature_head import FeatureHeadKind
 from specjax.heads.vocab_subset import MASKED_LOGIT  # a token a published head's vocab lacks
+from specjax.io.calibrated_defaults import write_calibrated
+from specjax.io.draft_vocab import read_ranking, within, write_ranking
 from specjax.model import Params
 from specjax.nn.hf_layout import ATTENTION_LEAVES, MLP_LEAVES
 from specjax.training.frozen_base import load_base, save_imported_head
@@ -82,9 +84,11 @@ def import_eagle(eagle_dir: str, base_workdir: str, workdir: str) -> tuple[int, 
     `eagle_config.eagle_aux_hidden_state_layer_ids`, else EAGLE-3's default) and
     model.safetensors: `fc.weight`, `midlayer.*` (its `self_attn` reading 2 d_model,
     `hidden_norm`, `input_layernorm`, `post_attention_layernorm`, `mlp`), `norm.weight`,
-    `lm_head.weight` [V', D] and `d2t` [V'] (target id = draft id + d2t). One-line errors,
-    before anything is written, for a file or size that does not fit the base. Returns the
-    fused layers."""
+    `lm_head.weight` [V', D] and `d2t` [V'] (target id = draft id + d2t). A head with V' < V
+    ids records them as the workdir's draft vocabulary (ranked as the base ranks them, if it
+    does; `io.draft_vocab`) and V' as its `draft_vocab` default: it drafts with a V'-row
+    product. One-line errors, before anything is written, for a file or size that does not fit
+    the base. Returns the fused layers."""
     hf = read_config_json(eagle_dir, "an EAGLE-3 checkpoint")
     if not is_eagle3(eagle_dir):
         raise ValueError(f"{eagle_dir}/config.json: architectures "
@@ -111,9 +115,15 @@ def import_eagle(eagle_dir: str, base_workdir: str, workdir: str) -> tuple[int, 
     with safe_open(path, framework="numpy") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
     params = _head_params(tensors, cfg, len(layers), path)
+    ids, base_ranking = drafted_ids(params), read_ranking(base_workdir, cfg.vocab_size)
     section = EagleConfig(layers=",".join(map(str, layers)))
     save_imported_head(EagleObjective, section, params, base, workdir,
                        recorded(EAGLE, section, cfg), {"eagle_dir": os.path.abspath(eagle_dir)})
+    if ids is not None:
+        record = {"source": f"the d2t of {os.path.abspath(eagle_dir)}", "size": len(ids),
+                  "ranked_by": "the base's ranking" if base_ranking is not None else "id"}
+        write_ranking(workdir, within(base_ranking, ids), record)
+        write_calibrated(workdir, 0, {"draft_vocab": len(ids)}, {"draft_vocab": record})
     return layers
 
 

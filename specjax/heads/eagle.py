@@ -120,4 +120,3 @@ def drafted_ids(head: Params) -> np.ndarray | None:
     bias = np.asarray(head["vocab_bias"], np.float32)
     ids = np.flatnonzero(bias > MASKED_LOGIT / 2)
     return None if len(ids) == len(bias) else ids
-

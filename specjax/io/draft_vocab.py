@@ -32,9 +32,9 @@ def rank_ids(token_rows: Iterable[Iterable[int]], vocab_size: int, size: int) ->
 
 
 def within(ranking: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
-    """`ids` ranked as `ranking` ranks them, those it lacks (all, without one) after them by
-    ascending id: a head that drafts only its own ids (EAGLE-3's d2t) drafts over the most
-    frequent of them."""
+    """`ids` ranked as `ranking` ranks them, those it lacks (all of them when there is none)
+    after them by ascending id: a head that drafts only its own ids (EAGLE-3's d2t) drafts
+    over the most frequent of them."""
     ranked = np.zeros(0, np.int64) if ranking is None else ranking[np.isin(ranking, ids)]
     return np.concatenate([ranked, np.setdiff1d(ids, ranked)]).astype(np.int64)
 

@@ -43,7 +43,7 @@ from specjax.io.checkpoint import (
     load_model_config,
     load_params,
 )
-from specjax.io.draft_vocab import rank_ids, read_ranking, write_ranking
+from specjax.io.draft_vocab import rank_ids, read_ranking, within, write_ranking
 from tests.support.decoding import export_decode_loop, per_step_argmax
 from tests.support.models import TINY_MODEL, damped_params
 from tests.support.scripts import run_script
@@ -249,6 +249,15 @@ def test_rank_ids_orders_by_count_then_id():
     an ascending sort (the rarest first) and ties left in arbitrary order."""
     ranking = rank_ids([[5, 5, 2, 7], [7, 5, 1]], vocab_size=9, size=6)
     assert ranking.tolist() == [5, 7, 1, 2, 0, 3]
+
+
+def test_within_ranks_a_heads_ids_as_the_ranking_does_then_by_id():
+    """An EAGLE-3 head's ids [9, 2, 5, 7] within the partial ranking [5, 1, 9]: 5 and 9 in its
+    order, then 2 and 7 by id; with no ranking, by id. Catches the ids the ranking lacks
+    dropped (the head's draft vocabulary cut below its d2t) and ranked ids the head cannot
+    draft (1) admitted."""
+    assert within(np.array([5, 1, 9]), np.array([9, 2, 5, 7])).tolist() == [5, 9, 2, 7]
+    assert within(None, np.array([9, 2, 5])).tolist() == [2, 5, 9]
 
 
 @pytest.mark.parametrize("content,problem", [

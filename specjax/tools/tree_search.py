@@ -275,8 +275,8 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
     cache = allocate_cache(cfg, 1, context + max(sizes), window=max(sizes)).prefilled(
         jnp.asarray([context]))
 
-    @functools.partial(jax.jit, donate_argnums=1)
-    def segment(hidden, cache):
+    @functools.partial(jax.jit, donate_argnums=2)
+    def segment(params, hidden, cache):  # params an argument: a closure bakes them in as constants
         layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
         out, cache = run_layers_cached(params, cfg, hidden, cache, layout.slots, layers=layers,
                                        positions=layout.positions, mask=layout.mask)
@@ -287,7 +287,7 @@ def pass_seconds(generator: Generator, layers: tuple[int, int], sizes: Sequence[
 
         def call():
             nonlocal cache
-            logits, cache = segment(hidden, cache)
+            logits, cache = segment(params, hidden, cache)
             logits.block_until_ready()
 
         call()

@@ -3,6 +3,7 @@ its interleaved timing, its sampled runs over several seeds and its refusal of s
 machine's limit on memory mappings."""
 
 import dataclasses
+import warnings
 from collections import Counter
 from types import SimpleNamespace
 
@@ -333,3 +334,25 @@ def test_decode_tokens_per_second_leaves_out_each_rows_prefill_token():
     assert result.decode_tokens_per_second == pytest.approx(48 / 2.5) == 19.2
     assert result.tokens_per_second == pytest.approx(50 / 3)
     assert dataclasses.replace(result, prefill_seconds=3.0).decode_tokens_per_second is None
+
+
+def test_measuring_programs_take_the_weights_as_arguments(tiny_params, tiny_cfg):
+    """The bench's timing programs (the verifying pass `pass_seconds`, the exit report's
+    `measure_costs`, the matrix-product ceiling) take the weights as arguments. Catches a
+    jitted closure over the params: XLA then bakes every weight into each program as a constant
+    (on SmolLM2, minutes of constant folding and cache compression after the timed runs)."""
+    from specjax.tools.exit_report import measure_costs
+    from specjax.tools.tree_search import pass_seconds
+
+    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(tiny_params))
+    generator = Generator(tiny_params, tiny_cfg)
+    threshold = jax.config.jax_captured_constants_warn_bytes
+    jax.config.update("jax_captured_constants_warn_bytes", weights // 8)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            pass_seconds(generator, (1, tiny_cfg.num_layers), [1, 2], context=8, repeats=1)
+            measure_costs(tiny_params, tiny_cfg, [2], context=8, repeats=1, inner=1)
+            matvec_bandwidth(tiny_params, tiny_cfg, steps=1, repeats=1)
+    finally:
+        jax.config.update("jax_captured_constants_warn_bytes", threshold)

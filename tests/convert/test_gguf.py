@@ -84,12 +84,13 @@ def bpe_vocabulary():
 
 
 def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=TEMPLATE,
-               tokenizer=True, pre="default", vocab_size=True, strings=None, token_types=None):
+               tokenizer=True, pre="default", vocab_size=True, strings=None, uints=None,
+               token_types=None):
     """`hf_model`'s weights as llama.cpp writes them (names, permuted Q/K, `types` per
     tensor kind), with a byte-level BPE tokenizer in the metadata (and `{arch}.vocab_size`
-    unless `vocab_size` is False; the head width where it is not hidden / heads; `strings`:
-    more {key: string} metadata; `token_types`: {id: llama.cpp token type} over the normal
-    type 1); returns {GGUF name: (type, raw bytes as stored, shape)}."""
+    unless `vocab_size` is False; the head width where it is not hidden / heads; `strings`
+    and `uints`: more {key: string} and {key: uint32} metadata; `token_types`: {id: llama.cpp
+    token type} over the normal type 1); returns {GGUF name: (type, raw bytes as stored, shape)}."""
     config = hf_model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
@@ -107,6 +108,8 @@ def write_gguf(path, hf_model, types, *, add_bos=False, arch="llama", template=T
         writer.add_uint32(f"{arch}.vocab_size", config.vocab_size)
     for key, value in (strings or {}).items():
         writer.add_string(key, value)
+    for key, value in (uints or {}).items():
+        writer.add_uint32(key, value)
     if tokenizer:
         tokens, merges = bpe_vocabulary()
         writer.add_string("tokenizer.ggml.model", "gpt2")

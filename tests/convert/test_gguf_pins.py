@@ -1,6 +1,7 @@
 """GGUF import pinned where the fresh audit's plants got past tests/test_gguf.py: metadata
 every test file wrote with Llama-2's default value, and the EOS the workdir's own
-generation_config.json ends at (read by transformers, against the gguf package's reader)."""
+generation_config.json ends at (read by transformers, against the gguf package's reader),
+and a partial-rotary file refused rather than imported as fully rotated."""
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from specjax import model as M  # noqa: E402
 from specjax.convert.gguf import GgufCheckpoint  # noqa: E402
 from specjax.convert.hf import import_checkpoint  # noqa: E402
+from specjax.convert.hf_config import ConversionError  # noqa: E402
 from specjax.io.checkpoint import load_params  # noqa: E402
 from tests.convert import test_gguf  # noqa: E402
 
@@ -51,3 +53,17 @@ def test_the_imported_generation_config_ends_at_the_files_eos(tmp_path):
     import_checkpoint(str(path), str(tmp_path / "w"))
     generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "w"))
     assert generation.eos_token_id == eos == 2
+
+
+def test_rope_over_part_of_each_head_is_refused_in_one_line(tmp_path):
+    """A GGUF whose `llama.rope.dimension_count` (8) is less than its head width (16: 64 wide,
+    4 heads), as llama.cpp writes a partial-rotary model, is a one-line error naming both, and
+    nothing is written. Catches the check dropped: the file imported with every dimension
+    rotated, its logits silently unlike the model it was written from."""
+    path = tmp_path / "partial.gguf"
+    test_gguf.write_gguf(path, test_gguf.hf_llama(), {}, uints={"llama.rope.dimension_count": 8})
+    assert gguf.GGUFReader(str(path)).fields["llama.rope.dimension_count"].contents() == 8
+    with pytest.raises(ConversionError, match=r"RoPE over 8 of 16 head dimensions is not "
+                                              r"supported") as caught:
+        import_checkpoint(str(path), str(tmp_path / "w"))
+    assert "\n" not in str(caught.value) and not (tmp_path / "w").exists()

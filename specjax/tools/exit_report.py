@@ -42,11 +42,14 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
-from specjax.timing import timed
+from specjax.nn.cache import Cache
+from specjax.timing import time_interleaved
 from specjax.tokenizer import Tokenizer
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
 NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)
+# Above this spread between a piece's timed repeats the report warns that the machine was noisy.
+NOISY_SPREAD = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,7 @@ class LayerCosts:
     layer: Mapping[str, Mapping[int, float]]
     head: Mapping[int, float]
     context: int = 0
+    spread: float = 0.0  # the largest (slowest - fastest) / median of a measured piece's repeats
 
     def plain(self, layer_kinds: Sequence[str]) -> float:
         """Seconds per token of plain (autoregressive) decoding: every layer and the head on
@@ -145,6 +149,10 @@ class DraftExitReport:
                          f"{record['agreement']:8.3f}  {speedups}{last}")
         lines.append(self._costs_line())
         lines.append(self._verification_line())
+        if self.costs.spread > NOISY_SPREAD:
+            lines.append(f"warning: a timed piece varied by {self.costs.spread:.0%} between its "
+                         "repeats (a busy machine?): the predicted speed-ups are rough; measure "
+                         "again on an idle machine")
         best = self.best()
         if best is not None:
             e, k = best
@@ -153,8 +161,8 @@ class DraftExitReport:
             lines.append(f"{verdict}: exit {e} with {k} drafts, {self.speedup(e, k):.2f}x "
                          f"(tau {self.tau(e, k):.2f}); measure it with bench/bench.py "
                          f"--exit_layer={e} --num_draft={k}")
-        lines.append("estimates: i.i.d. acceptance at each exit's agreement, costs of isolated "
-                     "layers; bench/bench.py measures the real speed-up")
+        lines.append("estimates: i.i.d. acceptance at each exit's agreement, each piece's cost "
+                     "scaled to a whole pass; bench/bench.py measures the real speed-up")
         return "\n".join(lines)
 
     def _costs_line(self) -> str:
@@ -208,57 +216,72 @@ def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:
 def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
                   context: int = 256, repeats: int = 7, inner: int = 8) -> LayerCosts:
     """Per-piece costs on n new tokens after `context` cached ones, for each n in `sizes`;
-    batch 1, jitted, after a warm-up call, the median of `repeats` calls each running the
-    piece `inner` times in one compiled loop (so per-call dispatch, which the decode loop does
-    not pay per layer, is amortised); caches donated and written in place, as decoding does.
+    batch 1, jitted, after a warm-up call, each call running the piece `inner` times in one
+    compiled loop (so per-call dispatch, which the decode loop does not pay per layer, is
+    amortised); caches donated and written in place, as decoding does.
 
     One layer of each kind and the head, timed alone, give their relative costs; a pass of the
     whole model (every layer, then the head) gives the absolute scale, to which they are
     scaled. A piece repeated alone keeps its weights in the CPU's caches, where a model larger
     than them streams every weight from memory once per pass: timed alone, one-token costs
-    came out 3x too low on a 54 MB model, and the predicted speed-ups far too pessimistic."""
+    came out 3x too low on a 54 MB model, and the predicted speed-ups far too pessimistic.
+
+    Every piece at every size is timed once per repeat, in turn (`time_interleaved`), and
+    its median kept, so a change in the machine's speed hits all of them alike; a cost that
+    falls with more tokens is noise and takes the smaller count's value (`monotone`). The
+    largest spread between a piece's repeats is kept (`LayerCosts.spread`): the report warns
+    when the machine was too noisy to trust."""
     sizes = sorted(set(sizes) | {1})
     layers = {kind: layer_params(params, cfg, cfg.layer_kinds.index(kind))
               for kind in dict.fromkeys(cfg.layer_kinds)}
-    head = {k: params[k] for k in ("embed", "final_norm", "unembed") if k in params}
+    head, model = ({k: params[k] for k in ("embed", "final_norm", "unembed") if k in params},
+                   unstack_layers(params, cfg))
 
-    def seconds(run: Callable[..., Any], *args: Any) -> float:
+    def hidden(n: int) -> jax.Array:
+        return jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model), cfg.compute_dtype)
+
+    def cache(one: ModelConfig, n: int) -> Cache:
+        return allocate_cache(one, 1, context + n, window=n).prefilled(
+            jnp.asarray([context], jnp.int32))
+
+    def call(run: Callable[..., Any], *args: Any) -> Callable[[int], None]:
         state = list(args)
 
-        def call() -> None:
+        def once(_: int) -> None:  # the last output (the cache) feeds the next call
             state[-1] = jax.block_until_ready(run(*state))[-1]
 
-        call()
-        return statistics.median(timed(call) for _ in range(repeats)) / inner
+        once(0)  # compile and warm up
+        return once
 
-    per_kind = {}
+    calls = {}
     for kind, weights in layers.items():
         one = _one_layer(cfg, kind)
         run = _layer_loop(one, inner)
-        per_kind[kind] = {}
-        for n in sizes:
-            cache = allocate_cache(one, 1, context + n, window=n).prefilled(
-                jnp.asarray([context], jnp.int32))
-            hidden = jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model),
-                                       cfg.compute_dtype)
-            per_kind[kind][n] = seconds(run, {"layers": (weights,)}, hidden, cache)
+        calls.update({(kind, n): call(run, {"layers": (weights,)}, hidden(n), cache(one, n))
+                      for n in sizes})
     run = _head_loop(cfg, inner)
-    head_seconds = {}
-    for n in sizes:
-        hidden = jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model), cfg.compute_dtype)
-        head_seconds[n] = seconds(run, head, hidden)
-    alone = LayerCosts(layer=per_kind, head=head_seconds, context=context)
-    run, model = _model_loop(cfg, inner), unstack_layers(params, cfg)
-    scale = {}
-    for n in sizes:
-        cache = allocate_cache(cfg, 1, context + n, window=n).prefilled(
-            jnp.asarray([context], jnp.int32))
-        hidden = jax.random.normal(jax.random.PRNGKey(n), (1, n, cfg.d_model), cfg.compute_dtype)
-        whole = seconds(run, model, hidden, cache)
-        scale[n] = whole / (sum(per_kind[k][n] for k in cfg.layer_kinds) + head_seconds[n])
-    return LayerCosts(layer={k: {n: c * scale[n] for n, c in by_n.items()}
-                             for k, by_n in alone.layer.items()},
-                      head={n: c * scale[n] for n, c in head_seconds.items()}, context=context)
+    calls.update({("head", n): call(run, head, hidden(n)) for n in sizes})
+    run = _model_loop(cfg, inner)
+    calls.update({("model", n): call(run, model, hidden(n), cache(cfg, n)) for n in sizes})
+    samples = {key: [t / inner for t in by_item[0]]
+               for key, by_item in time_interleaved(calls, 1, repeats)[0].items()}
+    median = {key: statistics.median(times) for key, times in samples.items()}
+    scale = {n: median["model", n] / (sum(median[k, n] for k in cfg.layer_kinds)
+                                      + median["head", n]) for n in sizes}
+    return LayerCosts(
+        layer={kind: monotone({n: median[kind, n] * scale[n] for n in sizes})
+               for kind in layers},
+        head=monotone({n: median["head", n] * scale[n] for n in sizes}), context=context,
+        spread=max((max(times) - min(times)) / median[key] for key, times in samples.items()))
+
+
+def monotone(by_size: Mapping[int, float]) -> dict[int, float]:
+    """Costs by token count with each at least the cost of every smaller count: more tokens
+    never take less time, so a lower reading at a larger count is the machine's noise."""
+    out, floor = {}, 0.0
+    for n in sorted(by_size):
+        floor = out[n] = max(floor, by_size[n])
+    return out
 
 
 def _layer_loop(cfg: ModelConfig, inner: int) -> Callable:

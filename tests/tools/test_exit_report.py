@@ -2,6 +2,7 @@
 per-exit metrics against direct forwards, its predictions against hand values, the CLI end to
 end."""
 
+import dataclasses
 import json
 import os
 
@@ -22,6 +23,7 @@ from specjax.tools.exit_report import (
     exit_report,
     measure_costs,
     model_exit_report,
+    monotone,
     predicted_speedup,
     predicted_tau,
     token_windows,
@@ -150,32 +152,80 @@ def test_the_best_pair_is_never_the_last_layer_even_when_it_predicts_highest():
     assert f"exit {by_hand[0]} with {by_hand[1]} drafts" in report.table()
 
 
+def fake_timings(monkeypatch, alone: dict, repeats: dict | None = None) -> list[set]:
+    """Patches the exit report's loops and timer: a piece on n tokens takes alone[piece][n]
+    seconds (a layer alone, the head, the whole model), each repeat of a key the times
+    `repeats` lists. Returns the key sets `time_interleaved` was asked to time."""
+    last, asked = [], []
+
+    def loop(piece):
+        def make(cfg, inner):
+            def run(params, hidden, *cache):
+                last.append(alone[piece][hidden.shape[1]] * inner)  # the costs divide by inner
+                return (hidden, *cache)
+            return run
+        return make
+
+    def interleaved(calls, items, count):
+        asked.append(set(calls))
+        seconds = {}
+        for key, call in calls.items():
+            call(0)
+            seconds[key] = [list((repeats or {}).get(key, [last[-1]] * count))]
+        return seconds, {}
+
+    for name, piece in (("_layer_loop", "layer"), ("_head_loop", "head"),
+                        ("_model_loop", "model")):
+        monkeypatch.setattr(exit_report_module, name, loop(piece))
+    monkeypatch.setattr(exit_report_module, "time_interleaved", interleaved)
+    return asked
+
+
 def test_measured_costs_are_scaled_so_the_pieces_sum_to_the_whole_pass(monkeypatch):
     """With the timings monkeypatched (a layer alone 2 s on 1 token and 3 s on 3, the head 4
     and 6, the whole pass 24 and 54), the pieces are scaled by 24 / (4 x 2 + 4) = 2 and
     54 / (4 x 3 + 6) = 3, by hand: a layer 4 and 9 s, the head 8 and 18 s, and a whole pass
     of them the measured one. Catches the scale computed without the head (or without a
-    layer), or applied to some pieces only."""
+    layer), or applied to some pieces only; and pieces timed one after another instead of
+    interleaved in one loop (every piece at every size is one key of one timing call)."""
     alone = {"layer": {1: 2.0, 3: 3.0}, "head": {1: 4.0, 3: 6.0}, "model": {1: 24.0, 3: 54.0}}
-    last = []
-
-    def loop(piece):
-        def make(cfg, inner):
-            def run(params, hidden, *cache):
-                last.append(alone[piece][hidden.shape[1]] * inner)  # seconds() divides
-                return (hidden, *cache)
-            return run
-        return make
-
-    for name, piece in (("_layer_loop", "layer"), ("_head_loop", "head"),
-                        ("_model_loop", "model")):
-        monkeypatch.setattr(exit_report_module, name, loop(piece))
-    monkeypatch.setattr(exit_report_module, "timed", lambda call: (call(), last[-1])[1])
+    asked = fake_timings(monkeypatch, alone)
     costs = measure_costs(PARAMS, CFG, [3], context=4, repeats=3, inner=2)
     assert costs.layer == {"attention": {1: pytest.approx(4.0), 3: pytest.approx(9.0)}}
     assert costs.head == {1: pytest.approx(8.0), 3: pytest.approx(18.0)}
     for n in (1, 3):
         assert costs.whole_pass(CFG.layer_kinds, n) == pytest.approx(alone["model"][n])
+    assert asked == [{(piece, n) for piece in ("attention", "head", "model") for n in (1, 3)}]
+    assert costs.spread == 0.0
+
+
+def test_costs_never_fall_with_more_tokens():
+    """`monotone` by hand: a lower reading at a larger count takes the smaller count's value.
+    Catches costs left as measured (a noisy 3-token reading below the 2-token one made the
+    predictions zig-zag with K) and a running minimum in place of the maximum."""
+    assert monotone({4: 3.0, 1: 2.0, 2: 1.5, 8: 2.5}) == {1: 2.0, 2: 2.0, 4: 3.0, 8: 3.0}
+
+
+def test_measured_costs_are_monotone_and_their_spread_warns(monkeypatch):
+    """The measured costs pass through `monotone` (a layer timed faster on 3 tokens than on 1
+    costs the same on both), the median of each piece's repeats is kept, and the spread of
+    the noisiest piece, (slowest - fastest) / median, is the report's warning. Catches costs
+    taken from the mean or the first repeat, an unmonotone measurement, and a report that
+    stays silent on a noisy machine (or warns on a quiet one)."""
+    alone = {"layer": {1: 3.0, 3: 2.0}, "head": {1: 1.0, 3: 1.0}, "model": {1: 16.0, 3: 12.0}}
+    noisy = {("head", 1): [1.0, 1.0, 3.0]}  # median 1, spread (3 - 1) / 1
+    fake_timings(monkeypatch, alone, noisy)
+    costs = measure_costs(PARAMS, CFG, [3], context=4, repeats=3, inner=1)
+    # n=1: scale 16 / (4 x 3 + 1); n=3: scale 12 / (4 x 2 + 1) = 4/3, the layer 8/3 < 48/13
+    assert costs.layer["attention"] == {1: pytest.approx(48 / 13), 3: pytest.approx(48 / 13)}
+    assert costs.head == {1: pytest.approx(16 / 13), 3: pytest.approx(4 / 3)}
+    assert costs.spread == pytest.approx(2.0)
+    report = DraftExitReport(
+        ExitReport(loss=[1.0] * 4, accuracy=[0.5] * 4, agreement=[0.5] * 4, tokens=8),
+        costs, CFG.layer_kinds, (2,))
+    assert "warning: a timed piece varied by 200% between its repeats" in report.table()
+    quiet = dataclasses.replace(costs, spread=exit_report_module.NOISY_SPREAD)
+    assert "warning" not in dataclasses.replace(report, costs=quiet).table()
 
 
 def test_default_text_is_the_runs_validation_split(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ import numpy as np
 from absl import logging
 
 from specjax.config import check_number_fields, dataclass_from_mapping
-from specjax.token_cache import token_streams
+from specjax.token_cache import cache_key, token_streams
 from specjax.tokenizer import UNSET_ID, Tokenizer, load_tokenizer
 
 SOURCES = ("stdlib", "files", "hub")
@@ -334,37 +334,46 @@ class BatchSampler:
             self._epoch, self._order = epoch, rng.permutation(len(self.sequences))
         return self._order
 
-    def batch(self, position: int, rows: slice = slice(None)) -> np.ndarray:
-        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]
-        int32, or only their `rows` (a process reads the rows its devices hold)."""
+    def indices(self, position: int, rows: slice = slice(None)) -> np.ndarray:
+        """The numbers (rows of `sequences`) of the batch at stream offset `position`, or of
+        its `rows`: what `batch` reads, and what keys a window's cached features."""
         total = len(self.sequences)
         chosen = []
         for flat in range(position, position + self.batch_size)[rows]:
             epoch, offset = divmod(flat, total)
             chosen.append(self._permutation(epoch)[offset])
-        return np.asarray(self.sequences[np.asarray(chosen)], np.int32)
+        return np.asarray(chosen, np.int64)
+
+    def batch(self, position: int, rows: slice = slice(None)) -> np.ndarray:
+        """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]
+        int32, or only their `rows` (a process reads the rows its devices hold)."""
+        return np.asarray(self.sequences[self.indices(position, rows)], np.int32)
 
 
 @dataclasses.dataclass
 class Corpus:
-    """Packed train and validation sequences of one data config (views of the token cache)."""
+    """Packed train and validation sequences of one data config (views of the token cache;
+    `key`: its token-cache key, which names the documents, their split and the tokenizer)."""
 
     train: np.ndarray
     validation: np.ndarray
+    key: str = ""
 
     @classmethod
     def build(cls, cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Corpus:
         """Tokenized with `tokenizer` (default: the config's) through the token cache."""
         identity = {**source_identity(cfg), "max_documents": cfg.max_documents,
                     "val_fraction": cfg.val_fraction}
+        tokenizer = tokenizer or cfg.make_tokenizer()
         streams = token_streams(lambda: iter_documents(cfg), identity,
                                 lambda key: is_validation_key(key, cfg.val_fraction),
-                                tokenizer or cfg.make_tokenizer(), cfg.cache_dir)
+                                tokenizer, cfg.cache_dir)
         for name, stream in zip(("train", "validation"), streams, strict=True):
             if len(stream) == 0:
                 raise ValueError(f"data.val_fraction={cfg.val_fraction} leaves no {name} "
                                  "documents")
-        return cls(*(windows(stream, cfg.seq_len) for stream in streams))
+        return cls(*(windows(stream, cfg.seq_len) for stream in streams),
+                   cache_key(identity, tokenizer))
 
     def validation_batches(self, batch_size: int, num_batches: int) -> list[np.ndarray]:
         """The first `num_batches` validation batches in file order (fewer if data runs out)."""

@@ -100,7 +100,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=40, min_lr_ratio=0.1,
         weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
         eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
-        grad_accum=1, frozen=""))
+        grad_accum=1, frozen="", feature_cache=""))
     # Layer dropout is available (p_max, dropout_schedule="exp" from scratch) but off: at this
     # scale p_max=0.1 left every exit's agreement unchanged and cost 0.012 nats of final loss.
     config.layerskip = ml_collections.ConfigDict(dict(

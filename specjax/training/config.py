@@ -27,7 +27,10 @@ FREEZABLE = ("embed", "unembed", "final_norm")
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation, evaluation and checkpointing cadence."""
+    """Optimisation, evaluation and checkpointing cadence. `feature_cache`: a folder where a
+    run on a frozen model (a head, a distilled draft model) keeps that model's hidden states per
+    training window, computed once and read by later epochs and other runs on the same model
+    and data (`training.feature_cache`); empty: recomputed every step."""
 
     batch_size: int = 16
     total_steps: int = 1000
@@ -47,6 +50,7 @@ class TrainConfig:
     remat: str = "none"
     grad_accum: int = 1
     frozen: tuple[str, ...] = ()
+    feature_cache: str = ""
 
     def __post_init__(self) -> None:
         check_number_fields(self, "train")  # total_steps=25.5 would train on past its last save
@@ -60,6 +64,8 @@ class TrainConfig:
         check(set(frozen) <= set(FREEZABLE), "train.frozen", self.frozen,
                f"must name groups among {list(FREEZABLE)}")
         object.__setattr__(self, "frozen", frozen)
+        check(isinstance(self.feature_cache, str), "train.feature_cache", self.feature_cache,
+              "must be a folder path")
         for name in ("batch_size", "total_steps", "eval_every", "eval_batches", "save_every",
                      "keep_checkpoints", "log_every", "grad_accum"):
             _positive(self, name)
@@ -190,7 +196,7 @@ def head_config(**train: Any) -> ml_collections.ConfigDict:
         batch_size=16, total_steps=300, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
         weight_decay=0.0, b1=0.9, b2=0.95, grad_clip=1.0, seed=0, eval_every=100,
         eval_batches=8, save_every=100, keep_checkpoints=3, log_every=10, remat="none",
-        grad_accum=1, frozen=""), **train})
+        grad_accum=1, frozen="", feature_cache=""), **train})
     return config
 
 

@@ -8,7 +8,7 @@ drafts (`--draft_workdir`) and exports like any other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -22,7 +22,7 @@ from specjax.model import Params, forward
 from specjax.tokenizer import get_tokenizer
 from specjax.training.config import RunConfig
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import FrozenBase
+from specjax.training.frozen_base import Features, FrozenBase, base_features
 from specjax.training.optimizer import make_optimizer
 from specjax.training.run_mesh import RunMesh
 from specjax.training.train_step import TrainState, init_train_state
@@ -49,12 +49,14 @@ class DistillReport:
 
 def make_distill_step(cfg: ModelConfig, teacher_cfg: ModelConfig,
                       optimizer: optax.GradientTransformation) -> Callable:
-    """Returns train_step(state, teacher params, batch [B, T+1]) -> (state, metrics)."""
+    """Returns train_step(state, teacher params, batch [B, T+1], features) -> (state, metrics);
+    `features`: the teacher's last hidden state (`base_features`), or None to run it here."""
 
-    def train_step(state: TrainState, teacher: Params,
-                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(state: TrainState, teacher: Params, batch: jax.Array,
+                   features: Features | None) -> tuple[TrainState, dict[str, jax.Array]]:
         inputs = batch[:, :-1]
-        target = jax.nn.softmax(forward(teacher, teacher_cfg, inputs))
+        _, teacher_logits = base_features(teacher, teacher_cfg, (), inputs, features)
+        target = jax.nn.softmax(teacher_logits)
 
         def loss_fn(params):
             return jnp.mean(optax.softmax_cross_entropy(forward(params, cfg, inputs), target))
@@ -109,10 +111,16 @@ class Distill:
     def init_state(self) -> TrainState:
         return self._init(jax.random.PRNGKey(self.run.train.seed))
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    def frozen_layers(self) -> tuple[FrozenBase, tuple[int, ...]]:
+        """The teacher and its last layer, whose hidden state gives its logits."""
+        return self.teacher, (self.teacher.cfg.num_layers,)
+
+    def train_step(self, state: TrainState, batch: np.ndarray, step: int,
+                   features: Mapping[int, np.ndarray] | None = None
+                   ) -> tuple[TrainState, dict[str, jax.Array]]:
         del step
-        return self._train_step(state, self.teacher_params, self.on_mesh.train_batch(batch))
+        return self._train_step(state, self.teacher_params, self.on_mesh.train_batch(batch),
+                                self.on_mesh.train_features(features))
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> DistillReport:
         totals, tokens = sum_over_batches(

@@ -117,17 +117,33 @@ def config_on_base(config: Mapping[str, Any], base: FrozenBase) -> dict[str, Any
     return out
 
 
-def base_features(base: Params, cfg: ModelConfig, exits: Sequence[int],
-                  inputs: jax.Array) -> tuple[list[jax.Array], jax.Array]:
-    """The frozen base on `inputs` [B, T]: its hidden states after each of `exits` layers
-    ([B, T, D] each, in the order given) and the final layer's logits [B, T, V]. The layers run
-    in ranges between the exits, so only those states are kept."""
+Features = dict[int, jax.Array]  # the frozen model's hidden states [B, T, D] by layer number
+
+
+def base_hidden(base: Params, cfg: ModelConfig, layers: Sequence[int],
+                inputs: jax.Array) -> Features:
+    """The frozen base's hidden states on `inputs` [B, T] after each of `layers` (layer
+    numbers 1..L): what a head's step reads of it, and what `train.feature_cache` stores. The
+    layers run in ranges between them, so only those states are kept."""
     hidden, start, kept = embed(base, cfg, inputs), 0, {}
-    for stop in sorted({*exits, cfg.num_layers}):
+    for stop in sorted(set(layers)):
         if stop > start:
             hidden = run_layers(base, cfg, hidden, layers=(start, stop))[-1]
         kept[stop], start = hidden, stop
-    return [kept[e] for e in exits], exit_logits(base, cfg, hidden)
+    return kept
+
+
+def base_features(base: Params, cfg: ModelConfig, exits: Sequence[int], inputs: jax.Array,
+                  features: Features | None = None) -> tuple[list[jax.Array], jax.Array]:
+    """The frozen base on `inputs` [B, T]: its hidden states after each of `exits` layers
+    ([B, T, D] each, in the order given) and the final layer's logits [B, T, V], recomputed
+    from the last hidden state by the frozen head (exact, and a cache stores D, not V, numbers
+    a token). `features`: those states already computed (`feature_cache`); None: run the base
+    here."""
+    if features is None:
+        features = base_hidden(base, cfg, (*exits, cfg.num_layers), inputs)
+    return ([features[e] for e in exits],
+            exit_logits(base, cfg, features[cfg.num_layers]))
 
 
 class HeadOnBase:
@@ -166,8 +182,9 @@ class HeadOnBase:
         raise NotImplementedError
 
     def make_train_step(self) -> Callable:
-        """The pure step(state, base params, batch [B, T+1], *step_inputs(step)) -> (state,
-        metrics with a scalar "loss")."""
+        """The pure step(state, base params, batch [B, T+1], features, *step_inputs(step)) ->
+        (state, metrics with a scalar "loss"); `features`: the base's hidden states at
+        `feature_layers` (`base_features`), or None to run the base in the step."""
         raise NotImplementedError
 
     def make_eval_step(self) -> Callable:
@@ -182,10 +199,20 @@ class HeadOnBase:
         """What the eval step of the `index`-th batch takes after it; nothing by default."""
         return ()
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    @property
+    def exits(self) -> tuple[int, ...]:
+        """The base's layers the head reads besides the last (its `exit_layer`, if any)."""
+        return () if self.exit_layer is None else (self.exit_layer,)
+
+    def frozen_layers(self) -> tuple[FrozenBase, tuple[int, ...]]:
+        """The frozen model and the layers whose hidden states the train step reads."""
+        return self.base, tuple(sorted({*self.exits, self.run.model.num_layers}))
+
+    def train_step(self, state: TrainState, batch: np.ndarray, step: int,
+                   features: Mapping[int, np.ndarray] | None = None
+                   ) -> tuple[TrainState, dict[str, jax.Array]]:
         return self._train_step(state, self.base_params, self.on_mesh.train_batch(batch),
-                                *self.step_inputs(step))
+                                self.on_mesh.train_features(features), *self.step_inputs(step))
 
     def eval_batch(self, state: TrainState, batch: np.ndarray, index: int = 0) -> Any:
         """The eval step's outputs for one validation batch (on the device)."""

@@ -9,7 +9,7 @@ The objectives are registered in `training.registry`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -22,6 +22,7 @@ from specjax.sharding import batch_sharding
 from specjax.training.config import RunConfig
 from specjax.training.curriculum import exit_schedule
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
+from specjax.training.frozen_base import FrozenBase
 from specjax.training.init_source import InitSource
 from specjax.training.layer_dropout import dropout_rates
 from specjax.training.memory import StepMemory, step_memory
@@ -49,10 +50,16 @@ class Objective(Protocol):
     def init_state(self) -> TrainState:
         """The state before step 0 (from the run's seed, or from the base a head starts as)."""
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    def frozen_layers(self) -> tuple[FrozenBase, tuple[int, ...]] | None:
+        """The frozen model the train step runs and the layers (1..L) whose hidden states it
+        reads: what `train.feature_cache` may store. None: the step runs no frozen model."""
+
+    def train_step(self, state: TrainState, batch: np.ndarray, step: int,
+                   features: Mapping[int, np.ndarray] | None = None
+                   ) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimiser step on the global batch [B, T+1], of which `batch` holds this
-        process's `batch_rows`; metrics include a scalar "loss"."""
+        process's `batch_rows`; `features`: the frozen model's hidden states on those rows
+        (`frozen_layers`), None to compute them in the step. Metrics include a scalar "loss"."""
 
     def evaluate(self, state: TrainState, batches: Sequence[np.ndarray]) -> Report:
         """Validation metrics over `batches`."""
@@ -125,8 +132,12 @@ class LayerSkip:
             return self._init_from(jax.device_put(params, self.state_shardings.params))
         return self._init(jax.random.PRNGKey(self.run.train.seed))
 
-    def train_step(self, state: TrainState, batch: np.ndarray,
-                   step: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    def frozen_layers(self) -> None:
+        """None: the whole model trains, no frozen one runs."""
+        return None
+
+    def train_step(self, state: TrainState, batch: np.ndarray, step: int,
+                   features: None = None) -> tuple[TrainState, dict[str, jax.Array]]:
         args = (state, self.on_mesh.train_batch(batch), jax.random.fold_in(self._key, step),
                 step_schedule(self.run, step))
         if self._compiled_step is None:  # compiled ahead of the first step, for its estimate

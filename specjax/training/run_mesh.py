@@ -4,7 +4,7 @@ training batch, whole validation batches, the step jitted to keep the state's la
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -46,6 +46,13 @@ class RunMesh:
     def train_batch(self, rows: np.ndarray) -> jax.Array:
         """The global training batch from this process's `batch_rows`."""
         return place_process_rows(rows, self.mesh, self.batch_size)
+
+    def train_features(self, features: Mapping[int, np.ndarray] | None) -> Any:
+        """This process's rows of a frozen model's hidden states (`feature_cache`) laid out as
+        the training batch's; None stays None (the step runs the model)."""
+        if features is None:
+            return None
+        return {layer: self.train_batch(rows) for layer, rows in features.items()}
 
     def eval_batch(self, batch: np.ndarray) -> jax.Array:
         """A whole validation batch (every process passes all of it)."""

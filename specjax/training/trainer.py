@@ -33,6 +33,7 @@ from specjax.sharding import with_shardings
 from specjax.timing import tqdm_bar
 from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
 from specjax.training.init_source import resolve_init
+from specjax.training.feature_cache import FeatureCache
 from specjax.training.interrupt import catch_interrupts
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.objective import Report
@@ -72,6 +73,10 @@ class Trainer:
         self.config, source = resolve_init(config, explicit, workdir)
         self.objective = make_objective(self.config, source)
         self.run = self.objective.run
+        if self.run.train.feature_cache and self.objective.frozen_layers() is None:
+            raise SpecjaxError("train.feature_cache keeps a frozen model's hidden states: set it "
+                               "for a head on base_workdir or a distilled draft model, not a "
+                               "run that trains the whole model")
         self.workdir = workdir
         train = self.run.train
         self.tokenizer = self.run.data.make_tokenizer()
@@ -82,6 +87,7 @@ class Trainer:
         self.learning_rate = learning_rate_schedule(train)
         self.checkpoints = Checkpointer(workdir, keep=train.keep_checkpoints)
         self.log = MetricsLog(workdir, writable=is_leader())
+        self.features: FeatureCache | None = None  # `train.feature_cache`, opened by `fit`
 
     def fresh_state(self) -> TrainState:
         """A new initialisation (the objective's `init_state`)."""
@@ -148,6 +154,18 @@ class Trainer:
             self.tokenizer.save_files(self.workdir)
         return self.tokenizer.spec()
 
+    def feature_cache(self) -> FeatureCache | None:
+        """`train.feature_cache` for the frozen model the objective now trains on (a resume may
+        have switched to the base's step it started on); None when not set."""
+        if not self.run.train.feature_cache:
+            return None
+        base, layers = self.objective.frozen_layers()
+        cache = FeatureCache(self.run.train.feature_cache, base, layers, self.corpus.key,
+                             self.corpus.train)
+        tqdm.write(f"feature cache {cache.folder}: layers {list(layers)}, {cache.filled()} of "
+                   f"{len(self.corpus.train)} windows filled")
+        return cache
+
     def evaluate(self, state: TrainState) -> Report:
         report = self.objective.evaluate(state, self.eval_batches)
         self.log.write({"split": "eval", "step": int(state.step), **report.to_dict()})
@@ -176,6 +194,7 @@ class Trainer:
             return TrainResult(step=step, report=None, interrupted=False,
                                wall_seconds=time.perf_counter() - started, already_done=True)
         last_saved = step if self.checkpoints.latest_step() is not None else None
+        self.features = self.feature_cache()
         if jax.process_count() > 1:
             rows = self.objective.batch_rows.indices(train.batch_size)
             tqdm.write(f"process {jax.process_index()} of {jax.process_count()} reads rows "
@@ -188,7 +207,9 @@ class Trainer:
             while step < train.total_steps:
                 tick = time.perf_counter()
                 batch = self.sampler.batch(position, self.objective.batch_rows)
-                state, metrics = self.objective.train_step(state, batch, step)
+                features = None if self.features is None else self.features.states(
+                    self.sampler.indices(position, self.objective.batch_rows), batch)
+                state, metrics = self.objective.train_step(state, batch, step, features)
                 if not announced and self.objective.memory is not None:
                     tqdm.write(self.objective.memory.line())
                     announced = True

@@ -30,8 +30,8 @@ from specjax.heads.calm import (
     init_confidence_head,
     softmax_response,
 )
-from specjax.model import Params, embed, exit_logits, run_layers
-from specjax.training.frozen_base import HeadOnBase
+from specjax.model import Params, exit_logits
+from specjax.training.frozen_base import Features, HeadOnBase, base_features
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
@@ -87,14 +87,14 @@ def trained_exits(section: CalmConfig, num_layers: int) -> tuple[int, ...]:
     return exits
 
 
-def exit_labels(base: Params, cfg: ModelConfig, exits: tuple[int, ...],
-                inputs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def exit_labels(base: Params, cfg: ModelConfig, exits: tuple[int, ...], inputs: jax.Array,
+                features: Features | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """For every exit in `exits` and position of `inputs` [B, T]: its hidden state
     [X, B, T, D], its logits [X, B, T, V] and whether its argmax equals the final layer's
-    [X, B, T]."""
-    per_layer = run_layers(base, cfg, embed(base, cfg, inputs))
-    final = jnp.argmax(exit_logits(base, cfg, per_layer[-1]), axis=-1)
-    hidden = per_layer[jnp.asarray(exits) - 1]
+    [X, B, T] (`features`: see `base_features`)."""
+    hidden, final_logits = base_features(base, cfg, exits, inputs, features)
+    final = jnp.argmax(final_logits, axis=-1)
+    hidden = jnp.stack(hidden)
     logits = exit_logits(base, cfg, hidden)
     return hidden, logits, (jnp.argmax(logits, axis=-1) == final).astype(jnp.float32)
 
@@ -161,9 +161,9 @@ class ConfidenceClassifier(HeadOnBase):
 
 def _make_train_step(cfg: ModelConfig, exits: tuple[int, ...],
                      optimizer: optax.GradientTransformation) -> Callable:
-    def train_step(state: TrainState, base: Params,
-                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        hidden, logits, label = exit_labels(base, cfg, exits, batch[:, :-1])
+    def train_step(state: TrainState, base: Params, batch: jax.Array,
+                   features: Features | None) -> tuple[TrainState, dict[str, jax.Array]]:
+        hidden, logits, label = exit_labels(base, cfg, exits, batch[:, :-1], features)
 
         def loss_fn(head):
             return balanced_bce(confidence_logits(head, cfg, hidden, logits), label)

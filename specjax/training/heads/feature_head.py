@@ -24,7 +24,7 @@ from specjax.config import ModelConfig
 from specjax.heads.feature_head import FeatureHeadKind, unrolled_logits
 from specjax.model import Params, init_params
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase, base_features
+from specjax.training.frozen_base import Features, HeadOnBase, base_features
 from specjax.training.train_step import TrainState
 
 
@@ -49,11 +49,12 @@ class DepthReport:
 
 
 def depth_sums(kind: FeatureHeadKind, base: Params, head: Params, cfg: ModelConfig,
-               exits: Sequence[int], batch: jax.Array, steps: int) -> dict[str, jax.Array]:
+               exits: Sequence[int], batch: jax.Array, steps: int,
+               features: Features | None = None) -> dict[str, jax.Array]:
     """Per drafted depth [steps]: summed soft cross-entropy to the base, top-1 agreements and
-    scored positions, over a batch [B, T + 1]."""
+    scored positions, over a batch [B, T + 1] (`features`: see `base_features`)."""
     width = batch.shape[1] - 1
-    hidden, target_logits = base_features(base, cfg, exits, batch[:, :-1])
+    hidden, target_logits = base_features(base, cfg, exits, batch[:, :-1], features)
     target_logits = jax.lax.stop_gradient(target_logits)
     logits = unrolled_logits(kind, base, head, cfg, batch, hidden, steps)   # [S, B, T, V]
     base_at = jnp.arange(width)
@@ -86,10 +87,10 @@ class UnrolledHead(HeadOnBase):
         steps, decay = self.section.steps, self.section.decay
         weights = decay ** jnp.arange(steps)
 
-        def train_step(state: TrainState, base: Params,
-                       batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        def train_step(state: TrainState, base: Params, batch: jax.Array,
+                       features: Features | None) -> tuple[TrainState, dict[str, jax.Array]]:
             def loss_fn(head):
-                sums = depth_sums(kind, base, head, cfg, exits, batch, steps)
+                sums = depth_sums(kind, base, head, cfg, exits, batch, steps, features)
                 per_depth = sums["ce"] / jnp.maximum(sums["count"], 1)
                 return (jnp.sum(weights * per_depth) / jnp.sum(weights),
                         {f"depth{j + 1}_loss": per_depth[j] for j in range(steps)})

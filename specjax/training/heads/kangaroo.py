@@ -22,7 +22,7 @@ from specjax.config import ModelConfig, check
 from specjax.heads.kangaroo import abstract_adapter, adapter_logits, init_adapter
 from specjax.model import Params, exit_logits
 from specjax.training.evaluate import sum_over_batches
-from specjax.training.frozen_base import HeadOnBase, base_features
+from specjax.training.frozen_base import Features, HeadOnBase, base_features
 from specjax.training.train_step import TrainState
 
 DRAFTS = ("shared head", "adapter")
@@ -72,11 +72,12 @@ class AdapterReport:
 
 def make_adapter_step(cfg: ModelConfig, exit_layer: int,
                       optimizer: optax.GradientTransformation) -> Callable:
-    """Returns train_step(state, base params, batch [B, T+1]) -> (state, metrics)."""
+    """Returns train_step(state, base params, batch [B, T+1], features) -> (state, metrics)."""
 
-    def train_step(state: TrainState, base: Params,
-                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        (hidden,), final_logits = base_features(base, cfg, (exit_layer,), batch[:, :-1])
+    def train_step(state: TrainState, base: Params, batch: jax.Array,
+                   features: Features | None) -> tuple[TrainState, dict[str, jax.Array]]:
+        (hidden,), final_logits = base_features(base, cfg, (exit_layer,), batch[:, :-1],
+                                                features)
         teacher = jax.nn.softmax(final_logits)
 
         def loss_fn(adapter):

@@ -26,6 +26,7 @@ from specjax.heads.medusa import abstract_medusa, init_medusa, medusa_logits
 from specjax.model import Params
 from specjax.training.evaluate import sum_over_batches
 from specjax.training.frozen_base import (
+    Features,
     HeadOnBase,
     base_features,
     load_base,
@@ -97,12 +98,12 @@ def head_losses(logits: jax.Array, labels: jax.Array,
 
 def make_medusa_step(cfg: ModelConfig, settings: MedusaConfig,
                      optimizer: optax.GradientTransformation) -> Callable:
-    """Returns train_step(state, base params, batch [B, T+1]) -> (state, metrics)."""
+    """Returns train_step(state, base params, batch [B, T+1], features) -> (state, metrics)."""
     weights = settings.decay ** jnp.arange(settings.num_heads)
 
-    def train_step(state: TrainState, base: Params,
-                   batch: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
-        (hidden,), _ = base_features(base, cfg, (cfg.num_layers,), batch[:, :-1])
+    def train_step(state: TrainState, base: Params, batch: jax.Array,
+                   features: Features | None) -> tuple[TrainState, dict[str, jax.Array]]:
+        (hidden,), _ = base_features(base, cfg, (cfg.num_layers,), batch[:, :-1], features)
         labels, valid = medusa_targets(batch, settings.num_heads)
 
         def loss_fn(heads):

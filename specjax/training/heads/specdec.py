@@ -32,7 +32,7 @@ from specjax.heads.specdec import (
     init_acceptance_head,
 )
 from specjax.model import Params, exit_logits
-from specjax.training.frozen_base import HeadOnBase, base_features
+from specjax.training.frozen_base import Features, HeadOnBase, base_features
 from specjax.training.ranking import auc
 from specjax.training.train_step import TrainState
 
@@ -106,12 +106,13 @@ def sampling_of(section: SpecDecConfig) -> SamplingParams | None:
 
 def draft_labels(base: Params, cfg: ModelConfig, exit_layer: int,
                  sampling: SamplingParams | None, inputs: jax.Array, key: jax.Array,
-                 children: int = 0) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+                 children: int = 0, features: Features | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """For every position of `inputs` [B, T]: exit E's hidden state [B, T, D], the draft
     distribution [B, T, V], a drawn draft token [B, T] and its acceptance probability [B, T];
     with `children` = k, q's top k tokens [B, T, k] and their labels [B, T, k], the hidden
-    state and distribution repeated for each [B, T, k, ...]."""
-    (hidden,), final_logits = base_features(base, cfg, (exit_layer,), inputs)
+    state and distribution repeated for each [B, T, k, ...]. `features`: see `base_features`."""
+    (hidden,), final_logits = base_features(base, cfg, (exit_layer,), inputs, features)
     draft_logits = exit_logits(base, cfg, hidden)
     if sampling is None:
         q, p = jax.nn.softmax(draft_logits, axis=-1), None
@@ -191,10 +192,10 @@ class AcceptanceHeadObjective(HeadOnBase):
 
 def _make_train_step(cfg: ModelConfig, exit_layer: int, sampling: SamplingParams | None,
                      children: int, optimizer: optax.GradientTransformation) -> Callable:
-    def train_step(state: TrainState, base: Params, batch: jax.Array,
+    def train_step(state: TrainState, base: Params, batch: jax.Array, features: Features | None,
                    key: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
         hidden, q, token, label = draft_labels(base, cfg, exit_layer, sampling, batch[:, :-1],
-                                               key, children)
+                                               key, children, features)
 
         def loss_fn(head):
             logits = acceptance_logits(head, cfg, hidden, q, token)

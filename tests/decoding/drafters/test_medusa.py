@@ -90,7 +90,7 @@ def test_head_logits_and_training_labels_match_a_direct_computation(params):
     optimizer = make_optimizer(parse_run_config(tiny_run()).train)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=heads,
                        opt_state=optimizer.init(heads))
-    _, metrics = make_medusa_step(CFG, settings, optimizer)(state, params, batch)
+    _, metrics = make_medusa_step(CFG, settings, optimizer)(state, params, batch, None)
     log_probs = expected - np.log(np.sum(np.exp(expected - expected.max(-1, keepdims=True)),
                                          -1, keepdims=True)) - expected.max(-1, keepdims=True)
     per_head = [np.mean([-log_probs[r, t, k, int(batch[r, t + 2 + k])] for r in range(2)

@@ -351,7 +351,9 @@ def test_a_workdir_that_cannot_be_made_is_one_line(tmp_path, make_read_only):
     ("bench/memory_check.py", "--steps=0", "--steps=0 must be >= 1"),
     ("bench/step_bench.py", "--steps=0", "--steps=0 must be >= 1"),
     ("bench/step_bench.py", "--peak_tflops=-3", "--peak_tflops=-3 must be > 0"),
-], ids=["memory-check-no-steps", "step-bench-no-steps", "step-bench-negative-peak"])
+    ("bench/feature_cache_bench.py", "--steps=0", "--steps=0 must be >= 1"),
+], ids=["memory-check-no-steps", "step-bench-no-steps", "step-bench-negative-peak",
+        "feature-cache-bench-no-steps"])
 def test_step_counts_and_peaks_are_checked_before_compiling(script, flag, error):
     """Catches `memory_check.py --steps 0` ending in a ZeroDivisionError traceback, `step_bench
     --steps 0` failing on an empty median after compiling both programs (17 s), and

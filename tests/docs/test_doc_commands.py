@@ -62,6 +62,7 @@ SMOKE = {
                       "--num_draft=2", "--trees=", "--exits=1", "--confirm=1"],
     "bench/tree_scan_bench.py": ["--prompt_len=16", "--repeats=1"],
     "bench/step_bench.py": ["--steps=2"],
+    "bench/feature_cache_bench.py": ["--steps=1"],
     "bench/data_bench.py": ["--repeats=1", "--config.data.max_documents=20"],
     "train/tokenizer.py": ["--config.data.max_documents=60", "--vocab_size=300"],
     "tools/convert.py": [],

@@ -20,6 +20,7 @@ again. Drafters that read different layers share the layers they have in common.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,6 +38,16 @@ FORMAT = 1  # bump when the layout changes
 
 class FeatureCacheError(SpecjaxError):
     """A feature cache on disk that is not the one its key names (edited, truncated)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerFiles:
+    """One layer's rows and marks: open for writing, and memory-mapped for reading."""
+
+    rows_fd: int
+    marks_fd: int
+    rows: np.memmap  # [windows, seq_len, D]
+    marks: np.memmap  # [windows] uint8, 1 once the window's rows are on disk
 
 
 class FeatureCache:
@@ -64,16 +75,16 @@ class FeatureCache:
 
     def filled(self) -> int:
         """How many windows have every layer on disk."""
-        return int(np.stack([maps[2] for maps in self._files.values()]).all(axis=0).sum())
+        return int(np.stack([files.marks for files in self._files.values()]).all(axis=0).sum())
 
     def states(self, windows: np.ndarray, batch: np.ndarray) -> dict[int, np.ndarray]:
         """{layer: [b, seq_len, D]} for the windows numbered `windows` [b] whose tokens are
         `batch` [b, seq_len + 1]: read where every layer has them, else computed for the
         batch and the missing windows written."""
-        marks = np.stack([np.asarray(self._files[layer][2][windows]) for layer in self.layers])
+        marks = np.stack([np.asarray(self._files[layer].marks[windows]) for layer in self.layers])
         if marks.all():
             self.read += len(windows)
-            return {layer: np.asarray(self._files[layer][1][windows]) for layer in self.layers}
+            return {layer: np.asarray(self._files[layer].rows[windows]) for layer in self.layers}
         states = jax.device_get(self._compute(self.base.params, batch[:, :-1]))
         for layer, layer_marks in zip(self.layers, marks, strict=True):
             self._write(layer, windows, states[layer], layer_marks)
@@ -84,14 +95,14 @@ class FeatureCache:
                marks: np.ndarray) -> None:
         """The unmarked windows' rows, synced, then their marks: never a mark without its
         rows."""
-        (rows_fd, marks_fd), _, _ = self._files[layer]
+        files = self._files[layer]
         missing = [(int(w), row) for w, row, m in zip(windows, rows, marks, strict=True) if not m]
         for window, row in missing:
             data = np.ascontiguousarray(row, self.dtype).tobytes()
-            os.pwrite(rows_fd, data, window * len(data))
-        os.fdatasync(rows_fd)
+            os.pwrite(files.rows_fd, data, window * len(data))
+        os.fdatasync(files.rows_fd)
         for window, _ in missing:
-            os.pwrite(marks_fd, b"\x01", window)
+            os.pwrite(files.marks_fd, b"\x01", window)
 
     def _check_meta(self) -> None:
         """Writes meta.json for a new cache; refuses one whose meta.json says otherwise."""
@@ -105,8 +116,8 @@ class FeatureCache:
                                     "corpus' states than its name says (meta.json differs); "
                                     "delete that folder to rebuild it")
 
-    def _open(self, layer: int) -> tuple[tuple[int, int], np.memmap, np.memmap]:
-        """((rows fd, marks fd), rows map, marks map) of `layer`, created empty (sparse)."""
+    def _open(self, layer: int) -> LayerFiles:
+        """`layer`'s files, created empty (sparse) for a new cache."""
         count = self.meta["windows"]
         shape = (count, *self.row_shape)
         fds, maps = [], []
@@ -123,4 +134,4 @@ class FeatureCache:
                                         "rebuild it")
             fds.append(fd)
             maps.append(np.memmap(path, dtype, "r", shape=shape if suffix == "bin" else (count,)))
-        return (fds[0], fds[1]), maps[0], maps[1]
+        return LayerFiles(*fds, *maps)

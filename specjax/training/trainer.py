@@ -32,8 +32,8 @@ from specjax.processes import any_process, is_leader
 from specjax.sharding import with_shardings
 from specjax.timing import tqdm_bar
 from specjax.tokenizer import TOKENIZER_FILE, HFTokenizer
-from specjax.training.init_source import resolve_init
 from specjax.training.feature_cache import FeatureCache
+from specjax.training.init_source import resolve_init
 from specjax.training.interrupt import catch_interrupts
 from specjax.training.metrics_log import MetricsLog
 from specjax.training.objective import Report

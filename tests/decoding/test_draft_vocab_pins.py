@@ -9,10 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.decoding.drafters.calm import CalmDraft
+from specjax.decoding.drafters.calm_exit import EarlyExit
+from specjax.decoding.engine import Generator
+from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import MASKED_LOGIT, DraftVocab, head_logits
 from specjax.io.draft_vocab import rank_ids
 from specjax.model import init_params
-from tests.support.models import TINY_MODEL
+from tests.support.models import TINY_MODEL, damped_params
 
 CAP = 2.0  # far below the logits' scale: the soft-cap changes every one of them
 
@@ -46,3 +50,24 @@ def test_rank_ids_counts_every_occurrence_as_a_counter_does():
     expected = sorted(range(10), key=lambda i: (-counts[i], i))[:5]
     assert expected == [4, 3, 6, 8, 0]
     assert rank_ids(rows, vocab_size=10, size=5).tolist() == expected
+
+
+def test_calmdrafts_accepted_drafts_lie_in_its_subset():
+    """calmdraft over a subset holding every other id of the model's own greedy text: every
+    token its trace marks as an accepted draft (depth > 0) is in the subset, and some are.
+    Catches the subset dropped where calmdraft drafts (its exits scoring the whole vocabulary
+    while it reports `vocab N`): greedy output cannot see it, but drafts of the other ids are
+    then accepted too."""
+    cfg = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+    params = damped_params(cfg, jax.random.PRNGKey(0), 0.5)
+    prompts = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+    plain = Generator(params, cfg).generate(prompts, max_new_tokens=16)
+    subset = sorted({token for row in plain.tokens for token in row})[::2]
+    ranking = np.asarray(subset + [i for i in range(cfg.vocab_size) if i not in subset])
+    out = Generator(params, cfg, draft_vocab=ranking).generate(
+        prompts, max_new_tokens=16, strategy=CalmDraft(EarlyExit((1, 2)), 0.4, 4.0, Chain(3),
+                                                       draft_vocab=len(subset)))
+    assert out.tokens == plain.tokens
+    drafted = [token for row, trace in zip(out.tokens, out.trace, strict=True)
+               for token, depth in zip(row, trace["depth"], strict=True) if depth > 0]
+    assert drafted and set(drafted) <= set(subset), drafted

@@ -1,11 +1,12 @@
-"""The Generator's prompt checks pinned where the fresh audit's plant got past the suite: ids
-at the vocabulary's edge, by hand."""
+"""The Generator pinned where the fresh audits' plants got past the suite: prompt ids at the
+vocabulary's edge, the acceptance-by-depth count and a failing stream's error, by hand."""
 
 import jax
 import pytest
 
 from specjax.config import ModelConfig
-from specjax.decoding.engine import Generator
+from specjax.decoding import engine
+from specjax.decoding.engine import Generator, acceptance_by_depth
 from specjax.model import init_params
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -21,3 +22,26 @@ def test_a_prompt_id_equal_to_the_vocabulary_size_is_refused():
     assert tokens[1, 0] == CFG.vocab_size - 1 and lengths.tolist() == [2, 1]
     with pytest.raises(ValueError, match=r"^prompt 1 has token ids outside \[0, 64\)$"):
         generator.pad([[1, 2], [CFG.vocab_size]])
+
+
+def test_acceptance_by_depth_counts_rounds_reaching_each_depth_by_hand():
+    """Rounds that kept 0, 1 and 3 drafts: depth 1 is reached by 2 of 3, depths 2 and 3 by 1
+    of 3; a depth past the deepest is 0. Catches the count taken as `run > d` (a round that
+    kept exactly d drafts not counted as reaching d)."""
+    assert acceptance_by_depth([0, 1, 3]) == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    assert acceptance_by_depth([0, 1, 3], 4) == pytest.approx([2 / 3, 1 / 3, 1 / 3, 0.0])
+    assert acceptance_by_depth([]) == []
+
+
+def test_an_error_inside_the_streams_decoding_thread_reaches_the_caller(monkeypatch):
+    """A failure inside the decode thread (after the inputs were checked: here the loop
+    itself raises) is raised in the caller's thread once the stream ends. Catches the error
+    swallowed, the stream ending as if the rows were done (the module's other test fails
+    before the thread starts)."""
+    def failing(*args, **kwargs):
+        raise RuntimeError("the loop failed")
+
+    monkeypatch.setattr(engine, "generate_tokens", failing)
+    generator = Generator(init_params(CFG, jax.random.PRNGKey(0)), CFG)
+    with pytest.raises(RuntimeError, match="^the loop failed$"):
+        list(generator.stream([[1, 2]], max_new_tokens=2))

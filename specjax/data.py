@@ -30,7 +30,6 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import datasets
 import numpy as np
 from absl import logging
 
@@ -235,6 +234,8 @@ def _parquet_documents(path: str, field: str, setting: str) -> Iterator[tuple[st
 
 
 def _hub_documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    import datasets  # imported here: it costs 2 s of every command's start-up (it loads pandas)
+
     rows = datasets.load_dataset(cfg.hub_name, cfg.hub_config or None, split=cfg.hub_split,
                                  streaming=True)
     for index, row in enumerate(rows):
@@ -347,7 +348,11 @@ class BatchSampler:
     def batch(self, position: int, rows: slice = slice(None)) -> np.ndarray:
         """The `batch_size` sequences starting at stream offset `position`, [B, seq_len + 1]
         int32, or only their `rows` (a process reads the rows its devices hold)."""
-        return np.asarray(self.sequences[self.indices(position, rows)], np.int32)
+        return self.read(self.indices(position, rows))
+
+    def read(self, numbers: np.ndarray) -> np.ndarray:
+        """The sequences numbered `numbers` (`indices`), [len(numbers), seq_len + 1] int32."""
+        return np.asarray(self.sequences[numbers], np.int32)
 
 
 @dataclasses.dataclass

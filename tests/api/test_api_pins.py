@@ -71,12 +71,6 @@ REFUSALS = {  # id: (call on the model, the message's distinctive fragment)
     "stop an empty list": (
         lambda m: m.generate([1, 2], max_new_tokens=2, stop=[]),
         "^stop is an empty list: give stop strings or None$"),
-    "engine of no prompts": (
-        lambda m: m.generator.generate([], max_new_tokens=2, strategy=AUTOREGRESSIVE),
-        "^no prompts given$"),
-    "engine of an empty prompt": (
-        lambda m: m.generator.generate([[1, 2], []], max_new_tokens=2, strategy=AUTOREGRESSIVE),
-        "^prompt 1 is empty; every prompt needs at least one token$"),
 }
 
 
@@ -89,7 +83,7 @@ def test_the_api_refuses_bad_arguments_in_one_line(model, call, message):
     import's missing held-out data reaching a raw error, tune's num_draft=3 or strategies="x"
     iterated character by character, no prompts or both prompts and messages taken, an empty or
     mixed prompt list reaching the engine, max_new_tokens and max_length both given (one
-    ignored), stop=[] taken as no stop, and the engine padding an empty batch or prompt."""
+    ignored) and stop=[] taken as no stop."""
     with pytest.raises(ValueError, match=message):
         call(model)
 

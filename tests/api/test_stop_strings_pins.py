@@ -1,9 +1,11 @@
 """Stop strings pinned where the fresh audit's plants got past tests/api/
 test_generate_conveniences.py: the automaton's step (`stop_strings.advance`) on rows that keep
-nothing, against a plain-Python search of the text kept."""
+nothing, against a plain-Python search of the text kept; and the tokenizer's size against the
+model's at its limit (issue 52's scan)."""
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specjax.decoding.stop_strings import StopStrings, advance
 from specjax.tokenizer import ByteTokenizer
@@ -35,3 +37,15 @@ def test_a_row_that_keeps_nothing_keeps_its_stop_state():
         ended = np.asarray(hit)
     assert kept_text == ["axb", "ab"]
     assert ended.tolist() == [STOP in text for text in kept_text] == [False, True]
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_at_its_limit():
+    """Stop strings over a 259-id tokenizer fit a model of 259 ids (or more: ids past the
+    tokenizer's match nothing) and are refused for one of 258. Catches the check dropped (a
+    numpy broadcast error while building the moves) or taken as `>=` (the usual equal sizes
+    refused)."""
+    stops = StopStrings(STOP, ByteTokenizer().token_bytes())
+    assert stops.table([[1]], 259, 8).moves.shape == (8, 259)
+    assert stops.table([[1]], 300, 8).moves.shape == (8, 300)
+    with pytest.raises(ValueError, match="^the tokenizer has 259 ids, the model 258$"):
+        stops.table([[1]], 258, 8)

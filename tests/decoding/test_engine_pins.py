@@ -1,6 +1,6 @@
 """The Generator pinned where the fresh audits' plants got past the suite: prompt ids at the
 vocabulary's edge, the acceptance-by-depth count, a failing stream's error and the EOS ids'
-limit, by hand."""
+limit, by hand; and the batch and streaming refusals issue 52's scan found untriggered."""
 
 import jax
 import pytest
@@ -56,3 +56,24 @@ def test_up_to_eight_eos_ids_end_a_row_and_a_ninth_is_one_line():
     assert engine.stop_ids(3).tolist() == [3] + [-1] * 7
     with pytest.raises(ValueError, match=r"^9 EOS ids given; at most 8 end a row$"):
         engine.stop_ids(list(range(9)))
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([], "^no prompts given$"),
+    ([[1, 2], []], "^prompt 1 is empty; every prompt needs at least one token$")])
+def test_no_prompts_or_an_empty_one_is_refused(tiny_cfg, tiny_params, prompts, message):
+    """Catches either check dropped: an empty batch reaching `max()` of nothing, or an empty
+    prompt padded to a row whose "last token" is padding (the model continues from token 0)."""
+    with pytest.raises(ValueError, match=message):
+        Generator(tiny_params, tiny_cfg).generate(prompts, max_new_tokens=2)
+
+
+def test_streaming_on_a_mesh_is_refused_before_decoding(tiny_cfg, tiny_params):
+    """Catches the check dropped: a stream's host thread handed rounds laid out over a mesh
+    (each process seeing its rows only), where generate is the mesh's path."""
+    from specjax.sharding import MeshConfig, make_mesh
+
+    generator = Generator(tiny_params, tiny_cfg, mesh=make_mesh(MeshConfig(), jax.devices()[:1]))
+    with pytest.raises(ValueError, match="^streaming runs on one device; decode on a mesh with "
+                                         "generate$"):
+        next(iter(generator.stream([[1, 2]], max_new_tokens=2)))

@@ -1,9 +1,12 @@
 """The tuner pinned where the fresh audit's plants got past tests/test_tune.py: which kinds the
 confirmation runs, against a hand-picked answer on a scripted benchmark, and which exits it
-tries, against a hand-built report whose best exit changes with num_draft."""
+tries, against a hand-built report whose best exit changes with num_draft; and a tuning with
+no candidate left (issue 52's scan)."""
 
 import time
 import types
+
+import pytest
 
 from specjax.decoding.registry import DecodingConfig
 from specjax.tools import tune as tuner
@@ -56,3 +59,18 @@ def test_selfspec_exits_are_ranked_by_their_best_num_draft():
                              num_draft=[2, 6], trees=[])
     assert [(c.options["exit_layer"], c.options["num_draft"], c.predicted) for c in found] == [
         (3, 2, 1.1), (3, 6, 2.0), (1, 2, 1.6), (1, 6, 1.2)]
+
+
+def test_a_tuning_where_every_candidate_is_refused_names_each_refusal():
+    """Every candidate's build refused (a ValueError each): one line listing each label and
+    its refusal, before anything is timed. Catches the check dropped: `max()` of no rows (a
+    raw ValueError) or a winner picked from nothing."""
+    def refuse(candidate):
+        raise ValueError(f"{candidate.strategy} needs its weights")
+
+    found = [tuner.Candidate("eagle"), tuner.Candidate("medusa", {"num_draft": 2})]
+    with pytest.raises(ValueError, match="^no candidate could be built: eagle: refused: eagle "
+                                         "needs its weights; medusa num_draft=2: refused: "
+                                         "medusa needs its weights$"):
+        tuner.tune(None, refuse, found, [[1, 2]], max_new_tokens=4, budget_s=60.0,
+                   started=time.perf_counter())

@@ -1,12 +1,17 @@
 """The command lines' shared flag and prompts-file readers, their refusals pinned by their
 messages (issue 52's scan: raise sites no test triggered), read in-process from flag values
-set as a command line would set them."""
+set as a command line would set them; and the strategy a workdir decodes with when none is
+named (`default_choice`, a survivor of issue 52's audit L)."""
 
 import pytest
 from absl import flags
 
-from specjax.cli.decoding import read_prompts_file, whole_numbers_flag
+from specjax.cli.decoding import default_choice, read_prompts_file, whole_numbers_flag
 from specjax.cli.flags import define_prompt_flags
+from specjax.config import ModelConfig
+from specjax.decoding.registry import DecodingConfig
+from specjax.decoding.sampling import SamplingParams
+from tests.support.models import TINY_MODEL
 
 
 @pytest.fixture
@@ -51,3 +56,21 @@ def test_a_script_cannot_define_an_unknown_prompt_flag():
     the check dropped: a misspelt name reaching a KeyError in the help table at import."""
     with pytest.raises(TypeError, match="^define_prompt_flags: 'max_new_token' is not one of"):
         define_prompt_flags(max_new_token=8)
+
+
+def test_a_tuned_strategy_decodes_with_its_tuned_options_over_the_checkpoints():
+    """The strategy `infer/tune.py` stored for a mode, with its options laid over the checkpoint's
+    decoding section, the other mode's left alone. Catches default_choice returning the
+    checkpoint's defaults for a tuned strategy (its tuned num_draft and n-gram size dropped:
+    the right tokens, but drafted as the tuner did not choose)."""
+    meta = {"config": {"decoding": {"num_draft": 3, "exit_layer": 2}},
+            "tuned": {"greedy": {"strategy": "ngram", "options": {"num_draft": 6, "ngram_max": 2}},
+                      "sampled": {"strategy": "selfspec", "options": {"num_draft": 5}}}}
+    cfg = ModelConfig(**TINY_MODEL)
+    checkpoint = DecodingConfig(num_draft=3, exit_layer=2)
+    assert default_choice(meta, cfg, None, weights=()) == (
+        "ngram", DecodingConfig(num_draft=6, exit_layer=2, ngram_max=2))
+    assert default_choice(meta, cfg, SamplingParams.create(1.0), weights=()) == (
+        "selfspec", DecodingConfig(num_draft=5, exit_layer=2))
+    assert default_choice({"config": meta["config"]}, cfg, None, weights=()) == (
+        "selfspec", checkpoint)

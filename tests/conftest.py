@@ -12,7 +12,7 @@ import pytest
 from specjax.config import ModelConfig
 from specjax.kernels import KERNELS
 from specjax.model import init_params
-from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.models import TINY_MODEL, model_workdir, tiny_run
 from tests.support.requirements import missing_test_requirements
 
 # Tests compile many small programs and run each for milliseconds: LLVM's cheaper pipeline (the
@@ -84,6 +84,13 @@ def tiny_cfg() -> ModelConfig:
 @pytest.fixture(scope="session")
 def tiny_params(tiny_cfg):
     return init_params(tiny_cfg, jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def base_workdir(tiny_cfg, tiny_params, tmp_path_factory) -> str:
+    """The tiny random model as a module's own workdir (step 0, bytes tokenizer, no training
+    data): a base for heads, or a model as an import leaves it."""
+    return model_workdir(str(tmp_path_factory.mktemp("base")), tiny_params, tiny_cfg)
 
 
 def pytest_sessionstart(session):

@@ -6,13 +6,11 @@ import pytest
 
 import specjax
 from specjax.decoding.engine import AUTOREGRESSIVE
-from tests.support.models import model_workdir
 
 
 @pytest.fixture(scope="module")
-def model(tiny_cfg, tiny_params, tmp_path_factory) -> specjax.LanguageModel:
-    return specjax.load(model_workdir(str(tmp_path_factory.mktemp("model")), tiny_params,
-                                      tiny_cfg))
+def model(base_workdir) -> specjax.LanguageModel:
+    return specjax.load(base_workdir)
 
 
 def _consumed(iterator) -> None:

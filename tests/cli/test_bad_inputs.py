@@ -23,24 +23,14 @@ from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.outputs import staged, staged_dir
 from specjax.training.trainer import Trainer
-from tests.support.models import TINY_MODEL, tiny_run
+from tests.support.models import TINY_MODEL, model_workdir, tiny_run
 from tests.support.scripts import run_script
 
 
-@pytest.fixture(scope="module")
-def model_workdir(tmp_path_factory):
-    """A weights-only workdir of the tiny model (byte tokenizer)."""
-    workdir = str(tmp_path_factory.mktemp("model"))
-    cfg = ModelConfig(**TINY_MODEL)
-    Checkpointer(workdir).save(0, init_params(cfg, jax.random.PRNGKey(0)), None, {
-        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": "bytes"})
-    return workdir
-
-
 @pytest.fixture
-def hf_dir(model_workdir, tmp_path):
+def hf_dir(base_workdir, tmp_path):
     path = str(tmp_path / "hf")
-    export_checkpoint(model_workdir, path)
+    export_checkpoint(base_workdir, path)
     return path
 
 
@@ -131,17 +121,17 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
                                            ([1.0, 2.0], "list holding a float"),
                                            ([], "list"), (["ok", 5], "list holding a int"),
                                            ([True, 2], "list holding a bool")])
-def test_the_api_names_a_prompt_that_is_not_text(model_workdir, prompts, kind):
+def test_the_api_names_a_prompt_that_is_not_text(base_workdir, prompts, kind):
     """Catches bytes or numbers that are no token ids reaching the tokenizer (an
     AttributeError from inside it), and a list with one wrong element reported by its first
     (a second probe's "not list of str")."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     with pytest.raises(ValueError, match=f"a non-empty list of them, not {kind}"):
         model.generate(prompts)
 
 
 @pytest.mark.parametrize("flag", ["--delta=0", "--delta=1.5", "--epsilon=0"])
-def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
+def test_calibration_levels_are_checked_before_the_sweep(base_workdir, flag):
     """Catches `learn_then_test.py --delta 0` failing only after the whole sweep (80 prompts x 21
     values by default): the error must come before the model is even loaded."""
     result = run_script("infer/learn_then_test.py", "--workdir=/nonexistent", flag)
@@ -150,10 +140,10 @@ def test_calibration_levels_are_checked_before_the_sweep(model_workdir, flag):
     assert result.stderr.strip() == f"error: --{name}={float(value):g} must lie in (0, 1)"
 
 
-def test_a_prompt_longer_than_the_trained_sequences_is_warned_about(model_workdir, caplog):
+def test_a_prompt_longer_than_the_trained_sequences_is_warned_about(base_workdir, caplog):
     """Catches a 3.7 kB prompt on a model trained on 256-token sequences decoding silently
     (its output degrades to spaces): the warning gives both lengths."""
-    loaded = load_model(model_workdir)
+    loaded = load_model(base_workdir)
     model = dataclasses.replace(loaded, meta={**loaded.meta,
                                               "config": {"data": {"seq_len": 256}}})
     with caplog.at_level("WARNING", logger="absl"):
@@ -161,19 +151,17 @@ def test_a_prompt_longer_than_the_trained_sequences_is_warned_about(model_workdi
         model.warn_long_prompts([256])
     lines = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
     assert lines == [f"a prompt of 3700 tokens is longer than the 256-token sequences the "
-                     f"model in {model_workdir} was trained on: expect degraded output"]
+                     f"model in {base_workdir} was trained on: expect degraded output"]
 
 
-def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path):
+def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path, tiny_cfg, tiny_params):
     """Catches a head's config on a base imported without a tokenizer failing with a TypeError
     (there are no tokenizer fields to read) instead of saying what is missing."""
     from specjax.training.frozen_base import config_on_base, load_base
 
-    cfg = ModelConfig(**TINY_MODEL)
-    Checkpointer(str(tmp_path)).save(0, init_params(cfg, jax.random.PRNGKey(0)), None, {
-        "step": 0, "data_position": 0, "model": cfg.to_dict(), "tokenizer": None})
+    base = model_workdir(str(tmp_path), tiny_params, tiny_cfg, tokenizer=None)
     with pytest.raises(ValueError, match="names no tokenizer"):
-        config_on_base({"kangaroo": {}}, load_base(str(tmp_path)))
+        config_on_base({"kangaroo": {}}, load_base(base))
 
 
 @pytest.mark.parametrize("strategy, options, unused", [
@@ -183,25 +171,25 @@ def test_a_head_on_a_base_without_a_tokenizer_is_one_line(tmp_path):
     ("ar", {"exit_layer": 2}, "exit_layer"),
 ], ids=["tree-with-calm", "skip-layers-with-selfspec", "num-draft-with-a-dynamic-tree",
         "exit-with-ar"])
-def test_an_option_the_strategy_does_not_read_is_an_error(model_workdir, strategy, options,
+def test_an_option_the_strategy_does_not_read_is_an_error(base_workdir, strategy, options,
                                                           unused):
     """Catches an option silently ignored by the chosen strategy (the user believes they
     measured or decoded something they did not), and the error naming it as a command-line
     flag (a third probe: "--exit_layer" to a Python caller); options it reads still work."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     with pytest.raises(ValueError, match=f"^{unused} is not used by strategy {strategy} "):
         model.generate("x", strategy=strategy, max_new_tokens=2, **options)
     used = {k: v for k, v in options.items() if k != unused}
     assert model.generate("x", strategy=strategy, max_new_tokens=2, **used).prompt == "x"
 
 
-def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
+def test_unused_and_empty_decoding_flags_are_one_line_errors(base_workdir):
     """The command line's path: catches `--tree ''` quietly decoding with another tree (it means
     nothing: 'chain' is a chain), and a flag the strategy ignores reaching the decode."""
     for flags, error in [(["--tree="], "error: --tree is empty: give 'chain' for a chain"),
                          (["--strategy=calm", "--tree=2,2"],
                           "error: --tree is not used by strategy calm")]:
-        result = run_script("infer/generate.py", f"--workdir={model_workdir}", "--prompt=x",
+        result = run_script("infer/generate.py", f"--workdir={base_workdir}", "--prompt=x",
                             *flags)
         assert result.returncode == 1 and result.stderr.strip().startswith(error), result.stderr
 
@@ -245,7 +233,7 @@ def test_unused_and_empty_decoding_flags_are_one_line_errors(model_workdir):
         "shard-size-on-import", "tokenizer-on-export", "zero-shard-size", "import-into-a-file",
         "selfspec-grid-at-one", "selfspec-eta-for-a-tree", "empty-grid", "output-a-directory",
         "import-from-nowhere", "config-int-not-a-number", "config-tree-not-a-tree"])
-def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path, script, flags,
+def test_flags_the_run_would_ignore_are_one_line_errors(base_workdir, tmp_path, script, flags,
                                                        error):
     """The probes' silent ignores and cryptic lines: a flag the chosen mode or strategy does not
     read is named, before the work (or, for --draft_workdir, before decoding); the fourth
@@ -256,23 +244,23 @@ def test_flags_the_run_would_ignore_are_one_line_errors(model_workdir, tmp_path,
     by train.py, found only when decoding from its checkpoint."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "x"}\n')
-    values = {"workdir": model_workdir, "prompts": prompts, "tmp": tmp_path}
+    values = {"workdir": base_workdir, "prompts": prompts, "tmp": tmp_path}
     args = [flag.format(**values) for flag in flags]
     if not any(arg.startswith("--workdir") for arg in args):
-        args.append(f"--workdir={model_workdir}")
+        args.append(f"--workdir={base_workdir}")
     result = run_script(script, *args)
     assert result.returncode == 1 and result.stderr.strip() == f"error: {error.format(**values)}", \
         result.stderr[-2000:]
 
 
-def test_the_skip_search_refuses_to_write_over_its_workdir(model_workdir):
+def test_the_skip_search_refuses_to_write_over_its_workdir(base_workdir):
     """Catches `skip_search.py --output_json W/metrics.jsonl` replacing the run's metrics (a
     second probe: the one writer that did not declare what it reads)."""
-    metrics = os.path.join(model_workdir, "metrics.jsonl")
+    metrics = os.path.join(base_workdir, "metrics.jsonl")
     with open(metrics, "w", encoding="utf-8") as f:
         f.write('{"step": 1}\n')
     try:
-        result = run_script("infer/skip_search.py", "--workdir", model_workdir,
+        result = run_script("infer/skip_search.py", "--workdir", base_workdir,
                             "--output_json", metrics)
         assert result.returncode == 1 and "would overwrite a file of" in result.stderr
         with open(metrics, encoding="utf-8") as f:
@@ -282,15 +270,15 @@ def test_the_skip_search_refuses_to_write_over_its_workdir(model_workdir):
 
 
 @pytest.mark.parametrize("thresholds", ["2", "-1", "1,0.5,1.5"])
-def test_calm_bench_refuses_thresholds_outside_zero_one(model_workdir, thresholds):
+def test_calm_bench_refuses_thresholds_outside_zero_one(base_workdir, thresholds):
     """Catches λ = 2 swept and plotted as if it were a threshold (generate refuses it)."""
-    result = run_script("bench/calm_quality.py", "--workdir", model_workdir,
+    result = run_script("bench/calm_quality.py", "--workdir", base_workdir,
                         f"--thresholds={thresholds}")
     assert result.returncode == 1
     assert result.stderr.strip().endswith("each must lie in [0, 1]")
 
 
-def test_compare_hf_settings_are_refused_before_timing(model_workdir, tmp_path):
+def test_compare_hf_settings_are_refused_before_timing(base_workdir, tmp_path):
     """Catches a bad transformers budget (`--hf_budget_s 0`, or one given without
     --compare_hf, which would be ignored) refused only after every strategy was timed (about
     9 s of work on the tiny model, minutes on a real one)."""
@@ -298,7 +286,7 @@ def test_compare_hf_settings_are_refused_before_timing(model_workdir, tmp_path):
     prompts.write_text('{"prompt": "def f("}\n')
     for args, message in ((["--compare_hf", "--hf_budget_s", "0"], "--hf_budget_s=0 must be > 0"),
                           (["--hf_budget_s", "60"], "give --compare_hf too")):
-        result = run_script("bench/bench.py", "--workdir", model_workdir, "--strategies", "ar",
+        result = run_script("bench/bench.py", "--workdir", base_workdir, "--strategies", "ar",
                             "--prompts_file", str(prompts), *args)
         assert result.returncode == 1 and "[bench]" not in result.stderr
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -401,7 +389,7 @@ def test_a_fractional_step_count_is_refused_before_training(tmp_path):
         "repeats-text", "train-no-config", "train-no-workdir", "load-no-workdir", "step-text",
         "import-no-path", "strategy-int", "report-length-text", "report-texts-string",
          "report-batch-zero"])
-def test_the_api_checks_its_arguments_types(model_workdir, call, error):
+def test_the_api_checks_its_arguments_types(base_workdir, call, error):
     """Catches the API passing wrong types to the machinery (JAX's "not a valid JAX array type",
     "'>' not supported between instances of 'str' and 'int'", "'list' object has no attribute
     'items'", "'NoneType' object is not iterable", "no checkpoint for step 0 ... (available:
@@ -409,24 +397,24 @@ def test_the_api_checks_its_arguments_types(model_workdir, call, error):
     another setting than asked), or reporting on a string's characters as documents: one line
     naming the argument, before any work. Catches exit_report's batch_size left unchecked
     (batch_size=0: "integer division or modulo by zero" from inside the report)."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     with pytest.raises(ValueError, match=f"^{error}$" if ".*" in error else
                        f"^{re.escape(error)}$"):
         call(model)
 
 
-def test_a_benchmark_prompt_string_is_one_prompt(model_workdir, monkeypatch):
+def test_a_benchmark_prompt_string_is_one_prompt(base_workdir, monkeypatch):
     """Catches `benchmark(settings, prompts="def f(")` timing one prompt per character."""
     timed = []
     monkeypatch.setattr("specjax.api.run_benchmark",
                         lambda generator, strategies, prompts, **_: timed.append(prompts) or [])
-    specjax.load(model_workdir).benchmark({}, prompts="def f(")
+    specjax.load(base_workdir).benchmark({}, prompts="def f(")
     assert [len(prompts) for prompts in timed] == [1]
 
 
-def test_text_where_the_api_takes_a_number_still_parses_as_the_flag_would(model_workdir):
+def test_text_where_the_api_takes_a_number_still_parses_as_the_flag_would(base_workdir):
     """The command line's sweeps hand options over as text: num_draft="3" stays 3."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     assert model.strategy("selfspec", num_draft="3").label() == \
         model.strategy("selfspec", num_draft=3).label()
 
@@ -503,11 +491,11 @@ def test_a_config_file_that_is_no_config_is_named(tmp_path, source, error):
     assert not (tmp_path / "w").exists()
 
 
-def test_a_bool_where_an_int_is_due_is_refused(model_workdir, tmp_path):
+def test_a_bool_where_an_int_is_due_is_refused(base_workdir, tmp_path):
     """`max_new_tokens=True` to the API and `train.total_steps=True` as a train override are
     one-line "must be an int" errors, before any work (True is a bool, not a count). Catches
     a bool taken as the int 1 (one token generated, one step trained, without a word)."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     with pytest.raises(ValueError, match=r"^max_new_tokens=True must be an int$"):
         model.generate("x", max_new_tokens=True)
     with pytest.raises(ValueError, match=r"^seed=False must be an int$"):
@@ -541,11 +529,11 @@ def test_a_config_file_whose_get_config_is_not_a_function_is_named(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_stream_checks_its_seeds_type_as_generate_does(model_workdir):
+def test_stream_checks_its_seeds_type_as_generate_does(base_workdir):
     """`stream("x", seed="s")` is generate's one-line "seed='s' must be an int", before any
     decoding. Catches stream dropping the check: the text reached JAX, a traceback ending in
     "Value 's' with dtype <U1 is not a valid JAX array type"."""
-    model = specjax.load(model_workdir)
+    model = specjax.load(base_workdir)
     with pytest.raises(ValueError, match=r"^seed='s' must be an int$"):
         model.generate("x", seed="s")
     with pytest.raises(ValueError, match=r"^seed='s' must be an int$"):
@@ -585,7 +573,7 @@ def test_a_plot_format_matplotlib_cannot_write_is_refused_first(tmp_path):
                                     ".docx images; use one of "), result.stderr[-2000:]
 
 
-def test_an_export_overwrites_only_a_hugging_face_folder(model_workdir, hf_dir, tmp_path):
+def test_an_export_overwrites_only_a_hugging_face_folder(base_workdir, hf_dir, tmp_path):
     """Catches `convert.py --to_hf --overwrite` deleting the files of a folder that is not a
     Hugging Face checkpoint (notes, another project); an earlier export is still replaced."""
     folder = tmp_path / "mine"
@@ -593,19 +581,19 @@ def test_an_export_overwrites_only_a_hugging_face_folder(model_workdir, hf_dir, 
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(ConversionError, match="holds no config.json, so it is no Hugging Face "
                                               "checkpoint: --overwrite would delete"):
-        export_checkpoint(model_workdir, str(folder), overwrite=True)
+        export_checkpoint(base_workdir, str(folder), overwrite=True)
     assert os.listdir(folder) == ["notes.txt"]
     (tmp_path / "hf" / "stale.bin").write_bytes(b"x")
-    export_checkpoint(model_workdir, hf_dir, overwrite=True)
+    export_checkpoint(base_workdir, hf_dir, overwrite=True)
     assert "stale.bin" not in os.listdir(hf_dir)
 
 
-def test_calibrate_finds_an_unwritable_workdir_before_the_sweep(model_workdir, tmp_path,
+def test_calibrate_finds_an_unwritable_workdir_before_the_sweep(base_workdir, tmp_path,
                                                                make_read_only):
     """Catches `learn_then_test.py` sweeping its whole grid (22 s) before finding that it cannot
     write the workdir's calibrated_decoding.json."""
     workdir = tmp_path / "model"
-    shutil.copytree(model_workdir, workdir)
+    shutil.copytree(base_workdir, workdir)
     make_read_only(workdir)
     result = run_script("infer/learn_then_test.py", f"--workdir={workdir}", "--strategy=selfspec")
     assert result.returncode == 1 and "calibrating" not in result.stdout
@@ -631,11 +619,11 @@ def test_a_missing_calm_classifier_is_refused_before_the_prompts(tmp_path, scrip
         result.stderr[-2000:]
 
 
-def test_a_bad_calibrated_value_names_its_file(model_workdir, tmp_path):
+def test_a_bad_calibrated_value_names_its_file(base_workdir, tmp_path):
     """Catches an edited calibrated_decoding.json failing as "decoding.num_draft='x' must be
     an int", which names no file (the checkpoint's own section looks to blame)."""
     workdir = tmp_path / "model"
-    shutil.copytree(model_workdir, workdir)
+    shutil.copytree(base_workdir, workdir)
     path = workdir / "calibrated_decoding.json"
     path.write_text('{"step": 0, "decoding": {"num_draft": "x"}}')
     with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: decoding.num_draft='x' must "

@@ -9,6 +9,7 @@ from specjax.config import ModelConfig
 from specjax.decoding import engine
 from specjax.decoding.engine import Generator, acceptance_by_depth
 from specjax.model import init_params
+from specjax.sharding import MeshConfig, make_mesh
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
                   mlp_dim=64)
@@ -71,8 +72,6 @@ def test_no_prompts_or_an_empty_one_is_refused(tiny_cfg, tiny_params, prompts, m
 def test_streaming_on_a_mesh_is_refused_before_decoding(tiny_cfg, tiny_params):
     """Catches the check dropped: a stream's host thread handed rounds laid out over a mesh
     (each process seeing its rows only), where generate is the mesh's path."""
-    from specjax.sharding import MeshConfig, make_mesh
-
     generator = Generator(tiny_params, tiny_cfg, mesh=make_mesh(MeshConfig(), jax.devices()[:1]))
     with pytest.raises(ValueError, match="^streaming runs on one device; decode on a mesh with "
                                          "generate$"):

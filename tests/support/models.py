@@ -63,12 +63,13 @@ def first_layers(params, cfg: ModelConfig, count: int):
     return {**params, "layers": params["layers"][:count]}, draft_cfg
 
 
-def model_workdir(path: str, params, cfg: ModelConfig) -> str:
-    """A workdir holding `params` of `cfg` as step 0 (a base for imported heads)."""
+def model_workdir(path: str, params, cfg: ModelConfig, **meta) -> str:
+    """A workdir holding `params` of `cfg` as step 0 (a base for imported heads), its
+    checkpoint's metadata added to or replaced by `meta`."""
     from specjax.io.checkpoint import Checkpointer
 
     checkpoints = Checkpointer(path)
     checkpoints.save(0, params, None, {"step": 0, "data_position": 0, "model": cfg.to_dict(),
-                                       "tokenizer": "bytes"})
+                                       "tokenizer": "bytes", **meta})
     checkpoints.close()
     return path

@@ -28,12 +28,7 @@ def test_a_head_fusing_the_last_layer_imports(tmp_path):
     assert tuple(weights.settings["exits"]) == layers
 
 
-@pytest.fixture(scope="module")
-def base(tiny_cfg, tiny_params, tmp_path_factory) -> str:
-    return model_workdir(str(tmp_path_factory.mktemp("base")), tiny_params, tiny_cfg)
-
-
-def _refused(base, tmp_path, change, message) -> None:
+def _refused(base_workdir, tmp_path, change, message) -> None:
     """A published head, changed by `change(tensors)` and saved again, refused on import in
     one line with nothing written."""
     hub = str(tmp_path / "hub")
@@ -41,25 +36,26 @@ def _refused(base, tmp_path, change, message) -> None:
     change(tensors)
     save_file(tensors, os.path.join(hub, "model.safetensors"))
     with pytest.raises(ValueError, match=message):
-        import_eagle(hub, base, str(tmp_path / "head"))
+        import_eagle(hub, base_workdir, str(tmp_path / "head"))
     assert not os.path.exists(tmp_path / "head" / "checkpoints")
 
 
-def test_a_head_for_another_width_or_a_larger_vocabulary_is_refused(base, tmp_path):
+def test_a_head_for_another_width_or_a_larger_vocabulary_is_refused(base_workdir, tmp_path):
     """lm_head.weight must be [draft vocabulary <= V, D]. Catches the shape check dropped: a
     head of another width failing inside a matmul, or a draft vocabulary larger than the
     base's scattered out of range."""
     def wider(tensors):
         tensors["lm_head.weight"] = tensors["lm_head.weight"][:, :-1].copy()
-    _refused(base, tmp_path, wider, r"lm_head\.weight is \(8, 31\), but the base model needs "
-                              r"\[draft vocabulary <= 259, 32\]$")
+    _refused(base_workdir, tmp_path, wider,
+             r"lm_head\.weight is \(8, 31\), but the base model needs "
+             r"\[draft vocabulary <= 259, 32\]$")
 
 
-def test_a_d2t_mapping_twice_onto_one_token_is_refused(base, tmp_path):
+def test_a_d2t_mapping_twice_onto_one_token_is_refused(base_workdir, tmp_path):
     """d2t maps each draft id to a distinct target id inside the vocabulary. Catches the
     check dropped or loosened: two draft ids scattered onto one token (one of them silently
     lost) or past the vocabulary."""
     def twice(tensors):
         tensors["d2t"][1] = tensors["d2t"][0] - 1  # draft id 1 lands on draft id 0's token
-    _refused(base, tmp_path, twice, r"d2t maps the draft vocabulary outside \[0, 259\) or twice "
-                              "onto one token$")
+    _refused(base_workdir, tmp_path, twice,
+             r"d2t maps the draft vocabulary outside \[0, 259\) or twice onto one token$")

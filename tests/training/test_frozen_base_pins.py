@@ -6,8 +6,15 @@ import pytest
 
 from specjax.config import ModelConfig
 from specjax.io.checkpoint import CheckpointError
-from specjax.training.frozen_base import FrozenBase, config_on_base
-from tests.support.models import TINY_MODEL, model_workdir, tiny_run
+from specjax.training.frozen_base import (
+    FrozenBase,
+    config_on_base,
+    load_base,
+    save_imported_head,
+)
+from specjax.training.heads.kangaroo import KangarooAdapter, KangarooConfig
+from specjax.training.registry import make_objective
+from tests.support.models import TINY_MODEL, tiny_run
 
 
 def test_the_runs_own_data_and_decoding_fields_override_the_bases(tmp_path):
@@ -25,31 +32,20 @@ def test_the_runs_own_data_and_decoding_fields_override_the_bases(tmp_path):
     assert out["model"] == cfg.to_dict() and out["data"]["tokenizer"] == "bytes"
 
 
-def _stand_in(tmp_path, tokenizer) -> FrozenBase:
-    """A base with no weights (config_on_base reads its meta only)."""
-    return FrozenBase(str(tmp_path), 0, {}, ModelConfig(**TINY_MODEL), {"tokenizer": tokenizer},
-                      "x")
-
-
-@pytest.mark.parametrize("config, tokenizer, message", [
-    ({"model": {"num_layers": 2}}, "bytes", "^a run on config.base_workdir takes its model "
-                                            "from the base; remove the model section$"),
-    ({}, None, ": this checkpoint names no tokenizer"),
-    ({"data": {"tokenizer": "other.json"}}, "bytes",
+@pytest.mark.parametrize("config, message", [
+    ({"model": {"num_layers": 2}}, "^a run on config.base_workdir takes its model from the "
+                                   "base; remove the model section$"),
+    ({"data": {"tokenizer": "other.json"}},
      "^data.tokenizer='other.json' differs from the base's 'bytes'$")])
-def test_a_run_on_a_base_refuses_another_model_or_tokenizer(tmp_path, config, tokenizer,
-                                                            message):
+def test_a_run_on_a_base_refuses_another_model_or_tokenizer(tmp_path, config, message):
     """Catches each check dropped: a head's run with a model section of its own (a head
-    trained on a model the base is not), a base recording no tokenizer (a raw TypeError on
-    None), and a run's tokenizer that is not the base's (a head trained on ids the base never
-    saw)."""
+    trained on a model the base is not) and a run's tokenizer that is not the base's (a head
+    trained on ids the base never saw). A base recording no tokenizer is
+    tests/cli/test_bad_inputs.py's. The base has no weights: config_on_base reads its meta."""
+    base = FrozenBase(str(tmp_path), 0, {}, ModelConfig(**TINY_MODEL), {"tokenizer": "bytes"},
+                      "x")
     with pytest.raises(ValueError, match=message):
-        config_on_base(config, _stand_in(tmp_path, tokenizer))
-
-
-@pytest.fixture(scope="module")
-def base(tiny_cfg, tiny_params, tmp_path_factory) -> str:
-    return model_workdir(str(tmp_path_factory.mktemp("base")), tiny_params, tiny_cfg)
+        config_on_base(config, base)
 
 
 @pytest.mark.parametrize("config, message", [
@@ -59,23 +55,19 @@ def base(tiny_cfg, tiny_params, tmp_path_factory) -> str:
     (lambda base: tiny_run(distill={"teacher_workdir": base}),
      "^the workdir holds a layerskip run, not a distilled one; use a new --workdir$")],
     ids=["kangaroo", "distill"])
-def test_a_head_or_distillation_does_not_resume_another_run(base, config, message):
+def test_a_head_or_distillation_does_not_resume_another_run(base_workdir, config, message):
     """Resuming a workdir whose checkpoint another objective wrote (here a LayerSkip model's)
     is a one-line error before anything trains. Catches the objective check dropped: the
     head's (or draft model's) training restoring the model's weights as its own, a raw
     KeyError on the meta it lacks."""
-    from specjax.training.registry import make_objective
-
     with pytest.raises(CheckpointError, match=message):
-        make_objective(config(base)).check_resume({"objective": "layerskip"})
+        make_objective(config(base_workdir)).check_resume({"objective": "layerskip"})
 
 
-def test_an_imported_head_never_lands_on_a_workdir_with_checkpoints(base):
+def test_an_imported_head_never_lands_on_a_workdir_with_checkpoints(base_workdir):
     """Catches the check dropped: a published head written as step 0 over a workdir that
     already holds a run (here the base itself), mixing the two."""
-    from specjax.training.frozen_base import load_base, save_imported_head
-    from specjax.training.heads.kangaroo import KangarooAdapter, KangarooConfig
-
     with pytest.raises(ValueError, match="already holds checkpoints; import into a new "
                                          "workdir$"):
-        save_imported_head(KangarooAdapter, KangarooConfig(), {}, load_base(base), base, {}, {})
+        save_imported_head(KangarooAdapter, KangarooConfig(), {}, load_base(base_workdir),
+                           base_workdir, {}, {})

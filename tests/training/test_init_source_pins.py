@@ -2,11 +2,13 @@
 got past tests/training/test_continual_training.py: explicit model fields compared with the
 source's in their plain form; and its refusals the scan of issue 52 found untriggered."""
 
+import numpy as np
 import pytest
 
 from specjax.config import ModelConfig
+from specjax.io.checkpoint import CheckpointError
 from specjax.training.init_source import _model_from_source, resolve_init
-from tests.support.models import TINY_MODEL
+from tests.support.models import TINY_MODEL, model_workdir
 
 SOURCE = ModelConfig(**TINY_MODEL)
 
@@ -25,16 +27,10 @@ def test_an_explicit_field_equal_to_the_sources_as_a_tuple_is_accepted():
 
 
 def _workdir(path, **meta) -> str:
-    """A workdir whose one checkpoint holds a stand-in weight and `meta` beside the model."""
-    import numpy as np
-
-    from specjax.io.checkpoint import Checkpointer
-
-    checkpoints = Checkpointer(str(path))
-    checkpoints.save(0, {"w": np.zeros(2, np.float32)}, None,
-                     {"step": 0, "model": SOURCE.to_dict(), **meta})
-    checkpoints.close()
-    return str(path)
+    """A workdir whose one checkpoint holds a stand-in weight and `meta` beside the model
+    (no tokenizer unless `meta` names one)."""
+    return model_workdir(str(path), {"w": np.zeros(2, np.float32)}, SOURCE,
+                         **{"tokenizer": None, **meta})
 
 
 @pytest.mark.parametrize("config, message", [
@@ -57,8 +53,6 @@ def test_init_source_refuses_a_heads_workdir_and_a_source_without_a_tokenizer(tm
     is accepted). Catches the head's weights read as a model (a raw KeyError or shape error)
     and a run that silently tokenizes with the default bytes a model trained on another
     tokenizer."""
-    from specjax.io.checkpoint import CheckpointError
-
     head = _workdir(tmp_path / "head", base={"workdir": "b"}, objective="eagle", tokenizer="bytes")
     with pytest.raises(CheckpointError, match=r"holds a eagle head, not a model$"):
         resolve_init({"init": {"source": head}}, (), str(tmp_path / "w1"))

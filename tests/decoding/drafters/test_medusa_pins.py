@@ -1,6 +1,8 @@
 """Pins of Medusa's training side that the main tests leave open, each against a direct
 computation."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,8 @@ import pytest
 from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.heads.medusa import init_medusa
-from specjax.training.heads.medusa import MedusaObjective, make_medusa_eval_step
+from specjax.training.heads.medusa import MedusaObjective, import_medusa, make_medusa_eval_step
+from tests.decoding.drafters.test_medusa import _published_medusa
 from tests.support.models import TINY_MODEL, damped_params
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -42,19 +45,12 @@ def test_the_base_heads_accuracy_is_its_argmax_against_the_next_token():
     assert report.base_loss == pytest.approx(expected_loss, rel=1e-4)
 
 
-def test_a_medusa_checkpoint_lacking_a_heads_tensor_is_refused(tiny_cfg, tiny_params, tmp_path):
+def test_a_medusa_checkpoint_lacking_a_heads_tensor_is_refused(base_workdir, tmp_path):
     """config.json's medusa_num_heads (3) names more heads than the weights hold (2): one
     line naming the missing tensor, nothing written. Catches the check dropped: safetensors'
     raw error on the missing name, or heads silently fewer than the config says."""
-    import os
-
-    from specjax.training.heads.medusa import import_medusa
-    from tests.decoding.drafters.test_medusa import _published_medusa
-    from tests.support.models import model_workdir
-
-    base = model_workdir(str(tmp_path / "base"), tiny_params, tiny_cfg)
     _published_medusa(str(tmp_path / "hub"), CFG, 2, medusa_num_heads=3)
     with pytest.raises(ValueError, match=r"medusa_lm_head\.safetensors lacks 2\.0\.linear\.weight "
                                          r"\(medusa_num_heads=3\)$"):
-        import_medusa(str(tmp_path / "hub"), base, str(tmp_path / "heads"))
+        import_medusa(str(tmp_path / "hub"), base_workdir, str(tmp_path / "heads"))
     assert not os.path.exists(tmp_path / "heads" / "checkpoints")

@@ -37,6 +37,7 @@ from specjax.cli.decoding import (
     workdir_heldout_prompts,
 )
 from specjax.config import ModelConfig, load_config_file, require_count, require_kind
+from specjax.data import heldout_data, heldout_prompts, run_data
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -61,7 +62,7 @@ from specjax.prompt_sets import (
 )
 from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
-from specjax.tools.exit_report import DraftExitReport, model_exit_report
+from specjax.tools.exit_report import DraftExitReport, model_exit_report, on_workload
 from specjax.tools.tree_search import TreePlan
 from specjax.tools.tune import EXITS, NUM_DRAFTS, TREE, Tuning, candidates, tunable, tune
 
@@ -410,13 +411,14 @@ class LanguageModel:
         report = None
         if EXITS in names and self.config.num_layers > 1:
             progress("exit report: ranking the exits ...")
-            report = self._tune_report(encoded, num_draft)
+            report = self._tune_report(encoded, num_draft, max_new_tokens, progress)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
                            num_draft=num_draft, trees=trees)
         tuning = tune(self.generator, lambda c: self.strategy(
             c.strategy, sampling, encoded, **c.options), found, encoded,
             max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
-            sampling=sampling, confirm=confirm, progress=progress)
+            sampling=sampling, report_measures=sampling is None and report is not None,
+            confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)
             choice = {"strategy": tuning.winner.strategy, "options": dict(tuning.winner.options)}
@@ -427,30 +429,66 @@ class LanguageModel:
             progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
 
-    def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int]
-                     ) -> DraftExitReport:
-        """The exit report ranking `tune`'s exits, on the workdir's held-out documents, or
-        for an import (no data recorded) on the prompts themselves."""
+    def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int],
+                     max_new_tokens: int, progress: Callable[[str], None]) -> DraftExitReport:
+        """The exit report ranking `tune`'s exits on its own prompts (the workload): held-out
+        metrics on the workdir's documents, or for an import (no data recorded) on the
+        prompts themselves."""
         texts = seq_len = None
         if not self.meta.get("config", {}).get("data"):
             texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
             seq_len = max(1, min(len(ids) for ids in encoded) - 1)
-        return model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
-                                 texts, seq_len=seq_len, num_draft=num_draft)
+        return self._workload_report(encoded, max_new_tokens, progress, texts, seq_len=seq_len,
+                                     num_draft=num_draft)
+
+    def _workload_report(self, encoded: Sequence[Any] | None, max_new_tokens: int,
+                         progress: Callable[[str], None], texts: Sequence[str] | None,
+                         **options: Any) -> DraftExitReport:
+        """`model_exit_report` with the drafts' vocabulary, then on the `encoded` prompts'
+        greedy continuations (`exit_report.on_workload`) unless None."""
+        draft_vocab = self.decoding_defaults.draft_vocab
+        draft_ids = self.generator.draft_ids(self.decoding_defaults)  # reads its draft_vocab
+        report = model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
+                                   texts, draft_vocab=draft_vocab, **options)
+        if encoded is None:
+            return report
+        return on_workload(
+            report, self._loaded.params, self.config, self.generator,
+            lambda e, k: self.strategy(EXITS, None, encoded, exit_layer=e, num_draft=k), encoded,
+            max_new_tokens=max_new_tokens,
+            draft_ids=None if draft_ids is None else np.asarray(draft_ids), progress=progress)
 
     @keywords.checked(EXIT_REPORT_OPTIONS)
-    def exit_report(self, texts: Sequence[str] | None = None, **options: Any) -> DraftExitReport:
+    def exit_report(self, texts: Sequence[str] | None = None, *, workload: bool = True,
+                    prompts: Sequence[str] | None = None, prompt_set: str | None = None,
+                    num_prompts: int = 8, prompt_len: int = 128, max_new_tokens: int = 128,
+                    progress: Callable[[str], None] = lambda line: None,
+                    **options: Any) -> DraftExitReport:
         """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
-        predicted tau and speed-up of drafting K tokens from it (estimates; `benchmark`
-        measures). `texts`: held-out documents (default: the validation documents of the
-        workdir's data); `options`: `exit_report.model_exit_report`'s (seq_len=, max_tokens=,
-        num_draft=, costs=...). The same report as `infer/exit_report.py`."""
+        predicted tau and speed-up of drafting K tokens from it. `texts`: held-out documents
+        (default: the validation documents of the workdir's data); `options`:
+        `exit_report.model_exit_report`'s (seq_len=, max_tokens=, num_draft=, costs=...).
+        With `workload`, the predictions are the benchmark's on prompts as `benchmark` takes
+        them (an import's default: held-out windows of the embedded corpus), from the model's
+        greedy continuations of them and the real decode loop (`exit_report.on_workload`);
+        without, estimates from the held-out text and the pieces alone. The same report as
+        `infer/exit_report.py`."""
         if isinstance(texts, str):
             raise ValueError("texts must be a list of documents, not one string")
         _require_counts(**{name: options[name] for name in _EXIT_REPORT_COUNTS
                            if options.get(name) is not None})
-        return model_exit_report(self._loaded.params, self.config, self.tokenizer,
-                                 self.meta, texts, **options)
+        encoded = None
+        if workload:
+            _require_counts(num_prompts=num_prompts, prompt_len=prompt_len,
+                            max_new_tokens=max_new_tokens)
+            encoded = (self._timed_prompts(prompts, prompt_set, num_prompts, prompt_len)
+                       if prompts is not None or prompt_set or run_data(self.meta) else
+                       heldout_prompts(heldout_data(self.meta), self.tokenizer, num_prompts,
+                                       prompt_len))
+        elif prompts is not None or prompt_set:
+            raise ValueError("prompts and prompt_set are the workload's: they need "
+                             "workload=True")
+        return self._workload_report(encoded, max_new_tokens, progress, texts, **options)
 
 
 _EXIT_REPORT_COUNTS = ("seq_len", "max_tokens", "batch_size", "context", "repeats")

@@ -14,9 +14,13 @@ evaluator), then predicts what drafting K tokens from that exit would give:
   through [0, E) and all K + 1 positions through [E, L) and the head (`layerskip`'s reuse):
   K * (sum_{l<E} c_l(1) + h(1)) + sum_{l<E} c_l(1) + sum_{l>=E} c_l(K+1) + h(K+1).
 
-Both predictions are estimates: acceptance is not i.i.d. (drafts fail in runs), and isolated
-layers timed on their own miss what the compiled decode loop shares or adds (accept, commit,
-sampling). `bench/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
+On held-out text both predictions are estimates: acceptance is not i.i.d. (drafts fail in
+runs), another text's agreement is not the workload's, and isolated layers timed on their own
+miss what the compiled decode loop adds (accept, commit, sampling). On a workload
+(`on_workload`: prompts the model continues greedily) tau comes from the exits' runs of
+agreement along those continuations and each round's cost from pieces calibrated on the real
+loop (`tools/exit_workload.py`); the speed-up is then the benchmark's, prefill included.
+`bench/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.data import heldout_data, validation_texts, windows
+from specjax.decoding.drafter import Drafter
+from specjax.decoding.engine import Generator
 from specjax.decoding.shapes.tree import chain_layout
+from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
     Params,
     allocate_cache,
@@ -45,6 +52,13 @@ from specjax.model import (
 from specjax.nn.cache import Cache
 from specjax.timing import time_interleaved
 from specjax.tokenizer import Tokenizer
+from specjax.tools.exit_workload import (
+    ExitRuns,
+    LoopCalibration,
+    calibrate_loop,
+    exit_runs,
+    greedy_continuations,
+)
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
 NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)
@@ -55,13 +69,16 @@ NOISY_SPREAD = 0.25
 @dataclasses.dataclass(frozen=True)
 class LayerCosts:
     """Seconds, batch 1, on n new tokens: one cached layer of each kind (`layer[kind][n]`,
-    after `context` cached tokens) and the shared head (`head[n]`). Tests build it by hand;
-    `measure_costs` measures it."""
+    after `context` cached tokens) and the shared head (`head[n]`); `draft_head`, the head on
+    one token over the draft vocabulary of `draft_vocab` ids that drafts use (None: the full
+    head). Tests build it by hand; `measure_costs` measures it."""
 
     layer: Mapping[str, Mapping[int, float]]
     head: Mapping[int, float]
     context: int = 0
-    spread: float = 0.0  # the largest (slowest - fastest) / median of a measured piece's repeats
+    spread: float = 0.0  # the largest interquartile range / median of a piece's repeats
+    draft_head: float | None = None
+    draft_vocab: int = 0
 
     def plain(self, layer_kinds: Sequence[str]) -> float:
         """Seconds per token of plain (autoregressive) decoding: every layer and the head on
@@ -78,7 +95,8 @@ class LayerCosts:
         `exit_layer` (see the module docstring)."""
         shallow = sum(self.layer[kind][1] for kind in layer_kinds[:exit_layer])
         deep = sum(self.layer[kind][num_draft + 1] for kind in layer_kinds[exit_layer:])
-        return (num_draft * (shallow + self.head[1]) + shallow + deep
+        draft_head = self.head[1] if self.draft_head is None else self.draft_head
+        return (num_draft * (shallow + draft_head) + shallow + deep
                 + self.head[num_draft + 1])
 
 
@@ -101,7 +119,9 @@ def predicted_speedup(agreement: float, costs: LayerCosts, layer_kinds: Sequence
 @dataclasses.dataclass(frozen=True)
 class DraftExitReport:
     """Per-exit metrics on held-out text (`metrics`, index e-1 is exit e), the measured costs,
-    and the predicted tau and speed-up of each (exit, K) derived from them."""
+    and the predicted tau and speed-up of each (exit, K) derived from them; on a workload
+    (`on_workload`), the exits' runs of agreement along the model's continuations (`runs`)
+    and the real loop's calibration (`loop`) that the predictions then rest on."""
 
     metrics: ExitReport
     costs: LayerCosts
@@ -109,50 +129,83 @@ class DraftExitReport:
     num_draft: tuple[int, ...] = NUM_DRAFTS
     seq_len: int = 0
     source: str = ""
+    runs: ExitRuns | None = None
+    loop: LoopCalibration | None = None
+    workload: str = ""
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_kinds)
 
     def tau(self, exit_layer: int, num_draft: int) -> float:
+        if self.runs is not None:
+            return self.runs.tau(exit_layer, num_draft)
         return predicted_tau(self.metrics.agreement[exit_layer - 1], num_draft)
 
+    def decode_speedup(self, exit_layer: int, num_draft: int) -> float:
+        """Decoding alone: tau x seconds per plain token / seconds per round, both from the
+        real loop when calibrated."""
+        if self.loop is None:
+            return predicted_speedup(self.metrics.agreement[exit_layer - 1], self.costs,
+                                     self.layer_kinds, exit_layer, num_draft)
+        pieces = self.costs.round(self.layer_kinds, exit_layer, num_draft)
+        return (self.tau(exit_layer, num_draft) * self.loop.token_seconds
+                / self.loop.round_seconds(pieces))
+
     def speedup(self, exit_layer: int, num_draft: int) -> float:
-        return predicted_speedup(self.metrics.agreement[exit_layer - 1], self.costs,
-                                 self.layer_kinds, exit_layer, num_draft)
+        """The predicted speed-up: on a workload the benchmark's (the whole call, prefill
+        included), else decoding alone."""
+        decode = self.decode_speedup(exit_layer, num_draft)
+        if self.loop is None or self.runs is None:
+            return decode
+        return self.loop.end_to_end(decode, len(self.runs.agree), self.runs.positions)
 
     def best(self) -> tuple[int, int] | None:
         """The (exit, K) with the highest predicted speed-up among the exits a drafter can use
         (1..L-1); None for a one-layer model."""
+        ranked = self.ranking(1)
+        return ranked[0] if ranked else None
+
+    def ranking(self, count: int) -> list[tuple[int, int]]:
+        """The `count` (exit, K) pairs of exits 1..L-1 with the highest predicted speed-ups,
+        fastest first."""
         pairs = [(e, k) for e in range(1, self.num_layers) for k in self.num_draft]
-        return max(pairs, key=lambda pair: self.speedup(*pair)) if pairs else None
+        return sorted(pairs, key=lambda pair: -self.speedup(*pair))[:count]
 
     def to_records(self) -> list[dict[str, Any]]:
-        """One JSON-ready record per exit 1..L; tau and speed-up keyed by K as a string."""
+        """One JSON-ready record per exit 1..L; tau and speed-up keyed by K as a string (and
+        the agreement along the workload's continuations when there is one)."""
         return [{"exit": e, "loss": self.metrics.loss[e - 1],
                  "accuracy": self.metrics.accuracy[e - 1],
                  "agreement": self.metrics.agreement[e - 1],
+                 **({"workload_agreement": self.runs.rate(e)} if self.runs else {}),
                  "tau": {str(k): self.tau(e, k) for k in self.num_draft},
                  "speedup": {str(k): self.speedup(e, k) for k in self.num_draft}}
                 for e in range(1, self.num_layers + 1)]
 
     def table(self) -> str:
         drafts = "".join(f"{f'K={k}':>7}" for k in self.num_draft)
+        on = (f"on {self.workload}, the benchmark's (prefill included)" if self.loop else
+              "decoding alone")
         lines = [f"{self.metrics.tokens} held-out tokens in windows of {self.seq_len}"
                  + (f" ({self.source})" if self.source else ""),
-                 f"{'':>32}predicted speed-up with K drafts from the exit",
-                 f"{'exit':>4}{'loss':>8}{'top1 acc':>10}{'agree':>8}  {drafts}"]
+                 f"{'':>32}predicted speed-up with K drafts from the exit, {on}",
+                 f"{'exit':>4}{'loss':>8}{'top1 acc':>10}{'agree':>8}"
+                 + (f"{'on it':>7}" if self.runs else "") + f"  {drafts}"]
         for record in self.to_records():
             speedups = "".join(f"{s:6.2f}x" for s in record["speedup"].values())
+            workload = f"{record['workload_agreement']:7.3f}" if self.runs else ""
             last = "  (last layer)" if record["exit"] == self.num_layers else ""
             lines.append(f"{record['exit']:>4}{record['loss']:8.4f}{record['accuracy']:10.3f}"
-                         f"{record['agreement']:8.3f}  {speedups}{last}")
+                         f"{record['agreement']:8.3f}{workload}  {speedups}{last}")
         lines.append(self._costs_line())
         lines.append(self._verification_line())
+        if self.loop:
+            lines.append(self._loop_line())
         if self.costs.spread > NOISY_SPREAD:
-            lines.append(f"warning: a timed piece varied by {self.costs.spread:.0%} between its "
-                         "repeats (a busy machine?): the predicted speed-ups are rough; measure "
-                         "again on an idle machine")
+            lines.append(f"warning: the middle half of a timed piece's repeats spread over "
+                         f"{self.costs.spread:.0%} of its median (a busy machine?): the "
+                         "predicted speed-ups are rough; measure again on an idle machine")
         best = self.best()
         if best is not None:
             e, k = best
@@ -161,9 +214,23 @@ class DraftExitReport:
             lines.append(f"{verdict}: exit {e} with {k} drafts, {self.speedup(e, k):.2f}x "
                          f"(tau {self.tau(e, k):.2f}); measure it with bench/bench.py "
                          f"--exit_layer={e} --num_draft={k}")
-        lines.append("estimates: i.i.d. acceptance at each exit's agreement, each piece's cost "
-                     "scaled to a whole pass; bench/bench.py measures the real speed-up")
+        lines.append(
+            "estimates: tau played over the exits' agreement along the continuations, round "
+            "costs from the pieces plus the loop's measured overheads" if self.loop else
+            "estimates: i.i.d. acceptance at each exit's agreement, each piece's cost scaled to "
+            "a whole pass; bench/bench.py measures the real speed-up")
         return "\n".join(lines)
+
+    def _loop_line(self) -> str:
+        loop = self.loop
+        timed = ExitRuns(self.runs.agree[:loop.prompts])  # the prompts the loop was timed on
+        points = "; ".join(f"K={k}: {1e3 * real:.2f} ms a round (pieces {1e3 * pieces:.2f} ms), "
+                           f"tau {tau:.2f} (played {timed.tau(loop.exit_layer, k):.2f})"
+                           for k, real, pieces, tau in loop.points)
+        return (f"real loop: ar {1e3 * loop.token_seconds:.3f} ms/token (pieces "
+                f"{1e3 * self.costs.plain(self.layer_kinds):.3f}); selfspec at exit "
+                f"{loop.exit_layer} on the first {loop.prompts} prompts: {points}; so a round "
+                f"takes {loop.scale:.2f} x the pieces' + {1e3 * loop.overhead:.3f} ms")
 
     def _costs_line(self) -> str:
         first, last = 1, max(self.num_draft) + 1
@@ -175,6 +242,9 @@ class DraftExitReport:
         parts = [f"{kind} layer {span(self.costs.layer[kind])}"
                  for kind in dict.fromkeys(self.layer_kinds)]
         parts.append(f"head {span(self.costs.head)}")
+        if self.costs.draft_head is not None:
+            parts.append(f"draft head over {self.costs.draft_vocab} ids "
+                         f"{1e3 * self.costs.draft_head:.3f} ms (1 token)")
         return (f"costs (batch 1, {self.costs.context} cached tokens): " + "; ".join(parts)
                 + f"; plain decoding {1e3 * self.costs.plain(self.layer_kinds):.3f} ms/token")
 
@@ -214,7 +284,8 @@ def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:
 
 
 def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
-                  context: int = 256, repeats: int = 7, inner: int = 8) -> LayerCosts:
+                  context: int = 256, repeats: int = 7, inner: int = 8,
+                  draft_vocab: int = 0) -> LayerCosts:
     """Per-piece costs on n new tokens after `context` cached ones, for each n in `sizes`;
     batch 1, jitted, after a warm-up call, each call running the piece `inner` times in one
     compiled loop (so per-call dispatch, which the decode loop does not pay per layer, is
@@ -230,7 +301,8 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
     its median kept, so a change in the machine's speed hits all of them alike; a cost that
     falls with more tokens is noise and takes the smaller count's value (`monotone`). The
     largest spread between a piece's repeats is kept (`LayerCosts.spread`): the report warns
-    when the machine was too noisy to trust."""
+    when the machine was too noisy to trust. With `draft_vocab` N > 0 the head over N ids
+    (`heads.vocab_subset`, the drafters' smaller head) is timed on one token too."""
     sizes = sorted(set(sizes) | {1})
     layers = {kind: layer_params(params, cfg, cfg.layer_kinds.index(kind))
               for kind in dict.fromkeys(cfg.layer_kinds)}
@@ -260,7 +332,10 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
         calls.update({(kind, n): call(run, {"layers": (weights,)}, hidden(n), cache(one, n))
                       for n in sizes})
     run = _head_loop(cfg, inner)
-    calls.update({("head", n): call(run, head, hidden(n)) for n in sizes})
+    calls.update({("head", n): call(run, head, None, hidden(n)) for n in sizes})
+    if draft_vocab:
+        vocab = DraftVocab.gather(params, cfg, jnp.arange(draft_vocab, dtype=jnp.int32))
+        calls["draft head", 1] = call(run, head, vocab, hidden(1))
     run = _model_loop(cfg, inner)
     calls.update({("model", n): call(run, model, hidden(n), cache(cfg, n)) for n in sizes})
     samples = {key: [t / inner for t in by_item[0]]
@@ -272,7 +347,19 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
         layer={kind: monotone({n: median[kind, n] * scale[n] for n in sizes})
                for kind in layers},
         head=monotone({n: median["head", n] * scale[n] for n in sizes}), context=context,
-        spread=max((max(times) - min(times)) / median[key] for key, times in samples.items()))
+        draft_head=(median["draft head", 1] * scale[1]) if draft_vocab else None,
+        draft_vocab=draft_vocab,
+        spread=max(_spread(times) for times in samples.values()))
+
+
+def _spread(times: Sequence[float]) -> float:
+    """The spread of a piece's repeats: the interquartile range over the median, so that one
+    slow repeat (a page fault, the collector), which the median already ignores, does not
+    call the whole machine noisy."""
+    if len(times) < 2:
+        return 0.0
+    first, _, third = statistics.quantiles(times, n=4, method="inclusive")
+    return (third - first) / statistics.median(times)
 
 
 def monotone(by_size: Mapping[int, float]) -> dict[int, float]:
@@ -322,13 +409,14 @@ def _model_loop(cfg: ModelConfig, inner: int) -> Callable:
 
 
 def _head_loop(cfg: ModelConfig, inner: int) -> Callable:
-    """(head params, hidden [1, n, D]) -> (hidden,): the head `inner` times, each input scaled
-    by the previous logits' maximum (so no call can be skipped)."""
+    """(head params, vocab, hidden [1, n, D]) -> (hidden,): the head (over `vocab`'s ids, all
+    when None) `inner` times, each input scaled by the previous logits' maximum (so no call
+    can be skipped)."""
 
     @jax.jit
-    def run(params, hidden):
+    def run(params, vocab, hidden):
         def body(_, hidden):
-            logits = exit_logits(params, cfg, hidden)
+            logits = exit_head_logits(params, cfg, hidden, vocab)
             return hidden * (1 + 1e-6 * jnp.max(logits)).astype(hidden.dtype)
 
         return (jax.lax.fori_loop(0, inner, body, hidden),)
@@ -361,12 +449,12 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
                       meta: Mapping[str, Any], texts: Sequence[str] | None = None, *,
                       seq_len: int | None = None, max_tokens: int = 32768,
                       num_draft: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
-                      context: int = 256, repeats: int = 7,
+                      context: int = 256, repeats: int = 7, draft_vocab: int = 0,
                       costs: LayerCosts | None = None) -> DraftExitReport:
     """The report of a loaded model (its stacked params, its checkpoint metadata `meta`)
     over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
     defaults to that data config's. Costs are measured (`measure_costs` with `context`,
-    `repeats`) unless given."""
+    `repeats`, the drafts' head over `draft_vocab` ids) unless given."""
     _check_drafts(num_draft)
     data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
     seq_len = data.seq_len if seq_len is None else seq_len
@@ -379,6 +467,38 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
     windows = token_windows(texts, tokenizer, seq_len, max_tokens)
     if costs is None:
         costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_draft], context=context,
-                              repeats=repeats)
+                              repeats=repeats, draft_vocab=draft_vocab)
     return exit_report(params, cfg, windows, costs, num_draft=num_draft,
                        batch_size=batch_size, source=source)
+
+
+def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
+                generator: Generator, selfspec: Callable[[int, int], Drafter],
+                prompts: Sequence[Sequence[int]], *, max_new_tokens: int, repeats: int = 3,
+                calibration_prompts: int = 2, draft_ids: np.ndarray | None = None,
+                workload: str = "",
+                progress: Callable[[str], None] = lambda line: None) -> DraftExitReport:
+    """The report's predictions on `prompts` (`tools/exit_workload.py`): the model's greedy
+    continuations, each exit's runs of agreement along them (over `draft_ids`, the drafts'
+    vocabulary), and the real loop calibrated on the first `calibration_prompts` with
+    `selfspec(exit, K)` at the exit the uncalibrated report then ranks first. `workload` names
+    the prompts in the table. A one-layer model, whose only exit is the last, is returned as
+    it is: no exit can draft."""
+    if report.num_layers < 2:
+        return report
+    progress(f"exit report: continuing {len(prompts)} prompts greedily ...")
+    continuations = greedy_continuations(generator, prompts, max_new_tokens=max_new_tokens)
+    runs = exit_runs(params, cfg, prompts, continuations, draft_ids)
+    if runs.positions == 0:
+        raise ValueError("the prompts' continuations end at their first token: nothing to "
+                         "draft (raise max_new_tokens, or give prompts that do not end at EOS)")
+    played = dataclasses.replace(report, runs=runs)
+    exit_layer = played.best()[0]  # two layers or more: an exit below the last
+    progress(f"exit report: timing the real loop (ar, selfspec at exit {exit_layer}) ...")
+    loop = calibrate_loop(
+        generator, selfspec, prompts[:calibration_prompts],
+        lambda e, k: report.costs.round(report.layer_kinds, e, k),
+        max_new_tokens=max_new_tokens, exit_layer=exit_layer, num_draft=report.num_draft,
+        repeats=repeats)
+    return dataclasses.replace(played, loop=loop, workload=workload or
+                               f"{len(prompts)} prompts x {max_new_tokens} new tokens")

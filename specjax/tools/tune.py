@@ -4,13 +4,14 @@ Every strategy the workdir can run is a candidate (`candidates`): the model-free
 suffix, lookahead), selfspec at the exits the exit report ranks first, each strategy whose
 trained weights are loaded, each chain with a small grid of `num_draft`, and a static tree for
 each strategy that drafts trees. A candidate's prediction is a short measurement against `ar`
-on a few prompts (a probe), except for selfspec's chains, which the exit report predicts: at
-each exit tried, only the K it predicts fastest is probed, so that every kind competes on
-measured speed (the report's figures are not on the bench's scale, and its ranking of exits
-not always the bench's). The best of each kind (a strategy's
-chains, its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
-interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
-none beats it. Probes decode as many tokens as the confirmation, whose programs they compile.
+on a few prompts (a probe), except for selfspec's chains, which the exit report predicts on
+the same prompts: played over the model's greedy continuations of them and calibrated on the
+real decode loop (`exit_report.on_workload`), its greedy figures are the benchmark's, so they
+compete with the probes as they are. Sampled, the report only ranks: each exit's fastest K by
+it is probed. The best of each kind (a strategy's chains, its trees), the few
+best kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
+(`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
+decode as many tokens as the confirmation, whose programs they compile.
 
 A time budget stops the search: no probe starts after it is spent, and then the best prediction
 so far wins unconfirmed (the table says so).
@@ -161,14 +162,18 @@ def _best_exits(report: DraftExitReport | None, count: int,
 def tune(generator: Generator, build: Callable[[Candidate], Drafter],
          found: Sequence[Candidate], prompts: Sequence[Sequence[int]], *,
          max_new_tokens: int, budget_s: float, started: float,
-         sampling: SamplingParams | None = None, confirm: int = 3, probe_prompts: int = 2,
+         sampling: SamplingParams | None = None, report_measures: bool = False,
+         confirm: int = 3, probe_prompts: int = 2,
          repeats: int = 3,
          progress: Callable[[str], None] = lambda line: None) -> Tuning:
     """Predicts each candidate (`build` makes its drafter; a ValueError refuses it), confirms
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
-    The budget counts from `started` (`time.perf_counter()`), so that work done before, such as
-    the exit report, counts too; at least one candidate is always predicted."""
-    reported = {}  # the exit report's fastest candidate of each kind, per exit: probed
+    With `report_measures` (greedy: the report was calibrated on these prompts), the exit
+    report's figures stand as predictions; without (sampled: its figures are greedy's), they
+    only rank, and each exit's fastest K by the report is probed. The budget counts from
+    `started` (`time.perf_counter()`), so that work done before, such as the exit report,
+    counts too; at least one candidate is always predicted."""
+    reported = {}  # the exit report's fastest candidate of each kind, per exit
     for candidate in found:
         key = candidate.kind, candidate.options.get("exit_layer")
         best = reported.get(key)
@@ -187,8 +192,8 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         except ValueError as error:
             rows.append(Row(candidate, None, f"refused: {error}"))
             continue
-        if candidate.predicted is not None and reported[
-                candidate.kind, candidate.options.get("exit_layer")] is not candidate:
+        if candidate.predicted is not None and (report_measures or reported[
+                candidate.kind, candidate.options.get("exit_layer")] is not candidate):
             rows.append(Row(candidate, candidate.predicted, "exit report"))
             continue
         progress(f"probing {candidate.label} ...")

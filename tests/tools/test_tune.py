@@ -54,14 +54,15 @@ def tuned(workdirs):
 
 
 def test_the_tuner_picks_the_draft_model_that_is_the_target(tuned):
-    """Selfspec at the exit the report ranks first and the draft model, both probed, are
-    both confirmed, and the draft model, which accepts everything at an eighth of the
-    cost, wins by its confirmed speed-up. Catches the slowest confirmed row taken as the
-    winner, or a loaded draft model left out of the candidates."""
+    """Selfspec at the exit the report ranks first (its greedy figure, calibrated on these
+    prompts, not probed) and the draft model (probed) are both confirmed, and the draft
+    model, which accepts everything at an eighth of the cost, wins by its confirmed
+    speed-up. Catches the slowest confirmed row taken as the winner, or a loaded draft model
+    left out of the candidates."""
     assert tuned.confirmed
     assert (tuned.winner.strategy, dict(tuned.winner.options)) == ("draft", {"num_draft": 4})
     sources = {row.candidate.strategy: row.source for row in tuned.rows}
-    assert sources == {"selfspec": "probe", "draft": "probe"}
+    assert sources == {"selfspec": "exit report", "draft": "probe"}
     confirmed = {row.candidate.strategy: row.confirmed for row in tuned.rows}
     assert confirmed["draft"].stats.acceptance_rate >= 0.9  # all but the last round's ends
     assert confirmed["draft"].speedup > max(1.0, confirmed["selfspec"].speedup)
@@ -171,14 +172,9 @@ def test_the_command_line_generates_with_the_tuned_default(workdirs, tmp_path):
     assert "acceptance=n/a" in tuned.stdout and "acceptance=n/a" not in named.stdout
 
 
-def test_the_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
-    """Of selfspec's chains, the exit report's fastest K at each exit is probed and the rest
-    keep the report's figure; the kind's best probe is confirmed, whatever the report said of
-    the other exit. Catches probing only the report's overall favourite (exit 1 here, whose
-    probe is slow) or confirming a report figure over a measured one."""
-    speeds = {"selfspec exit_layer=1 num_draft=4": 1.2, "selfspec exit_layer=2 num_draft=2": 1.8}
-    probed = []
-
+def _scripted_bench(speeds: dict, probed: list):
+    """A `run_benchmark` stand-in: each label's speed-up from `speeds` (1.0 by default), a
+    probe's label recorded in `probed`."""
     def bench(generator, strategies, prompts, **kwargs):
         labels = [label for label in strategies if label != "ar"]
         if labels == ["probe"]:
@@ -187,16 +183,46 @@ def test_the_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
         return [types.SimpleNamespace(name=label, speedup=speeds.get(label, 1.0),
                                       stats=types.SimpleNamespace(tau=2.0))
                 for label in ["ar", *labels]]
+    return bench
 
-    monkeypatch.setattr(tuner, "run_benchmark", bench)
-    found = [tuner.Candidate("selfspec", {"exit_layer": e, "num_draft": k}, predicted)
-             for e, k, predicted in ((1, 2, 2.0), (1, 4, 2.5), (2, 2, 1.5), (2, 4, 1.4))]
-    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+
+SELFSPEC_FOUND = [tuner.Candidate("selfspec", {"exit_layer": e, "num_draft": k}, predicted)
+                  for e, k, predicted in ((1, 2, 2.0), (1, 4, 2.5), (2, 2, 1.5), (2, 4, 1.4))]
+
+
+def test_a_ranking_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
+    """Sampled (the report's greedy figures only rank): of selfspec's chains, the report's
+    fastest K at each exit is probed and the rest keep the report's figure; the kind's best
+    probe is confirmed, whatever the report said of the other exit. Catches probing only the
+    report's overall favourite (exit 1 here, whose probe is slow) or confirming a report
+    figure over a measured one."""
+    speeds = {"selfspec exit_layer=1 num_draft=4": 1.2, "selfspec exit_layer=2 num_draft=2": 1.8}
+    probed = []
+    monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(speeds, probed))
+    tuning = tuner.tune(None, lambda c: c.label, SELFSPEC_FOUND, [[1, 2]], max_new_tokens=4,
                         budget_s=60, started=time.perf_counter())
     assert probed == ["selfspec exit_layer=1 num_draft=4", "selfspec exit_layer=2 num_draft=2"]
     assert [row.source for row in tuning.rows] == ["exit report", "probe", "probe",
                                                    "exit report"]
-    assert tuning.winner == found[2] and tuning.confirmed
+    assert tuning.winner == SELFSPEC_FOUND[2] and tuning.confirmed
+
+
+def test_a_measuring_report_is_not_probed_and_its_best_is_confirmed(monkeypatch):
+    """Greedy (the report calibrated on these prompts, `report_measures`): no selfspec chain
+    is probed, each keeps the report's figure, and the kind's best by the report (exit 1,
+    K=4) is the one confirmed, beside a probed ngram. Catches the calibrated figures probed
+    anyway (two wasted compilations per exit) or ignored in favour of the probes."""
+    probed = []
+    monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(
+        {"selfspec exit_layer=1 num_draft=4": 2.2, "ngram num_draft=2": 1.3}, probed))
+    found = [*SELFSPEC_FOUND, tuner.Candidate("ngram", {"num_draft": 2})]
+    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+                        budget_s=60, started=time.perf_counter(), report_measures=True)
+    assert probed == ["ngram num_draft=2"]
+    assert [row.source for row in tuning.rows] == ["exit report"] * 4 + ["probe"]
+    confirmed = [row.candidate for row in tuning.rows if row.confirmed]
+    assert confirmed == [SELFSPEC_FOUND[1], found[-1]]
+    assert tuning.winner == SELFSPEC_FOUND[1]
 
 
 class _Report:

@@ -1,0 +1,190 @@
+"""The exit report on a workload: each exit's drafts along the model's own greedy continuations
+of given prompts (what the benchmark decodes), and what a round of the real decode loop costs.
+
+Greedy self-speculation from exit E keeps a draft while it equals the target's token. Along the
+target's greedy continuation, a draft made after accepted drafts is exactly exit E's prediction
+at that position with teacher forcing (the shallow layers see the same tokens). So the runs of
+positions where exit E's argmax (over the drafter's vocabulary) equals the next token give
+every round's accepted count, hence tau, without assuming independent acceptance
+(`ExitRuns.tau`): on held-out text, independence and another text's agreement put tau off by
+up to 30%.
+
+Pieces timed in isolation miss what the compiled loop adds (acceptance, the cache commit, the
+draft loop, the while loop) and what it shares (a small model's layers fused into one
+program): one benchmark of `ar` and of selfspec at one exit with the smallest and the largest
+K on a few of the prompts measures the real loop (`LoopCalibration`). The real seconds per
+token of `ar` replace the pieces' plain decoding; the real seconds per round of the two chains,
+against the pieces' prediction of those rounds, fix a line (a scale and an overhead per round)
+that maps every other (exit, K)'s pieces to the loop's seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig
+from specjax.decoding.drafter import Drafter
+from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
+from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
+from specjax.model import Params, embed, run_layers
+from specjax.tools.bench import StrategyResult, run_benchmark
+
+# Windows of the teacher-forced pass over prompts + continuations: one compile per bucket.
+ROWS_PER_PASS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitRuns:
+    """Per prompt, [L, n] booleans: whether exit e (row e-1) predicts the continuation's next
+    token at each of the n positions decoding rounds produce (every token but the first, which
+    the prefill's full pass makes)."""
+
+    agree: tuple[np.ndarray, ...]
+
+    @property
+    def positions(self) -> int:
+        return sum(row.shape[1] for row in self.agree)
+
+    def rate(self, exit_layer: int) -> float:
+        """The fraction of those positions where the exit agrees: its greedy acceptance rate."""
+        hits = sum(int(row[exit_layer - 1].sum()) for row in self.agree)
+        return hits / self.positions if self.positions else 0.0
+
+    def tau(self, exit_layer: int, num_draft: int) -> float:
+        """Tokens per round of greedy chains of `num_draft` drafts from the exit, played over
+        the continuations: each round accepts the run of agreeing positions it starts on (at
+        most K) and adds the target's own token."""
+        rounds = sum(chain_rounds(row[exit_layer - 1], num_draft) for row in self.agree)
+        return self.positions / rounds if rounds else 1.0
+
+
+def chain_rounds(agree: np.ndarray, num_draft: int) -> int:
+    """Rounds a chain of `num_draft` drafts takes over positions whose drafts agree (`agree`
+    [n]): a round accepts the agreeing run it starts on, up to K, then one token of its own."""
+    rounds, position = 0, 0
+    while position < len(agree):
+        run = 0
+        while run < num_draft and position + run < len(agree) and agree[position + run]:
+            run += 1
+        position += run + 1
+        rounds += 1
+    return rounds
+
+
+def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
+              continuations: Sequence[Sequence[int]],
+              draft_ids: np.ndarray | None = None) -> ExitRuns:
+    """`ExitRuns` of the prompts' continuations: one teacher-forced pass through every exit,
+    each exit's argmax over `draft_ids` (ascending; None: the whole vocabulary)."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    vocab = None if draft_ids is None else DraftVocab.gather(
+        params, cfg, jnp.asarray(draft_ids, jnp.int32))
+    rows = [list(p) + list(c) for p, c in zip(prompts, continuations, strict=True)]
+    width = bucket(max(len(row) for row in rows))
+    argmax = _exit_argmax(cfg)
+    agree = []
+    for start in range(0, len(rows), ROWS_PER_PASS):
+        chunk = rows[start:start + ROWS_PER_PASS]
+        tokens = np.zeros((ROWS_PER_PASS, width), np.int32)
+        for i, row in enumerate(chunk):
+            tokens[i, :len(row)] = row
+        predicted = np.asarray(argmax(params, jnp.asarray(tokens), vocab))  # [L, B, T]
+        for i, index in enumerate(range(start, start + len(chunk))):
+            first, new = len(prompts[index]), list(continuations[index])
+            # position t predicts token t + 1: rounds make the continuation's tokens 1..n-1
+            agree.append(predicted[:, i, first:first + len(new) - 1] == np.asarray(new[1:]))
+    return ExitRuns(tuple(agree))
+
+
+def _exit_argmax(cfg: ModelConfig) -> Callable:
+    """A jitted (params, tokens [B, T], vocab) -> [L, B, T]: each exit's top id."""
+
+    @jax.jit
+    def argmax(params: Params, tokens: jax.Array, vocab: DraftVocab | None) -> jax.Array:
+        per_layer = run_layers(params, cfg, embed(params, cfg, tokens))
+        return jax.lax.map(
+            lambda hidden: jnp.argmax(exit_head_logits(params, cfg, hidden, vocab), -1),
+            per_layer)
+
+    return argmax
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCalibration:
+    """The real decode loop, timed on the first `prompts` prompts: `ar`'s seconds per decoded
+    token and per prompt's prefill (with its first token), and the line from the pieces'
+    seconds per round to the loop's: `scale` x pieces + `overhead`. `points` holds the
+    measurements the line comes from: (K, measured seconds per round, the pieces' round,
+    measured tau), at exit `exit_layer`."""
+
+    token_seconds: float
+    prefill_seconds: float
+    scale: float
+    overhead: float
+    exit_layer: int
+    points: tuple[tuple[int, float, float, float], ...]
+    prompts: int = 1
+
+    def round_seconds(self, pieces: float) -> float:
+        """A round's seconds in the real loop from the pieces' `pieces`."""
+        return self.scale * pieces + self.overhead
+
+    def end_to_end(self, decode_speedup: float, prompts: int, decoded: int) -> float:
+        """The whole call's speed-up (prefill included, as the benchmark reports it) on
+        `prompts` prompts with `decoded` tokens after their first, when decoding alone is
+        `decode_speedup` times faster than `ar`'s."""
+        prefill, decode = prompts * self.prefill_seconds, decoded * self.token_seconds
+        return (prefill + decode) / (prefill + decode / decode_speedup)
+
+
+def fit_round(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(scale, overhead) of the line through (pieces' round, measured round) points, the
+    smallest and the largest round. A line that does not rise (the machine's noise, or one
+    point) becomes the ratio through the origin of the points' sums, so that a costlier round
+    in the pieces is never cheaper in the loop."""
+    (low, measured_low), (high, measured_high) = min(points), max(points)
+    scale = (measured_high - measured_low) / (high - low) if high > low else 0.0
+    if scale <= 0:
+        return sum(m for _, m in points) / sum(p for p, _ in points), 0.0
+    return scale, measured_low - scale * low
+
+
+def calibrate_loop(generator: Generator, selfspec: Callable[[int, int], Drafter],
+                   prompts: Sequence[Sequence[int]], pieces: Callable[[int, int], float], *,
+                   max_new_tokens: int, exit_layer: int, num_draft: Sequence[int],
+                   repeats: int = 3) -> LoopCalibration:
+    """Benchmarks `ar` and `selfspec(exit_layer, K)` for the smallest and largest K of
+    `num_draft` on `prompts` (`tools.bench.run_benchmark`, greedy, batch 1) and fits the
+    line from `pieces(exit_layer, K)`, the pieces' seconds per round, to the loop's."""
+    chains = sorted({min(num_draft), max(num_draft)})
+    results = {r.name: r for r in run_benchmark(
+        generator, {"ar": AUTOREGRESSIVE, **{f"K={k}": selfspec(exit_layer, k) for k in chains}},
+        prompts, max_new_tokens=max_new_tokens, repeats=repeats)}
+    ar = results["ar"]
+    measured = [(k, _per_round(results[f"K={k}"]), pieces(exit_layer, k),
+                 results[f"K={k}"].stats.tau) for k in chains]
+    scale, overhead = fit_round([(pieces, real) for _, real, pieces, _ in measured])
+    return LoopCalibration(_per_round(ar), ar.prefill_seconds / len(prompts), scale,
+                           overhead, exit_layer, tuple(measured), len(prompts))
+
+
+def _per_round(result: StrategyResult) -> float:
+    """Decoding seconds (the call's, less its one-token prefill call's) per round."""
+    if not result.stats.rounds or result.seconds <= result.prefill_seconds:
+        raise ValueError(f"{result.name}: the run is too short to time its rounds apart from "
+                         "the prefill (raise max_new_tokens)")
+    return (result.seconds - result.prefill_seconds) / result.stats.rounds
+
+
+def greedy_continuations(generator: Generator, prompts: Sequence[Sequence[int]], *,
+                         max_new_tokens: int) -> list[list[int]]:
+    """The model's own greedy continuation of each prompt (what every lossless strategy
+    outputs)."""
+    return generator.generate(prompts, max_new_tokens=max_new_tokens,
+                              strategy=AUTOREGRESSIVE).tokens

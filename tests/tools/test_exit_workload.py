@@ -1,0 +1,179 @@
+"""The exit report on a workload (specjax/tools/exit_workload.py, exit_report.on_workload): rounds
+played over the exits' agreement against the real decode loop's, the loop's calibration and
+the calibrated prediction by hand, the command line end to end."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.config import ModelConfig
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.engine import Generator
+from specjax.decoding.shapes.chain import Chain
+from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
+from specjax.tools.exit_workload import (
+    ExitRuns,
+    LoopCalibration,
+    chain_rounds,
+    exit_runs,
+    fit_round,
+    greedy_continuations,
+)
+from specjax.training.evaluate import ExitReport
+from tests.support.models import TINY_MODEL, damped_params
+from tests.support.scripts import run_script
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+NEW = 24
+COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1, 10)}},
+                   head={n: 0.5 + 0.1 * (n - 1) for n in range(1, 10)})
+METRICS = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
+                     agreement=(0.3, 0.5, 0.7, 1.0), tokens=100)
+
+
+@pytest.mark.parametrize("num_draft, rounds", [(1, 6), (2, 4), (8, 3)])
+def test_chain_rounds_by_hand(num_draft, rounds):
+    """Positions 0..8 agreeing as 1 1 0 1 1 1 1 0 0: with K=2 the rounds accept 2 (0, 1) and
+    make 2, accept 2 (3, 4) and make 5, accept 1 (6) and make 7, make 8: 4 rounds; K=8 takes
+    3, K=1 takes 6. Catches the run not capped at K, the round's own token not counted (the
+    next round starting on it), and a run that goes on past a disagreement."""
+    agree = np.array([1, 1, 0, 1, 1, 1, 1, 0, 0], bool)
+    assert chain_rounds(agree, num_draft) == rounds
+    runs = ExitRuns((np.stack([agree, np.ones(9, bool)]),))
+    assert runs.tau(1, num_draft) == pytest.approx(9 / rounds)
+    assert runs.tau(2, 3) == pytest.approx(9 / 3)  # all agree: K+1 tokens a round
+    assert runs.rate(1) == pytest.approx(6 / 9)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The params, a generator whose ranking puts the continuations' ids first (by count),
+    the continuations, and a draft vocabulary size that leaves 3 of their ids out."""
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    continuations = greedy_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW)
+    counts = np.bincount(np.concatenate(continuations), minlength=CFG.vocab_size)
+    ranking = np.argsort(-counts, kind="stable")
+    generator = Generator(params, CFG, draft_vocab=ranking)
+    return params, generator, continuations, ranking, int((counts > 0).sum()) - 3
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_played_rounds_are_the_real_loops_rounds(model, subset):
+    """For exits 1 and 2 and K = 1 and 3, over the whole vocabulary and over N ids: the rounds
+    played over the exits' agreement (one teacher-forced pass) equal the rounds the real
+    greedy selfspec loop takes on the same prompts, row by row, an independent reference.
+    Catches an exit read from its neighbour's row, the agreement read one position off (or
+    including the prefill's token), and a played draft over the whole vocabulary where the
+    drafter drafts over the subset."""
+    params, generator, continuations, ranking, size = model
+    draft_vocab = size if subset else 0
+    ids = np.sort(ranking[:draft_vocab]) if subset else None
+    runs = exit_runs(params, CFG, PROMPTS, continuations, ids)
+    assert [row.shape for row in runs.agree] == [(4, len(c) - 1) for c in continuations]
+    played_all, real_all = [], []
+    for exit_layer in (1, 2):
+        for num_draft in (1, 3):
+            drafter = SelfSpeculative(exit_layer, Chain(num_draft), draft_vocab=draft_vocab)
+            out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
+            assert out.tokens == continuations  # lossless, so the continuations are shared
+            real = [stats.rounds for stats in out.stats]
+            played = [chain_rounds(row[exit_layer - 1], num_draft) for row in runs.agree]
+            assert played == real, (exit_layer, num_draft)
+            played_all.append(played)
+            real_all.append(real)
+    assert len({tuple(p) for p in played_all}) > 2  # exits and K change the rounds: teeth
+    assert 0 < runs.rate(1) < runs.rate(3) <= 1
+
+
+def test_fit_round_is_the_line_through_the_extremes_or_a_ratio():
+    """By hand: (2, 1.0) and (4, 1.6) give scale 0.3 and overhead 0.4 (the middle point
+    ignored); a line that falls with the pieces (noise) and a single point give the ratio of
+    the sums through the origin. Catches the overhead read at the wrong end, and a falling
+    line kept (a costlier round predicted cheaper, or negative)."""
+    assert fit_round([(4.0, 1.6), (3.0, 9.0), (2.0, 1.0)]) == (pytest.approx(0.3),
+                                                               pytest.approx(0.4))
+    assert fit_round([(2.0, 1.0), (4.0, 0.9)]) == (pytest.approx(1.9 / 6), 0.0)
+    assert fit_round([(2.0, 1.0)]) == (pytest.approx(0.5), 0.0)
+
+
+def test_end_to_end_speedup_by_hand():
+    """2 prompts of 0.1 s prefill and 100 decoded tokens of 0.01 s: 1.2 s; decoding twice as
+    fast, 0.2 + 0.5 s: 12/7. Catches the prefill counted once instead of per prompt, and the
+    speed-up applied to the prefill too."""
+    loop = LoopCalibration(0.01, 0.1, 1.0, 0.0, 1, ())
+    assert loop.end_to_end(2.0, 2, 100) == pytest.approx(1.2 / 0.7)
+    assert loop.end_to_end(1.0, 2, 100) == pytest.approx(1.0)
+
+
+def test_a_calibrated_prediction_by_hand():
+    """A report with played runs and a calibrated loop: the speed-up at (exit 2, K=3) is
+    tau_played x ar's real seconds / (scale x the pieces' round + overhead), then taken end
+    to end, by hand; the records carry the workload's agreement and the table the loop's
+    line. Catches the plain cost taken from the pieces when the real loop is known, tau from
+    the i.i.d. formula when runs are given, and the calibration's line left unapplied."""
+    agree = np.array([[0, 0, 0, 0, 1, 0], [1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1],
+                      [1, 1, 1, 1, 1, 1]], bool)
+    runs = ExitRuns((agree,))
+    loop = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
+                           exit_layer=2, points=((2, 9.0, 8.0, 2.0),))
+    kinds = CFG.layer_kinds
+    report = DraftExitReport(METRICS, COSTS, kinds, num_draft=(3,), runs=runs, loop=loop)
+    # exit 2, K=3 over 1 1 1 0 1 1: accept 3, make 3; accept 2 (4, 5): 2 rounds, tau 3
+    pieces = 3 * (2.0 * 2 + 0.5) + 2.0 * 2 + (2.0 + 0.75) * 2 + (0.5 + 0.3)
+    decode = 3.0 * 3.0 / (0.5 * pieces + 1.0)
+    assert report.tau(2, 3) == pytest.approx(3.0)
+    assert report.decode_speedup(2, 3) == pytest.approx(decode)
+    assert report.speedup(2, 3) == pytest.approx((2.0 + 18.0) / (2.0 + 18.0 / decode))
+    assert report.to_records()[1]["workload_agreement"] == pytest.approx(5 / 6)
+    assert "real loop: ar 3000.000 ms/token" in report.table()
+
+
+def test_the_draft_vocabularys_head_costs_the_drafts_only():
+    """With a cheaper draft head, a round's K drafts use it and verification keeps the full
+    head, by hand. Catches the subset head charged to verification too, or ignored."""
+    costs = LayerCosts(layer=COSTS.layer, head=COSTS.head, draft_head=0.05, draft_vocab=16)
+    shallow, deep = 2.0, 3 * (2.0 + 0.25 * 2)
+    assert costs.round(CFG.layer_kinds, 1, 2) == pytest.approx(
+        2 * (shallow + 0.05) + shallow + deep + 0.5 + 0.1 * 2)
+    assert costs.plain(CFG.layer_kinds) == COSTS.plain(CFG.layer_kinds)
+
+
+def test_the_command_predicts_on_a_workload_and_refuses_a_workload_without_it(base_workdir,
+                                                                             tmp_path):
+    """infer/exit_report.py on a workdir's held-out prompts: the table names the workload and
+    the real loop, each JSON record its agreement along the continuations; the calibration's
+    measured tau is the played one at the exit it timed. A prompt set with --noworkload is
+    a one-line error. Catches the workload dropped from the command (the held-out estimate
+    printed instead) and flags that would be silently ignored."""
+    out = tmp_path / "exits.json"
+    result = run_script("infer/exit_report.py", f"--workdir={base_workdir}", "--num_prompts=2",
+                        "--prompt_len=16", "--max_new_tokens=16", "--num_draft=2,3",
+                        "--repeats=1", "--max_tokens=256", "--context=16",
+                        f"--output_json={out}")
+    assert result.returncode == 0, result.stderr
+    assert "on 2 prompts x 16 new tokens, the benchmark's" in result.stdout
+    assert "real loop: ar" in result.stdout
+    for line in result.stdout.splitlines():
+        if line.startswith("real loop:"):
+            for part in line.split("; K=")[1:]:
+                measured, played = part.split("tau ")[1].split(" (played ")
+                assert float(measured) == pytest.approx(float(played.split(")")[0]), abs=0.01)
+    records = json.loads(out.read_text())
+    assert all(0 <= record["workload_agreement"] <= 1 for record in records)
+    refused = run_script("infer/exit_report.py", f"--workdir={base_workdir}",
+                         "--prompt_set=humaneval", "--noworkload")
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1].endswith(
+        "--prompts_file and --prompt_set are the workload's: drop --noworkload")
+
+
+def test_a_one_layer_model_keeps_its_held_out_report():
+    """A one-layer model has no exit to draft from: the workload leaves its report as it is,
+    without decoding (no generator is needed). Catches selfspec built at exit 1 of one layer,
+    whose refusal would fail `infer/exit_report.py` on any one-layer model."""
+    one = ExitReport(loss=(2.0,), accuracy=(0.4,), agreement=(1.0,), tokens=10)
+    report = DraftExitReport(one, COSTS, ("attention",), num_draft=(2,))
+    assert on_workload(report, None, None, None, None, [[1, 2]], max_new_tokens=4) is report

@@ -68,6 +68,7 @@ from specjax.tools.tune import EXITS, NUM_DRAFTS, TREE, Tuning, candidates, tuna
 
 PromptsArg = str | Sequence[int] | Sequence[str | Sequence[int]] | None
 STOP_STRINGS_KEPT = 8  # stop-string automata a model keeps built (one per set of stops)
+TUNE_REPORT_WINDOWS = 4  # held-out windows the tuner's exit report evaluates (one batch)
 DECODING_OPTIONS = tuple(field.name for field in dataclasses.fields(DecodingConfig))
 EXIT_REPORT_OPTIONS = tuple(name for name, p in inspect.signature(model_exit_report).parameters
                             .items() if p.kind is p.KEYWORD_ONLY)
@@ -431,15 +432,19 @@ class LanguageModel:
 
     def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int],
                      max_new_tokens: int, progress: Callable[[str], None]) -> DraftExitReport:
-        """The exit report ranking `tune`'s exits on its own prompts (the workload): held-out
-        metrics on the workdir's documents, or for an import (no data recorded) on the
-        prompts themselves."""
+        """The exit report ranking `tune`'s exits on its own prompts (the workload, which alone
+        makes its predictions): its held-out metrics, which only the table shows, on one batch
+        of windows of the workdir's documents, or for an import (no data recorded) of the
+        prompts themselves (the default 32,768 tokens would pass through every exit's head:
+        49,152-way on SmolLM2)."""
         texts = seq_len = None
         if not self.meta.get("config", {}).get("data"):
             texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
             seq_len = max(1, min(len(ids) for ids in encoded) - 1)
+        seq_len = seq_len or heldout_data(self.meta).seq_len
         return self._workload_report(encoded, max_new_tokens, progress, texts, seq_len=seq_len,
-                                     num_draft=num_draft)
+                                     max_tokens=TUNE_REPORT_WINDOWS * seq_len,
+                                     batch_size=TUNE_REPORT_WINDOWS, num_draft=num_draft)
 
     def _workload_report(self, encoded: Sequence[Any] | None, max_new_tokens: int,
                          progress: Callable[[str], None], texts: Sequence[str] | None,

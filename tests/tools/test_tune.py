@@ -264,3 +264,19 @@ def test_a_winner_slower_than_ar_stores_ar(monkeypatch):
                         budget_s=60, started=time.perf_counter())
     assert tuning.confirmed and all(row.confirmed for row in tuning.rows)
     assert tuning.winner == tuner.Candidate("ar")
+
+
+def test_the_tuners_report_reads_one_batch_of_held_out_windows(workdirs, monkeypatch):
+    """The tuner's exit report, whose predictions come from the workload, evaluates one
+    batch of 4 held-out windows for the metrics its table shows, and is then run on the
+    tuner's prompts. Catches the default 32,768 held-out tokens passed through every exit's
+    head (49,152-way on SmolLM2) for figures the tuner never reads."""
+    seen, workload = {}, []
+    monkeypatch.setattr(api, "model_exit_report", lambda *a, **k: seen.update(k) or "report")
+    monkeypatch.setattr(api, "on_workload",
+                        lambda report, *a, **k: workload.append((a[4], k)) or report)
+    model = specjax.load(workdirs[0])
+    encoded = [model.tokenizer.encode(p) for p in PROMPTS]
+    assert model._tune_report(encoded, [2], 8, print) == "report"
+    assert seen["max_tokens"] == 4 * seen["seq_len"] and seen["batch_size"] == 4
+    assert workload[0][0] == encoded and workload[0][1]["max_new_tokens"] == 8

@@ -64,7 +64,16 @@ from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report, on_workload
 from specjax.tools.tree_search import TreePlan
-from specjax.tools.tune import EXITS, NUM_DRAFTS, TREE, Tuning, candidates, tunable, tune
+from specjax.tools.tune import (
+    EXITS,
+    NUM_DRAFTS,
+    TREE,
+    Candidate,
+    Tuning,
+    candidates,
+    tunable,
+    tune,
+)
 
 PromptsArg = str | Sequence[int] | Sequence[str | Sequence[int]] | None
 STOP_STRINGS_KEPT = 8  # stop-string automata a model keeps built (one per set of stops)
@@ -415,9 +424,9 @@ class LanguageModel:
             report = self._tune_report(encoded, num_draft, max_new_tokens, progress)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
                            num_draft=num_draft, trees=trees)
-        tuning = tune(self.generator, lambda c: self.strategy(
-            c.strategy, sampling, encoded, **c.options), found, encoded,
-            max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
+        tuning = tune(
+            self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
+            encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
             sampling=sampling, report_measures=sampling is None and report is not None,
             confirm=confirm, progress=progress)
         if write:
@@ -429,6 +438,15 @@ class LanguageModel:
             self.meta.setdefault("tuned", {})[mode] = choice
             progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
+
+    def _tunable_drafter(self, candidate: Candidate, sampling: SamplingParams | None,
+                         encoded: Sequence[Any]) -> Drafter:
+        """A tuner candidate's drafter, bound to its weights once to check them: a candidate
+        they cannot serve (K=6 from 4 Medusa heads) is refused (a ValueError) before its probe
+        instead of ending the search."""
+        drafter = self.strategy(candidate.strategy, sampling, encoded, **candidate.options)
+        self.generator.with_weights(drafter, None)
+        return drafter
 
     def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int],
                      max_new_tokens: int, progress: Callable[[str], None]) -> DraftExitReport:

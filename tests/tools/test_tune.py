@@ -2,6 +2,7 @@
 it as the workdir's default for its mode, which `generate` then decodes with; the budget stops
 the search; bad input is refused before any work."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,8 +15,11 @@ import pytest
 import specjax
 from specjax import api
 from specjax.config import ModelConfig
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.registry import DecodingConfig
+from specjax.heads.medusa import init_medusa
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
+from specjax.loading import load_model
 from specjax.model import init_params
 from specjax.tools import tune as tuner
 from tests.support.models import TINY_MODEL, model_workdir
@@ -280,3 +284,21 @@ def test_the_tuners_report_reads_one_batch_of_held_out_windows(workdirs, monkeyp
     assert model._tune_report(encoded, [2], 8, print) == "report"
     assert seen["max_tokens"] == 4 * seen["seq_len"] and seen["batch_size"] == 4
     assert workload[0][0] == encoded and workload[0][1]["max_new_tokens"] == 8
+
+
+def test_a_candidate_its_weights_cannot_serve_is_refused_not_fatal(workdirs):
+    """Two Medusa heads, num_draft 2 and 4: K=4 is refused before its probe (the heads' own
+    one-line reason in the table) and the search goes on with K=2. Catches the candidate
+    built without binding its weights: on SmolLM2 (4 heads) the tuner ended at K=6, 14
+    minutes in, with only the error to show."""
+    loaded = load_model(workdirs[0])
+    heads = DraftWeights(init_medusa(loaded.params, loaded.cfg, 2), exit_layer=8,
+                         settings={"num_heads": 2})
+    model = api.LanguageModel(dataclasses.replace(loaded, draft_weights={"medusa": heads}))
+    tuning = model.tune(PROMPTS, strategies=["medusa"], max_new_tokens=8, num_draft=[2, 4],
+                        trees=[], confirm=1, write=False)
+    sources = {row.candidate.label: row.source for row in tuning.rows}
+    assert sources["medusa num_draft=2"] == "probe"
+    assert sources["medusa num_draft=4"].startswith("refused: the proposal is 4 deep but the "
+                                                    "model has 2 Medusa heads")
+    assert tuning.confirmed

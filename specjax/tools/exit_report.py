@@ -108,14 +108,6 @@ def predicted_tau(agreement: float, num_draft: int) -> float:
     return (1.0 - agreement ** (num_draft + 1)) / (1.0 - agreement)
 
 
-def predicted_speedup(agreement: float, costs: LayerCosts, layer_kinds: Sequence[str],
-                      exit_layer: int, num_draft: int) -> float:
-    """tau * (plain seconds per token) / (seconds per round): the estimated speed-up of
-    self-speculative decoding from `exit_layer` with `num_draft` drafts over plain decoding."""
-    return (predicted_tau(agreement, num_draft) * costs.plain(layer_kinds)
-            / costs.round(layer_kinds, exit_layer, num_draft))
-
-
 @dataclasses.dataclass(frozen=True)
 class DraftExitReport:
     """Per-exit metrics on held-out text (`metrics`, index e-1 is exit e), the measured costs,
@@ -143,12 +135,11 @@ class DraftExitReport:
         return predicted_tau(self.metrics.agreement[exit_layer - 1], num_draft)
 
     def decode_speedup(self, exit_layer: int, num_draft: int) -> float:
-        """Decoding alone: tau x seconds per plain token / seconds per round, both from the
-        real loop when calibrated."""
-        if self.loop is None:
-            return predicted_speedup(self.metrics.agreement[exit_layer - 1], self.costs,
-                                     self.layer_kinds, exit_layer, num_draft)
+        """Decoding alone: tau (played when there are runs) x seconds per plain token /
+        seconds per round, both from the real loop when calibrated, else from the pieces."""
         pieces = self.costs.round(self.layer_kinds, exit_layer, num_draft)
+        if self.loop is None:
+            return self.tau(exit_layer, num_draft) * self.costs.plain(self.layer_kinds) / pieces
         return (self.tau(exit_layer, num_draft) * self.loop.token_seconds
                 / self.loop.round_seconds(pieces))
 

@@ -177,3 +177,19 @@ def test_a_one_layer_model_keeps_its_held_out_report():
     one = ExitReport(loss=(2.0,), accuracy=(0.4,), agreement=(1.0,), tokens=10)
     report = DraftExitReport(one, COSTS, ("attention",), num_draft=(2,))
     assert on_workload(report, None, None, None, None, [[1, 2]], max_new_tokens=4) is report
+
+
+def test_played_runs_rank_the_exits_before_the_loop_is_timed():
+    """With runs but no calibration yet (how `on_workload` picks the exit to time), the
+    speed-up is the played tau over the pieces, by hand, not the held-out agreement's. Catches
+    the calibration's exit chosen from another text's agreement (on SmolLM2 exit 1's .03
+    held-out against .04 on the prompts; on a model whose continuations repeat, .83 against
+    .98)."""
+    agree = np.array([[0, 0, 0, 0, 1, 0], [1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1],
+                      [1, 1, 1, 1, 1, 1]], bool)
+    kinds = CFG.layer_kinds
+    report = DraftExitReport(METRICS, COSTS, kinds, num_draft=(3,), runs=ExitRuns((agree,)))
+    pieces = COSTS.round(kinds, 2, 3)
+    assert report.speedup(2, 3) == pytest.approx(3.0 * COSTS.plain(kinds) / pieces)
+    assert report.speedup(1, 3) == pytest.approx(6 / 5 * COSTS.plain(kinds)
+                                                 / COSTS.round(kinds, 1, 3))

@@ -1,0 +1,201 @@
+"""Pins of the exit report's workload prediction (issue 50, item 2) that a bug-planting audit
+found unpinned: the teacher-forced pass past one batch of prompts, the loop's calibration by
+hand, the draft vocabulary's head (timed, scaled, handed on), the prompt counts of the end to
+end speed-up and of the table's check, and the tuner's trust in the report by mode."""
+
+import dataclasses
+import re
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+import specjax.tools.exit_report as exit_report_module
+import specjax.tools.exit_workload as exit_workload_module
+from specjax import api
+from specjax.decoding.engine import Generator
+from specjax.heads.vocab_subset import DraftVocab
+from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
+from specjax.tools.exit_workload import (
+    ROWS_PER_PASS,
+    ExitRuns,
+    LoopCalibration,
+    calibrate_loop,
+    exit_runs,
+    greedy_continuations,
+)
+from tests.tools.test_exit_report import PARAMS, fake_timings
+from tests.tools.test_exit_workload import CFG, COSTS, METRICS
+
+LOOP = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
+                       exit_layer=2, points=((3, 9.0, 8.0, 4.0),), prompts=1)
+
+
+def test_exit_runs_read_each_prompts_own_offset_past_the_first_pass():
+    """Six prompts of distinct lengths (two teacher-forced passes of ROWS_PER_PASS rows): the
+    last exit is the model, so its argmax agrees with the greedy continuation at every
+    position of every prompt. Catches a prompt's offset read by its row in the pass instead
+    of its index (the fifth prompt read at the first one's length), invisible with fewer
+    prompts than one pass holds."""
+    prompts = [list(range(10, 10 + n)) for n in (3, 5, 7, 9, 11, 2)]
+    assert len(prompts) > ROWS_PER_PASS
+    continuations = greedy_continuations(Generator(PARAMS, CFG), prompts, max_new_tokens=10)
+    runs = exit_runs(PARAMS, CFG, prompts, continuations)
+    assert [bool(row[-1].all()) for row in runs.agree] == [True] * len(prompts)
+    assert runs.rate(1) < 1  # a shallow exit disagrees somewhere: the rows are read
+
+
+def test_the_loop_calibration_by_hand(monkeypatch):
+    """With the benchmark scripted over 2 prompts (ar: 10 s, 2 s of it the prefill call, 40
+    rounds; K=2: 8 s, 2 s, 20 rounds; K=4: 6 s, 2 s, 10 rounds) and pieces of 0.1 x K s a
+    round: ar 0.2 s a token and 1 s of prefill per prompt, rounds of 0.3 and 0.4 s against
+    the pieces' 0.2 and 0.4, so scale 0.5 and overhead 0.2; only the smallest and largest K
+    are run. Catches the line fitted with its axes swapped, the prefill not divided by the
+    prompts, and a round's seconds including the prefill call's."""
+    timed = {"ar": (10.0, 2.0, 40, 1.0), "K=2": (8.0, 2.0, 20, 1.5), "K=4": (6.0, 2.0, 10, 2.5)}
+    asked = []
+
+    def bench(generator, strategies, prompts, **kwargs):
+        asked.append(strategies)
+        return [types.SimpleNamespace(name=name, seconds=timed[name][0],
+                                      prefill_seconds=timed[name][1],
+                                      stats=types.SimpleNamespace(rounds=timed[name][2],
+                                                                  tau=timed[name][3]))
+                for name in strategies]
+
+    monkeypatch.setattr(exit_workload_module, "run_benchmark", bench)
+    loop = calibrate_loop(None, lambda e, k: (e, k), [[1], [2]], lambda e, k: 0.1 * k,
+                          max_new_tokens=8, exit_layer=2, num_draft=(4, 2, 3))
+    assert asked[0] == {"ar": asked[0]["ar"], "K=2": (2, 2), "K=4": (2, 4)}
+    assert (loop.token_seconds, loop.prefill_seconds) == (pytest.approx(0.2), 1.0)
+    assert (loop.scale, loop.overhead) == (pytest.approx(0.5), pytest.approx(0.2))
+    assert [x for point in loop.points for x in point] == pytest.approx(
+        [2, 0.3, 0.2, 1.5, 4, 0.4, 0.4, 2.5])
+    assert (loop.exit_layer, loop.prompts) == (2, 2)
+
+
+def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
+    """With the timings monkeypatched (the head alone 4 s on one token, the pieces scaled by
+    24 / (4 x 2 + 4) = 2 on one token), the draft head over 16 ids is timed beside the other
+    pieces and costs 8 s, on the whole pass's scale. Catches the draft head's raw timing kept
+    (a piece timed alone runs from the CPU's caches: 3x too cheap on a 54 MB model) and the
+    draft head left untimed."""
+    alone = {"layer": {1: 2.0, 3: 3.0}, "head": {1: 4.0, 3: 6.0}, "model": {1: 24.0, 3: 54.0}}
+    asked = fake_timings(monkeypatch, alone)
+    costs = measure_costs(PARAMS, CFG, [3], context=4, repeats=3, inner=2, draft_vocab=16)
+    assert ("draft head", 1) in asked[0]
+    assert (costs.draft_head, costs.draft_vocab) == (pytest.approx(8.0), 16)
+
+
+def test_the_timed_draft_head_multiplies_only_its_rows():
+    """The head loop `measure_costs` times, given a draft vocabulary of 16 of the 259 ids,
+    multiplies by the [16, D] rows and by no [V, D] table (the products' shapes, as
+    tests/decoding/test_draft_vocab.py reads them). Catches the vocabulary dropped in the
+    loop (the full head timed as the draft head: the subset's saving never predicted)."""
+    head = {k: PARAMS[k] for k in ("embed", "final_norm", "unembed") if k in PARAMS}
+    vocab = DraftVocab.gather(PARAMS, CFG, jnp.arange(16, dtype=jnp.int32))
+    hidden = jnp.ones((1, 1, CFG.d_model), CFG.compute_dtype)
+    jaxpr = str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(head, vocab, hidden))
+    products = {shape.split(",")[-1] for shape in
+                re.findall(r"f32\[([\d,]+)\] = (?:dot_general|ffi_call)", jaxpr)}
+    assert "16" in products and str(CFG.vocab_size) not in products, products
+
+
+def test_the_end_to_end_speed_up_counts_the_workloads_prompts():
+    """Three prompts played, the loop calibrated on the first one: the speed-up takes the
+    prefill of all three (2 s each) and their 18 decoded tokens (3 s each), by hand. Catches
+    the calibration's prompt count used for the workload's (a prefill share 3x too small)."""
+    agree = np.ones((4, 6), bool)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
+                             runs=ExitRuns((agree,) * 3), loop=LOOP)
+    decode = report.decode_speedup(2, 3)
+    assert report.speedup(2, 3) == pytest.approx((3 * 2.0 + 18 * 3.0)
+                                                 / (3 * 2.0 + 18 * 3.0 / decode))
+
+
+def test_the_tables_played_tau_is_over_the_timed_prompts_only():
+    """The loop timed on the first prompt, whose 6 positions all agree (K=3: 2 rounds, tau
+    3), and a second prompt that never agrees (6 rounds): the table's check shows tau 3.00
+    played beside the measured one, not 12 / 8 = 1.50. Catches the played tau taken over
+    every prompt, which reads as a disagreement with the measured loop."""
+    agree = (np.ones((4, 6), bool), np.zeros((4, 6), bool))
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
+                             runs=ExitRuns(agree), loop=LOOP)
+    assert "K=3: 9000.00 ms a round (pieces 8000.00 ms), tau 4.00 (played 3.00)" in \
+        report.table()
+
+
+def test_on_workload_calibrates_on_its_first_prompts_over_the_draft_vocabulary(monkeypatch):
+    """With the continuations, runs and calibration patched: the runs are played over the
+    given draft ids, the loop is timed on the first `calibration_prompts` prompts at the exit
+    the played report ranks first, and the report carries both. Catches every prompt timed (the
+    calibration 4x longer on the default 8 prompts) and the draft ids dropped (agreement
+    played over the whole vocabulary where the drafter drafts over N ids)."""
+    prompts = [[1, 2], [3], [4, 5, 6], [7], [8]]
+    ids, seen = np.arange(8), {}
+    runs = ExitRuns((np.ones((4, 3), bool),) * len(prompts))
+
+    def played(params, cfg, prompts, continuations, draft_ids=None):
+        seen["draft_ids"] = draft_ids
+        return runs
+
+    def calibrated(generator, selfspec, prompts, pieces, **kwargs):
+        seen.update(prompts=prompts, exit_layer=kwargs["exit_layer"])
+        return LOOP
+
+    monkeypatch.setattr(exit_report_module, "greedy_continuations",
+                        lambda generator, prompts, **_: [[9, 9, 9, 9]] * len(prompts))
+    monkeypatch.setattr(exit_report_module, "exit_runs", played)
+    monkeypatch.setattr(exit_report_module, "calibrate_loop", calibrated)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(2, 3))
+    out = on_workload(report, PARAMS, CFG, None, None, prompts, max_new_tokens=4,
+                      calibration_prompts=2, draft_ids=ids)
+    assert seen.pop("draft_ids") is ids
+    ranked = dataclasses.replace(report, runs=runs).best()[0]
+    assert seen == {"prompts": prompts[:2], "exit_layer": ranked}
+    assert out.runs is runs and out.loop is LOOP and out.workload == "5 prompts x 4 new tokens"
+
+
+class _Report:
+    """A report of the tiny model's 4 layers, every exit predicted 2x."""
+
+    num_layers = 4
+
+    @staticmethod
+    def speedup(exit_layer, num_draft):
+        return 2.0
+
+
+@pytest.mark.parametrize("temperature, measures", [(0.0, True), (0.8, False)])
+def test_only_greedy_tuning_takes_the_reports_figures_as_measured(base_workdir, monkeypatch,
+                                                                  temperature, measures):
+    """`model.tune` hands the tuner `report_measures` only greedy: the workload report's
+    figures are greedy speed-ups. Catches a sampled tuning that trusts them unprobed (its
+    acceptance, hence its speed-up, is not greedy's)."""
+    seen = {}
+    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
+    model = specjax.load(base_workdir)
+    assert model.tune(["def f("], strategies=["selfspec"], num_draft=[2], trees=[], exits=1,
+                      temperature=temperature, write=False) == "tuned"
+    assert seen["report_measures"] is measures
+
+
+def test_the_workload_report_drafts_over_the_workdirs_draft_vocabulary(base_workdir,
+                                                                       monkeypatch):
+    """The API's workload report times the draft head over the defaults' draft_vocab and
+    plays the runs over the ids the generator drafts over. Catches the ids left out (tau
+    played over the whole vocabulary for a workdir that drafts over N ids)."""
+    seen = {}
+    model = specjax.load(base_workdir)
+    monkeypatch.setattr(model, "decoding_defaults",
+                        dataclasses.replace(model.decoding_defaults, draft_vocab=4))
+    monkeypatch.setattr(model.generator, "draft_ids", lambda defaults: jnp.arange(4))
+    monkeypatch.setattr(api, "model_exit_report", lambda *a, **k: seen.update(k) or "report")
+    monkeypatch.setattr(api, "on_workload", lambda *a, **k: seen.update(k) or "played")
+    assert model._workload_report([[1, 2]], 4, print, None) == "played"
+    assert seen["draft_vocab"] == 4
+    np.testing.assert_array_equal(seen["draft_ids"], np.arange(4))

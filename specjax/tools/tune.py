@@ -11,10 +11,11 @@ compete with the probes as they are. Sampled, the report only ranks: each exit's
 it is probed. The best of each kind (a strategy's chains, its trees), the few
 best kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
 (`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
-decode as many tokens as the confirmation, whose programs they compile.
+decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
+benchmark beside one `ar` (`PROBE_BATCH`).
 
-A time budget stops the search: no probe starts after it is spent, and then the best prediction
-so far wins unconfirmed (the table says so).
+A time budget stops the search: no batch of probes starts after it is spent, and then the best
+prediction so far wins unconfirmed (the table says so).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from specjax.tools.exit_report import DraftExitReport
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
+# Candidates probed together beside one `ar` (which then compiles once, not once each); the
+# budget is read between such batches.
+PROBE_BATCH = 4
 EXITS = "selfspec"  # the strategy that drafts from the model's own exits
 # The baseline, a lossy early exit, a drafter that needs its own search (skip_layers) or its
 # own classifier, and a composite of the others: not candidates.
@@ -180,11 +184,24 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         if candidate.predicted is not None and (best is None
                                                 or candidate.predicted > best.predicted):
             reported[key] = candidate
-    rows: list[Row] = []
+    rows: list[Row | None] = []  # None: a probe pending in `batch`, by its row's index
     drafters: dict[str, Drafter] = {}  # by label
+    batch: dict[int, Candidate] = {}
+
+    def probe() -> None:
+        """The pending candidates probed in one benchmark beside one `ar`."""
+        progress(f"probing {', '.join(c.label for c in batch.values())} ...")
+        results = run_benchmark(generator, {"ar": AUTOREGRESSIVE, **{
+            c.label: drafters[c.label] for c in batch.values()}}, prompts[:probe_prompts],
+            max_new_tokens=max_new_tokens, repeats=1, sampling=sampling)
+        speedups = {result.name: result.speedup for result in results}
+        for index, candidate in batch.items():
+            rows[index] = Row(candidate, speedups[candidate.label], "probe")
+        batch.clear()
+
     for candidate in found:
         spent = time.perf_counter() - started >= budget_s
-        if spent and any(row.predicted is not None for row in rows):
+        if spent and (batch or any(row.predicted is not None for row in rows)):
             rows.append(Row(candidate, None, "out of budget"))
             continue
         try:
@@ -196,11 +213,12 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
                 candidate.kind, candidate.options.get("exit_layer")] is not candidate):
             rows.append(Row(candidate, candidate.predicted, "exit report"))
             continue
-        progress(f"probing {candidate.label} ...")
-        probe = run_benchmark(generator, {"ar": AUTOREGRESSIVE, "probe": drafters[candidate.label]},
-                              prompts[:probe_prompts], max_new_tokens=max_new_tokens,
-                              repeats=1, sampling=sampling)
-        rows.append(Row(candidate, probe[1].speedup, "probe"))
+        batch[len(rows)] = candidate
+        rows.append(None)
+        if len(batch) == PROBE_BATCH:
+            probe()
+    if batch:
+        probe()
     best = _best_of_kinds(rows, confirm)
     if not best:
         raise ValueError("no candidate could be built: " + "; ".join(

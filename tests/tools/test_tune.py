@@ -177,13 +177,12 @@ def test_the_command_line_generates_with_the_tuned_default(workdirs, tmp_path):
 
 
 def _scripted_bench(speeds: dict, probed: list):
-    """A `run_benchmark` stand-in: each label's speed-up from `speeds` (1.0 by default), a
-    probe's label recorded in `probed`."""
+    """A `run_benchmark` stand-in: each label's speed-up from `speeds` (1.0 by default), the
+    labels of a probe (one repeat) recorded in `probed`."""
     def bench(generator, strategies, prompts, **kwargs):
         labels = [label for label in strategies if label != "ar"]
-        if labels == ["probe"]:
-            probed.append(strategies["probe"])
-            labels = [probed[-1]]
+        if kwargs["repeats"] == 1:
+            probed.extend(labels)
         return [types.SimpleNamespace(name=label, speedup=speeds.get(label, 1.0),
                                       stats=types.SimpleNamespace(tau=2.0))
                 for label in ["ar", *labels]]
@@ -257,8 +256,7 @@ def test_a_winner_slower_than_ar_stores_ar(monkeypatch):
     """Catches the fastest confirmed candidate stored even when it is slower than plain
     decoding: every confirmed speed-up below 1 makes `ar` the winner."""
     def bench(generator, strategies, prompts, **kwargs):
-        return [types.SimpleNamespace(name=label if label != "probe" else "probe",
-                                      speedup=1.0 if label == "ar" else 0.7,
+        return [types.SimpleNamespace(name=label, speedup=1.0 if label == "ar" else 0.7,
                                       stats=types.SimpleNamespace(tau=1.0))
                 for label in strategies]
 
@@ -302,3 +300,27 @@ def test_a_candidate_its_weights_cannot_serve_is_refused_not_fatal(workdirs):
     assert sources["medusa num_draft=4"].startswith("refused: the proposal is 4 deep but the "
                                                     "model has 2 Medusa heads")
     assert tuning.confirmed
+
+
+def test_probes_share_one_ar_a_batch_and_keep_their_own_figures(monkeypatch):
+    """Five probed candidates run in two benchmarks (4 + 1), each beside one `ar`, and every
+    row keeps its own candidate's speed-up, in the order found. Catches a benchmark per
+    candidate (`ar` compiled again for each: on SmolLM2 a third of a probe's 37 s), and a
+    batch's figures handed to the wrong rows."""
+    calls = []
+
+    def bench(generator, strategies, prompts, **kwargs):
+        calls.append(list(strategies))
+        return [types.SimpleNamespace(name=label, speedup=1.0 if label == "ar" else
+                                      float(label.split("=")[1]),
+                                      stats=types.SimpleNamespace(tau=2.0))
+                for label in strategies]
+
+    monkeypatch.setattr(tuner, "run_benchmark", bench)
+    found = [tuner.Candidate("ngram", {"num_draft": k}) for k in (5, 3, 4, 2, 6)]
+    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+                        budget_s=60, started=time.perf_counter(), confirm=1)
+    assert [call.count("ar") for call in calls] == [1, 1, 1]  # two batches, one confirmation
+    assert [len(call) for call in calls[:2]] == [tuner.PROBE_BATCH + 1, 2]
+    assert [row.predicted for row in tuning.rows] == [5.0, 3.0, 4.0, 2.0, 6.0]
+    assert tuning.winner == found[4]

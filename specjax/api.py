@@ -37,7 +37,7 @@ from specjax.cli.decoding import (
     workdir_heldout_prompts,
 )
 from specjax.config import ModelConfig, load_config_file, require_count, require_kind
-from specjax.data import heldout_data, heldout_prompts, run_data
+from specjax.data import heldout_data, heldout_prompts
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import (
     AUTOREGRESSIVE,
@@ -469,17 +469,17 @@ class LanguageModel:
                          **options: Any) -> DraftExitReport:
         """`model_exit_report` with the drafts' vocabulary, then on the `encoded` prompts'
         greedy continuations (`exit_report.on_workload`) unless None."""
-        draft_vocab = self.decoding_defaults.draft_vocab
-        draft_ids = self.generator.draft_ids(self.decoding_defaults)  # reads its draft_vocab
         report = model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
-                                   texts, draft_vocab=draft_vocab, **options)
+                                   texts, draft_vocab=self.decoding_defaults.draft_vocab,
+                                   **options)
         if encoded is None:
             return report
         return on_workload(
             report, self._loaded.params, self.config, self.generator,
             lambda e, k: self.strategy(EXITS, None, encoded, exit_layer=e, num_draft=k), encoded,
             max_new_tokens=max_new_tokens,
-            draft_ids=None if draft_ids is None else np.asarray(draft_ids), progress=progress)
+            draft_ids=self.generator.draft_ids(self.decoding_defaults),  # reads its draft_vocab
+            progress=progress)
 
     @keywords.checked(EXIT_REPORT_OPTIONS)
     def exit_report(self, texts: Sequence[str] | None = None, *, workload: bool = True,
@@ -504,8 +504,9 @@ class LanguageModel:
         if workload:
             _require_counts(num_prompts=num_prompts, prompt_len=prompt_len,
                             max_new_tokens=max_new_tokens)
+            # held-out windows of the run's data, else (an import) of the embedded corpus
             encoded = (self._timed_prompts(prompts, prompt_set, num_prompts, prompt_len)
-                       if prompts is not None or prompt_set or run_data(self.meta) else
+                       if prompts is not None or prompt_set else
                        heldout_prompts(heldout_data(self.meta), self.tokenizer, num_prompts,
                                        prompt_len))
         elif prompts is not None or prompt_set:

@@ -154,14 +154,8 @@ class DraftExitReport:
     def best(self) -> tuple[int, int] | None:
         """The (exit, K) with the highest predicted speed-up among the exits a drafter can use
         (1..L-1); None for a one-layer model."""
-        ranked = self.ranking(1)
-        return ranked[0] if ranked else None
-
-    def ranking(self, count: int) -> list[tuple[int, int]]:
-        """The `count` (exit, K) pairs of exits 1..L-1 with the highest predicted speed-ups,
-        fastest first."""
         pairs = [(e, k) for e in range(1, self.num_layers) for k in self.num_draft]
-        return sorted(pairs, key=lambda pair: -self.speedup(*pair))[:count]
+        return max(pairs, key=lambda pair: self.speedup(*pair)) if pairs else None
 
     def to_records(self) -> list[dict[str, Any]]:
         """One JSON-ready record per exit 1..L; tau and speed-up keyed by K as a string (and
@@ -207,7 +201,7 @@ class DraftExitReport:
                          f"--exit_layer={e} --num_draft={k}")
         lines.append(
             "estimates: tau played over the exits' agreement along the continuations, round "
-            "costs from the pieces plus the loop's measured overheads" if self.loop else
+            "costs from the pieces mapped onto the loop's timed rounds" if self.loop else
             "estimates: i.i.d. acceptance at each exit's agreement, each piece's cost scaled to "
             "a whole pass; bench/bench.py measures the real speed-up")
         return "\n".join(lines)
@@ -466,7 +460,7 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
 def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
                 generator: Generator, selfspec: Callable[[int, int], Drafter],
                 prompts: Sequence[Sequence[int]], *, max_new_tokens: int, repeats: int = 3,
-                calibration_prompts: int = 2, draft_ids: np.ndarray | None = None,
+                calibration_prompts: int = 2, draft_ids: jax.Array | np.ndarray | None = None,
                 workload: str = "",
                 progress: Callable[[str], None] = lambda line: None) -> DraftExitReport:
     """The report's predictions on `prompts` (`tools/exit_workload.py`): the model's greedy

@@ -78,7 +78,7 @@ def chain_rounds(agree: np.ndarray, num_draft: int) -> int:
 
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
               continuations: Sequence[Sequence[int]],
-              draft_ids: np.ndarray | None = None) -> ExitRuns:
+              draft_ids: jax.Array | np.ndarray | None = None) -> ExitRuns:
     """`ExitRuns` of the prompts' continuations: one teacher-forced pass through every exit,
     each exit's argmax over `draft_ids` (ascending; None: the whole vocabulary)."""
     if len(prompts) != len(continuations):

@@ -3,16 +3,20 @@
 A few-row float32 product on CPU (decoding: one row per sequence, or K+1 drafted tokens) in a
 one-device program goes to the multi-threaded kernel of `specjax.kernels.cpu_matmul` where it
 measured faster than XLA's dot on this CPU (`kernels.decision`); everything else (training,
-prefill, bf16, meshes, GPU, TPU) is XLA's dot. The choice is made when tracing (shapes, dtypes,
-mesh, platform, the cached measurement), so it costs nothing at run time, and
-`lax.platform_dependent` keeps programs lowered or exported for GPU/TPU free of the CPU kernel.
-Gradients go through XLA's dot.
+prefill, bf16, meshes, GPU, TPU) is XLA's dot. On a GPU a one-row product (batch-1 decoding)
+is computed as a two-row one, the second row zeros: XLA's kernels for two rows read the 1B
+config's matrices at 2.4 TB/s on one H200 where those for one row read 1.4, and batch-1 decoding
+ran 16% faster (docs/results/2026-11-28-gpu-decode.md). The choice is made when tracing (shapes,
+dtypes, mesh, platform, the cached measurement), so it costs nothing at run time, and
+`lax.platform_dependent` keeps programs lowered or exported for GPU/TPU free of the CPU kernel
+(and TPU's of the GPU's padding). Gradients go through XLA's dot.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +41,25 @@ def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,
 
 def _xla_matmul(x: jax.Array, w: jax.Array, transpose_w: bool,
                 out_dtype: jnp.dtype | None = None) -> jax.Array:
+    dot = functools.partial(_dot, transpose_w=transpose_w, out_dtype=out_dtype)
+    if math.prod(x.shape[:-1]) != 1:
+        return dot(x, w)
+    return jax.lax.platform_dependent(x, w, cuda=lambda x, w: _as_two_rows(dot, x, w),
+                                      default=dot)
+
+
+def _dot(x: jax.Array, w: jax.Array, transpose_w: bool,
+         out_dtype: jnp.dtype | None) -> jax.Array:
     return jnp.einsum("...k,nk->...n" if transpose_w else "...k,kn->...n", x, w,
                       preferred_element_type=out_dtype)
+
+
+def _as_two_rows(dot: Callable[[jax.Array, jax.Array], jax.Array], x: jax.Array,
+                 w: jax.Array) -> jax.Array:
+    """`dot` of a one-row x, computed on x and a row of zeros and the first row kept."""
+    row = x.reshape(1, x.shape[-1])
+    out = dot(jnp.concatenate([row, jnp.zeros_like(row)]), w)[:1]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import os
 import time
@@ -71,6 +72,7 @@ from specjax.tools.tune import (
     Candidate,
     Tuning,
     candidates,
+    played_speedup,
     tunable,
     tune,
 )
@@ -424,10 +426,13 @@ class LanguageModel:
             report = self._tune_report(encoded, num_draft, max_new_tokens, progress)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
                            num_draft=num_draft, trees=trees)
+        greedy_report = report if sampling is None else None
         tuning = tune(
             self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
             encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
-            sampling=sampling, report_measures=sampling is None and report is not None,
+            sampling=sampling, report_measures=greedy_report is not None,
+            played=None if greedy_report is None else functools.partial(
+                played_speedup, greedy_report, self.config),
             confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)

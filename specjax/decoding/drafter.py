@@ -187,7 +187,9 @@ class DrafterBase:
     `Round.features`: what a feature head drafts from), `verify_from` (layers verification
     reuses from the draft, `Proposal.reuse`), `verify` (CALM's own exits early),
     `restrict_vocab` (a vocabulary head of its own, `draft_vocab`); a strategy built from
-    others is a `Strategy(..., composite=True)`."""
+    others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
+    so far (`drafters.text_history`) and its proposal a function of it alone, so greedy rounds
+    can be played without the loop (`tools.exit_workload.copied_tau`)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
@@ -196,6 +198,7 @@ class DrafterBase:
     needs_weights: ClassVar[bool] = False
     weights_hint: ClassVar[str] = ""
     verify_from: ClassVar[int] = 0
+    copies_text: ClassVar[bool] = False
 
     def bind(self, weights: DraftWeights) -> Drafter:
         return self

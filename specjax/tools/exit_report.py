@@ -137,16 +137,27 @@ class DraftExitReport:
     def decode_speedup(self, exit_layer: int, num_draft: int) -> float:
         """Decoding alone: tau (played when there are runs) x seconds per plain token /
         seconds per round, both from the real loop when calibrated, else from the pieces."""
-        pieces = self.costs.round(self.layer_kinds, exit_layer, num_draft)
-        if self.loop is None:
-            return self.tau(exit_layer, num_draft) * self.costs.plain(self.layer_kinds) / pieces
-        return (self.tau(exit_layer, num_draft) * self.loop.token_seconds
-                / self.loop.round_seconds(pieces))
+        return self._decode_speedup(self.tau(exit_layer, num_draft),
+                                    self.costs.round(self.layer_kinds, exit_layer, num_draft))
 
     def speedup(self, exit_layer: int, num_draft: int) -> float:
         """The predicted speed-up: on a workload the benchmark's (the whole call, prefill
         included), else decoding alone."""
-        decode = self.decode_speedup(exit_layer, num_draft)
+        return self._end_to_end(self.decode_speedup(exit_layer, num_draft))
+
+    def copied_speedup(self, tau: float, num_draft: int) -> float:
+        """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`
+        drafts from the text (no draft compute: its round is the verification of K + 1
+        tokens) at `tau` tokens per round (`exit_workload.copied_tau`)."""
+        pieces = self.costs.whole_pass(self.layer_kinds, num_draft + 1)
+        return self._end_to_end(self._decode_speedup(tau, pieces))
+
+    def _decode_speedup(self, tau: float, pieces: float) -> float:
+        if self.loop is None:
+            return tau * self.costs.plain(self.layer_kinds) / pieces
+        return tau * self.loop.token_seconds / self.loop.round_seconds(pieces)
+
+    def _end_to_end(self, decode: float) -> float:
         if self.loop is None or self.runs is None:
             return decode
         return self.loop.end_to_end(decode, len(self.runs.agree), self.runs.positions)

@@ -21,6 +21,7 @@ that maps every other (exit, K)'s pieces to the loop's seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -28,23 +29,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.decoding.drafter import Drafter
+from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
+from specjax.nn.cache import Cache
 from specjax.tools.bench import StrategyResult, run_benchmark
 
 # Windows of the teacher-forced pass over prompts + continuations: one compile per bucket.
 ROWS_PER_PASS = 4
+# Positions whose copied drafts one step of `copied_tau` proposes together (suffix decoding
+# counts next tokens over the vocabulary at each: 49,152-way on SmolLM2).
+PLAYED_PER_CALL = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class ExitRuns:
     """Per prompt, [L, n] booleans: whether exit e (row e-1) predicts the continuation's next
     token at each of the n positions decoding rounds produce (every token but the first, which
-    the prefill's full pass makes)."""
+    the prefill's full pass makes); and per prompt, the prompt and its continuation (`texts`,
+    what drafters that copy from the text are played over) and the prompt's length."""
 
     agree: tuple[np.ndarray, ...]
+    texts: tuple[tuple[int, ...], ...] = ()
+    prompt_lengths: tuple[int, ...] = ()
 
     @property
     def positions(self) -> int:
@@ -66,14 +74,71 @@ class ExitRuns:
 def chain_rounds(agree: np.ndarray, num_draft: int) -> int:
     """Rounds a chain of `num_draft` drafts takes over positions whose drafts agree (`agree`
     [n]): a round accepts the agreeing run it starts on, up to K, then one token of its own."""
+    runs = np.zeros(len(agree) + 1, np.int64)
+    for position in range(len(agree) - 1, -1, -1):
+        runs[position] = min(num_draft, runs[position + 1] + 1) if agree[position] else 0
+    return rounds_of(runs[:-1])
+
+
+def rounds_of(accepted: np.ndarray) -> int:
+    """Rounds over n positions when a round starting at position p accepts `accepted[p]`
+    drafts (then adds one token of its own)."""
     rounds, position = 0, 0
-    while position < len(agree):
-        run = 0
-        while run < num_draft and position + run < len(agree) and agree[position + run]:
-            run += 1
-        position += run + 1
+    while position < len(accepted):
+        position += int(accepted[position]) + 1
         rounds += 1
     return rounds
+
+
+def copied_tau(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns) -> float:
+    """Tokens per greedy round of a drafter that copies from the text (`copies_text`: ngram,
+    suffix), played over `runs`' continuations: at each position a round can start on, its
+    proposal from the text so far (its own `propose`, one position at a time), accepted while
+    it equals the continuation."""
+    if not drafter.copies_text:
+        raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")
+    if not runs.texts:
+        raise ValueError("the runs hold no texts to play a drafter over")
+    rounds = positions = 0
+    for text, prompt_length in zip(runs.texts, runs.prompt_lengths, strict=True):
+        width = bucket(len(text)) + 1
+        padded = np.zeros(width, np.int32)
+        padded[:len(text)] = text
+        # A round at continuation position p knows the prompt and tokens 0..p of it.
+        ends = np.arange(prompt_length + 1, len(text), dtype=np.int32)
+        tokens, valid = _proposals(drafter, cfg, width)(jnp.asarray(padded), jnp.asarray(ends))
+        rounds += rounds_of(accepted_drafts(np.asarray(tokens), np.asarray(valid), text, ends))
+        positions += len(ends)
+    return positions / rounds if rounds else 1.0
+
+
+def accepted_drafts(tokens: np.ndarray, valid: np.ndarray, text: Sequence[int],
+                    ends: np.ndarray) -> np.ndarray:
+    """[E]: how many of each chain proposal's leading drafts (`tokens`, `valid` [E, K], made
+    knowing the first `ends[i]` tokens of `text`) greedy verification accepts: those equal to
+    the text's next tokens, up to the first that is not or lies past the text's end."""
+    at = ends[:, None] + np.arange(tokens.shape[1])[None, :]
+    known = np.asarray(text)[np.minimum(at, len(text) - 1)]
+    right = valid & (at < len(text)) & (tokens == known)
+    return np.cumprod(right, axis=1).sum(axis=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _proposals(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
+    """A jitted (text [W], ends [E]) -> (tokens, valid) [E, K]: the drafter's greedy proposal
+    when the text's first `ends[i]` tokens are known (the last one pending), a few positions
+    at a time."""
+    ctx = DraftContext(params={}, draft_params={}, sampling=None, cfg=cfg)
+
+    def at(text: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
+        known = jnp.where(jnp.arange(width) < end - 1, text, 0)[None]
+        cache = Cache(layers=(), lengths=(end - 1)[None], max_len=width - 1)
+        proposal, _, _ = drafter.propose(ctx, known, cache, text[end - 1][None],
+                                         jax.random.PRNGKey(0))
+        return proposal.tokens[0], proposal.valid[0]
+
+    return jax.jit(lambda text, ends: jax.lax.map(lambda end: at(text, end), ends,
+                                                  batch_size=PLAYED_PER_CALL))
 
 
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
@@ -99,7 +164,8 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             first, new = len(prompts[index]), list(continuations[index])
             # position t predicts token t + 1: rounds make the continuation's tokens 1..n-1
             agree.append(predicted[:, i, first:first + len(new) - 1] == np.asarray(new[1:]))
-    return ExitRuns(tuple(agree))
+    return ExitRuns(tuple(agree), tuple(tuple(row) for row in rows),
+                    tuple(len(p) for p in prompts))
 
 
 def _exit_argmax(cfg: ModelConfig) -> Callable:

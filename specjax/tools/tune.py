@@ -7,7 +7,9 @@ each strategy that drafts trees. A candidate's prediction is a short measurement
 on a few prompts (a probe), except for selfspec's chains, which the exit report predicts on
 the same prompts: played over the model's greedy continuations of them and calibrated on the
 real decode loop (`exit_report.on_workload`), its greedy figures are the benchmark's, so they
-compete with the probes as they are. Sampled, the report only ranks: each exit's fastest K by
+compete with the probes as they are; so do the greedy figures of the drafters that copy from
+the text (ngram, suffix: `played`), whose rounds are played over the same continuations and
+costed by the same calibrated loop. Sampled, the report only ranks: each exit's fastest K by
 it is probed. The best of each kind (a strategy's chains, its trees), the few
 best kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
 (`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
@@ -25,12 +27,14 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from specjax.config import ModelConfig
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy, options_read
 from specjax.decoding.sampling import SamplingParams
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.exit_report import DraftExitReport
+from specjax.tools.exit_workload import copied_tau
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
@@ -167,6 +171,7 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
          found: Sequence[Candidate], prompts: Sequence[Sequence[int]], *,
          max_new_tokens: int, budget_s: float, started: float,
          sampling: SamplingParams | None = None, report_measures: bool = False,
+         played: Callable[[Drafter], float | None] | None = None,
          confirm: int = 3, probe_prompts: int = 2,
          repeats: int = 3,
          progress: Callable[[str], None] = lambda line: None) -> Tuning:
@@ -174,7 +179,8 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
     With `report_measures` (greedy: the report was calibrated on these prompts), the exit
     report's figures stand as predictions; without (sampled: its figures are greedy's), they
-    only rank, and each exit's fastest K by the report is probed. The budget counts from
+    only rank, and each exit's fastest K by the report is probed. `played` predicts a drafter
+    without a probe where it can (None where it cannot). The budget counts from
     `started` (`time.perf_counter()`), so that work done before, such as the exit report,
     counts too; at least one candidate is always predicted."""
     reported = {}  # the exit report's fastest candidate of each kind, per exit
@@ -209,6 +215,10 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         except ValueError as error:
             rows.append(Row(candidate, None, f"refused: {error}"))
             continue
+        predicted = None if played is None else played(drafters[candidate.label])
+        if predicted is not None:
+            rows.append(Row(candidate, predicted, "played"))
+            continue
         if candidate.predicted is not None and (report_measures or reported[
                 candidate.kind, candidate.options.get("exit_layer")] is not candidate):
             rows.append(Row(candidate, candidate.predicted, "exit report"))
@@ -237,6 +247,16 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     fastest = max((row for row in rows if row.confirmed), key=lambda r: r.confirmed.speedup)
     winner = fastest.candidate if fastest.confirmed.speedup > 1 else Candidate("ar")
     return Tuning(rows, winner, True, time.perf_counter() - started, len(prompts))
+
+
+def played_speedup(report: DraftExitReport, cfg: ModelConfig,
+                   drafter: Drafter) -> float | None:
+    """The greedy speed-up of a drafter that copies from the text, played over the report's
+    continuations (`exit_workload.copied_tau`) and costed by its calibrated loop; None for
+    any other drafter, or a report not on a workload."""
+    if not drafter.copies_text or report.runs is None or report.loop is None:
+        return None
+    return report.copied_speedup(copied_tau(drafter, cfg, report.runs), drafter.shape.num_draft)
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:

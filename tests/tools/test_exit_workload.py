@@ -10,13 +10,17 @@ import pytest
 
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.ngram import PromptLookup
+from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
 from specjax.decoding.shapes.chain import Chain
 from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
 from specjax.tools.exit_workload import (
     ExitRuns,
     LoopCalibration,
+    accepted_drafts,
     chain_rounds,
+    copied_tau,
     exit_runs,
     fit_round,
     greedy_continuations,
@@ -27,6 +31,8 @@ from tests.support.scripts import run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+# Prompts whose text repeats, so that copied drafts are accepted.
+COPYING_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9], [1, 2, 3, 4, 1, 2, 3]]
 NEW = 24
 COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1, 10)}},
                    head={n: 0.5 + 0.1 * (n - 1) for n in range(1, 10)})
@@ -88,6 +94,47 @@ def test_played_rounds_are_the_real_loops_rounds(model, subset):
     assert 0 < runs.rate(1) < runs.rate(3) <= 1
 
 
+@pytest.mark.parametrize("drafter", [
+    PromptLookup(shape=Chain(2)), PromptLookup(ngram_max=2, shape=Chain(4)),
+    SuffixDecoding(depth=4, shape=Chain(3)), SuffixDecoding(min_prob=0.6, shape=Chain(5))],
+    ids=lambda d: d.label())
+def test_copied_rounds_are_the_real_loops_rounds(model, drafter):
+    """A drafter that copies from the text, played over the continuations one prompt at a time
+    (`copied_tau`), takes the rounds the real greedy loop takes on that prompt, an independent
+    reference. Catches the proposal made from one token too many (the round's own target
+    token, which it cannot know) or too few, a draft accepted past the continuation's end or
+    past its first miss, and the round's own token not counted."""
+    params, generator, continuations, _, _ = model
+    out = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter)
+    texts = [p + c for p, c in zip(COPYING_PROMPTS, out.tokens, strict=True)]
+    played = [copied_tau(drafter, CFG, ExitRuns((), (tuple(t),), (len(p),)))
+              for t, p in zip(texts, COPYING_PROMPTS, strict=True)]
+    real = [(len(c) - 1) / s.rounds for c, s in zip(out.tokens, out.stats, strict=True)]
+    assert played == pytest.approx(real, rel=1e-12)
+    assert max(real) > 1.5  # the drafts were accepted: teeth
+    everything = ExitRuns((), tuple(tuple(t) for t in texts),
+                          tuple(len(p) for p in COPYING_PROMPTS))
+    assert copied_tau(drafter, CFG, everything) == pytest.approx(
+        sum(len(c) - 1 for c in out.tokens) / sum(s.rounds for s in out.stats))
+
+
+def test_accepted_drafts_by_hand():
+    """Text 5 6 7 8 0: a proposal knowing 2 tokens (5 6) of 7 9 8 accepts 1 (the 8 after a
+    miss does not count); knowing 3, 8 0 accepts 2; knowing 4, 0 0 accepts 1 (nothing lies
+    past the text, whatever pads it); an invalid draft is not accepted even when right.
+    Catches acceptance past the first miss, past the text's end, and of invalid drafts."""
+    tokens = np.array([[7, 9, 8], [8, 0, 6], [0, 0, 0], [6, 7, 8]])
+    valid = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1]], bool)
+    ends = np.array([2, 3, 4, 1])
+    assert accepted_drafts(tokens, valid, [5, 6, 7, 8, 0], ends).tolist() == [1, 2, 1, 1]
+
+
+def test_only_a_drafter_that_copies_from_the_text_is_played():
+    """Catches selfspec played as if its drafts were copied (a figure with no meaning)."""
+    with pytest.raises(ValueError, match="does not copy"):
+        copied_tau(SelfSpeculative(1, Chain(2)), CFG, ExitRuns((), ((1, 2, 3),), (1,)))
+
+
 def test_fit_round_is_the_line_through_the_extremes_or_a_ratio():
     """By hand: (2, 1.0) and (4, 1.6) give scale 0.3 and overhead 0.4 (the middle point
     ignored); a line that falls with the pieces (noise) and a single point give the ratio of
@@ -129,6 +176,20 @@ def test_a_calibrated_prediction_by_hand():
     assert report.speedup(2, 3) == pytest.approx((2.0 + 18.0) / (2.0 + 18.0 / decode))
     assert report.to_records()[1]["workload_agreement"] == pytest.approx(5 / 6)
     assert "real loop: ar 3000.000 ms/token" in report.table()
+
+
+def test_a_copying_drafters_prediction_by_hand():
+    """A drafter that copies K=3 drafts at tau 2.5, on the report above: its round is the
+    verification of 4 tokens alone (4 layers of 2.75 and the head's 0.8: 11.8 s of pieces),
+    mapped by the loop's line, then taken end to end as selfspec's figures are. Catches a
+    draft cost charged to a copying drafter, the verification sized K instead of K + 1, and
+    the loop's line or the prefill left out."""
+    loop = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
+                           exit_layer=2, points=((2, 9.0, 8.0, 2.0),))
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
+                             runs=ExitRuns((np.ones((4, 6), bool),)), loop=loop)
+    decode = 2.5 * 3.0 / (0.5 * (4 * 2.75 + 0.8) + 1.0)
+    assert report.copied_speedup(2.5, 3) == pytest.approx((2.0 + 18.0) / (2.0 + 18.0 / decode))
 
 
 def test_the_draft_vocabularys_head_costs_the_drafts_only():

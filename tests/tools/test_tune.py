@@ -54,19 +54,20 @@ def workdirs(tmp_path_factory):
 def tuned(workdirs):
     target, draft = workdirs
     model = specjax.load(target, draft_workdir=draft)
-    return model.tune(PROMPTS, strategies=["selfspec", "draft"], **TUNE)
+    return model.tune(PROMPTS, strategies=["selfspec", "draft", "ngram"], **TUNE)
 
 
 def test_the_tuner_picks_the_draft_model_that_is_the_target(tuned):
     """Selfspec at the exit the report ranks first (its greedy figure, calibrated on these
-    prompts, not probed) and the draft model (probed) are both confirmed, and the draft
-    model, which accepts everything at an eighth of the cost, wins by its confirmed
-    speed-up. Catches the slowest confirmed row taken as the winner, or a loaded draft model
-    left out of the candidates."""
+    prompts, not probed), ngram (played over the same continuations, not probed) and the
+    draft model (probed) are all confirmed, and the draft model, which accepts everything at
+    an eighth of the cost, wins by its confirmed speed-up. Catches the slowest confirmed row
+    taken as the winner, a loaded draft model left out of the candidates, and a copying
+    drafter probed (a compilation) where its rounds can be played."""
     assert tuned.confirmed
     assert (tuned.winner.strategy, dict(tuned.winner.options)) == ("draft", {"num_draft": 4})
     sources = {row.candidate.strategy: row.source for row in tuned.rows}
-    assert sources == {"selfspec": "exit report", "draft": "probe"}
+    assert sources == {"selfspec": "exit report", "draft": "probe", "ngram": "played"}
     confirmed = {row.candidate.strategy: row.confirmed for row in tuned.rows}
     assert confirmed["draft"].stats.acceptance_rate >= 0.9  # all but the last round's ends
     assert confirmed["draft"].speedup > max(1.0, confirmed["selfspec"].speedup)
@@ -226,6 +227,23 @@ def test_a_measuring_report_is_not_probed_and_its_best_is_confirmed(monkeypatch)
     confirmed = [row.candidate for row in tuning.rows if row.confirmed]
     assert confirmed == [SELFSPEC_FOUND[1], found[-1]]
     assert tuning.winner == SELFSPEC_FOUND[1]
+
+
+def test_a_played_figure_is_not_probed(monkeypatch):
+    """`played` predicts ngram (the greedy rounds of a drafter that copies from the text) and
+    not lookahead: ngram keeps the played figure unprobed and is confirmed, lookahead is
+    probed. Catches a played figure probed anyway, or ignored for the probe's."""
+    probed = []
+    monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(
+        {"lookahead": 1.1, "ngram num_draft=2": 1.5}, probed))
+    found = [tuner.Candidate("ngram", {"num_draft": 2}), tuner.Candidate("lookahead")]
+    tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
+                        budget_s=60, started=time.perf_counter(),
+                        played=lambda label: 1.7 if label.startswith("ngram") else None)
+    assert probed == ["lookahead"]
+    assert [(row.source, row.predicted) for row in tuning.rows] == [("played", 1.7),
+                                                                    ("probe", 1.1)]
+    assert tuning.winner == found[0]
 
 
 class _Report:

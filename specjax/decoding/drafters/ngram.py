@@ -53,6 +53,7 @@ class PromptLookup(DrafterBase):
     shape: Chain = Chain(num_draft=4)
 
     name: ClassVar[str] = "ngram"
+    copies_text: ClassVar[bool] = True
 
     def validate(self, cfg: ModelConfig) -> None:
         if not self.shape.is_chain:

@@ -61,6 +61,7 @@ class SuffixDecoding(DrafterBase):
     shape: Chain = Chain(num_draft=4)
 
     name: ClassVar[str] = "suffix"
+    copies_text: ClassVar[bool] = True
 
     def validate(self, cfg: ModelConfig) -> None:
         if not self.shape.is_chain or self.shape.stop_below:

@@ -189,7 +189,7 @@ class DrafterBase:
     `restrict_vocab` (a vocabulary head of its own, `draft_vocab`); a strategy built from
     others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
     so far (`drafters.text_history`) and its proposal a function of it alone, so greedy rounds
-    can be played without the loop (`tools.exit_workload.copied_tau`)."""
+    can be played without the loop (`tools.exit_workload.play_copied`)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()

@@ -145,17 +145,18 @@ class DraftExitReport:
         included), else decoding alone."""
         return self._end_to_end(self.decode_speedup(exit_layer, num_draft))
 
-    def copied_speedup(self, tau: float, num_draft: int) -> float:
+    def copied_speedup(self, tau: float, num_draft: int, draft_seconds: float = 0.0) -> float:
         """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`
-        drafts from the text (no draft compute: its round is the verification of K + 1
-        tokens) at `tau` tokens per round (`exit_workload.copied_tau`)."""
+        drafts from the text at `tau` tokens per round (`exit_workload.play_copied`): its
+        round is the verification of K + 1 tokens (mapped as a round's pieces are) plus
+        `draft_seconds`, its proposal's own measured cost."""
         pieces = self.costs.whole_pass(self.layer_kinds, num_draft + 1)
-        return self._end_to_end(self._decode_speedup(tau, pieces))
+        return self._end_to_end(self._decode_speedup(tau, pieces, draft_seconds))
 
-    def _decode_speedup(self, tau: float, pieces: float) -> float:
+    def _decode_speedup(self, tau: float, pieces: float, extra_seconds: float = 0.0) -> float:
         if self.loop is None:
-            return tau * self.costs.plain(self.layer_kinds) / pieces
-        return tau * self.loop.token_seconds / self.loop.round_seconds(pieces)
+            return tau * self.costs.plain(self.layer_kinds) / (pieces + extra_seconds)
+        return tau * self.loop.token_seconds / (self.loop.round_seconds(pieces) + extra_seconds)
 
     def _end_to_end(self, decode: float) -> float:
         if self.loop is None or self.runs is None:

@@ -16,12 +16,18 @@ K on a few of the prompts measures the real loop (`LoopCalibration`). The real s
 token of `ar` replace the pieces' plain decoding; the real seconds per round of the two chains,
 against the pieces' prediction of those rounds, fix a line (a scale and an overhead per round)
 that maps every other (exit, K)'s pieces to the loop's seconds.
+
+The drafters that copy from the text (`copies_text`: ngram, suffix) are played the same way:
+their proposal at each position, from the text so far, is what the greedy loop drafts there
+(`play_copied`); their round is the verification of K + 1 tokens, mapped by the same line,
+plus their proposal's own measured seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 from collections.abc import Callable, Sequence
 
 import jax
@@ -34,13 +40,15 @@ from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
 from specjax.nn.cache import Cache
+from specjax.timing import timed
 from specjax.tools.bench import StrategyResult, run_benchmark
 
 # Windows of the teacher-forced pass over prompts + continuations: one compile per bucket.
 ROWS_PER_PASS = 4
-# Positions whose copied drafts one step of `copied_tau` proposes together (suffix decoding
+# Positions whose copied drafts one step of `play_copied` proposes together (suffix decoding
 # counts next tokens over the vocabulary at each: 49,152-way on SmolLM2).
 PLAYED_PER_CALL = 8
+TIMED_PROPOSALS = 8  # proposals in one timed call of a copying drafter (dispatch amortised)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,26 +98,52 @@ def rounds_of(accepted: np.ndarray) -> int:
     return rounds
 
 
-def copied_tau(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns) -> float:
-    """Tokens per greedy round of a drafter that copies from the text (`copies_text`: ngram,
-    suffix), played over `runs`' continuations: at each position a round can start on, its
-    proposal from the text so far (its own `propose`, one position at a time), accepted while
-    it equals the continuation."""
+@dataclasses.dataclass(frozen=True)
+class CopiedPlay:
+    """A copying drafter played over a workload: greedy tokens per round, and the seconds one
+    proposal of it takes (batch 1, as the loop drafts; timed in a loop of proposals)."""
+
+    tau: float
+    draft_seconds: float
+
+
+def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
+                repeats: int = 5) -> CopiedPlay:
+    """A drafter that copies from the text (`copies_text`: ngram, suffix), played over `runs`'
+    continuations: at each position a round can start on, its proposal from the text so far
+    (its own `propose`), accepted while it equals the continuation; and its proposal's cost,
+    the median of `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text
+    (suffix decoding's counts over a 49,152-id vocabulary are not free)."""
     if not drafter.copies_text:
         raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")
     if not runs.texts:
         raise ValueError("the runs hold no texts to play a drafter over")
     rounds = positions = 0
     for text, prompt_length in zip(runs.texts, runs.prompt_lengths, strict=True):
-        width = bucket(len(text)) + 1
-        padded = np.zeros(width, np.int32)
-        padded[:len(text)] = text
-        # A round at continuation position p knows the prompt and tokens 0..p of it.
-        ends = np.arange(prompt_length + 1, len(text), dtype=np.int32)
-        tokens, valid = _proposals(drafter, cfg, width)(jnp.asarray(padded), jnp.asarray(ends))
-        rounds += rounds_of(accepted_drafts(np.asarray(tokens), np.asarray(valid), text, ends))
+        padded, ends = _padded(text), np.arange(prompt_length + 1, len(text), dtype=np.int32)
+        if not len(ends):
+            continue
+        # Padded to a bucket by repeating the last (one program for similar lengths).
+        calls = np.full(bucket(len(ends)), ends[-1], np.int32)
+        calls[:len(ends)] = ends
+        tokens, valid = _proposals(drafter, cfg, len(padded))(padded, jnp.asarray(calls))
+        rounds += rounds_of(accepted_drafts(np.asarray(tokens)[:len(ends)],
+                                            np.asarray(valid)[:len(ends)], text, ends))
         positions += len(ends)
-    return positions / rounds if rounds else 1.0
+    text, end = runs.texts[0], runs.prompt_lengths[0] + 1
+    timed_loop = _proposal_loop(drafter, cfg, len(_padded(text)))
+    args = _padded(text), jnp.int32(min(end, len(text)))
+    timed_loop(*args).block_until_ready()
+    seconds = statistics.median(timed(lambda: timed_loop(*args).block_until_ready())
+                                for _ in range(repeats)) / TIMED_PROPOSALS
+    return CopiedPlay(positions / rounds if rounds else 1.0, seconds)
+
+
+def _padded(text: Sequence[int]) -> jax.Array:
+    """The text in a row of its `bucket` + 1 slots (a drafter's state, `text_history`)."""
+    padded = np.zeros(bucket(len(text)) + 1, np.int32)
+    padded[:len(text)] = text
+    return jnp.asarray(padded)
 
 
 def accepted_drafts(tokens: np.ndarray, valid: np.ndarray, text: Sequence[int],
@@ -128,17 +162,31 @@ def _proposals(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
     """A jitted (text [W], ends [E]) -> (tokens, valid) [E, K]: the drafter's greedy proposal
     when the text's first `ends[i]` tokens are known (the last one pending), a few positions
     at a time."""
+    return jax.jit(lambda text, ends: jax.lax.map(
+        lambda end: _propose_at(drafter, cfg, text, end), ends, batch_size=PLAYED_PER_CALL))
+
+
+@functools.lru_cache(maxsize=16)
+def _proposal_loop(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
+    """A jitted (text [W], end) -> checksum: `TIMED_PROPOSALS` proposals one after another,
+    alternately at `end` and one token earlier (so that none is hoisted out of the loop)."""
+    def body(i: jax.Array, total: jax.Array, text: jax.Array, end: jax.Array) -> jax.Array:
+        tokens, valid = _propose_at(drafter, cfg, text, jnp.maximum(end - i % 2, 1))
+        return total + jnp.sum(jnp.where(valid, tokens, 0))
+    return jax.jit(lambda text, end: jax.lax.fori_loop(
+        0, TIMED_PROPOSALS, lambda i, total: body(i, total, text, end), jnp.int32(0)))
+
+
+def _propose_at(drafter: Drafter, cfg: ModelConfig, text: jax.Array,
+                end: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The drafter's greedy proposal (tokens, valid [K]) knowing the text's first `end`
+    tokens, the last pending, as the loop calls it (batch 1)."""
     ctx = DraftContext(params={}, draft_params={}, sampling=None, cfg=cfg)
-
-    def at(text: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
-        known = jnp.where(jnp.arange(width) < end - 1, text, 0)[None]
-        cache = Cache(layers=(), lengths=(end - 1)[None], max_len=width - 1)
-        proposal, _, _ = drafter.propose(ctx, known, cache, text[end - 1][None],
-                                         jax.random.PRNGKey(0))
-        return proposal.tokens[0], proposal.valid[0]
-
-    return jax.jit(lambda text, ends: jax.lax.map(lambda end: at(text, end), ends,
-                                                  batch_size=PLAYED_PER_CALL))
+    known = jnp.where(jnp.arange(text.shape[0]) < end - 1, text, 0)[None]
+    cache = Cache(layers=(), lengths=(end - 1)[None], max_len=text.shape[0] - 1)
+    proposal, _, _ = drafter.propose(ctx, known, cache, text[end - 1][None],
+                                     jax.random.PRNGKey(0))
+    return proposal.tokens[0], proposal.valid[0]
 
 
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],

@@ -34,7 +34,7 @@ from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy,
 from specjax.decoding.sampling import SamplingParams
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.exit_report import DraftExitReport
-from specjax.tools.exit_workload import copied_tau
+from specjax.tools.exit_workload import play_copied
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
@@ -252,11 +252,13 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 def played_speedup(report: DraftExitReport, cfg: ModelConfig,
                    drafter: Drafter) -> float | None:
     """The greedy speed-up of a drafter that copies from the text, played over the report's
-    continuations (`exit_workload.copied_tau`) and costed by its calibrated loop; None for
+    continuations (`exit_workload.play_copied`) and costed by its calibrated loop and its
+    proposal's measured seconds; None for
     any other drafter, or a report not on a workload."""
     if not drafter.copies_text or report.runs is None or report.loop is None:
         return None
-    return report.copied_speedup(copied_tau(drafter, cfg, report.runs), drafter.shape.num_draft)
+    played = play_copied(drafter, cfg, report.runs)
+    return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:

@@ -20,10 +20,10 @@ from specjax.tools.exit_workload import (
     LoopCalibration,
     accepted_drafts,
     chain_rounds,
-    copied_tau,
     exit_runs,
     fit_round,
     greedy_continuations,
+    play_copied,
 )
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params
@@ -100,21 +100,21 @@ def test_played_rounds_are_the_real_loops_rounds(model, subset):
     ids=lambda d: d.label())
 def test_copied_rounds_are_the_real_loops_rounds(model, drafter):
     """A drafter that copies from the text, played over the continuations one prompt at a time
-    (`copied_tau`), takes the rounds the real greedy loop takes on that prompt, an independent
+    (`play_copied`), takes the rounds the real greedy loop takes on that prompt, an independent
     reference. Catches the proposal made from one token too many (the round's own target
     token, which it cannot know) or too few, a draft accepted past the continuation's end or
     past its first miss, and the round's own token not counted."""
     params, generator, continuations, _, _ = model
     out = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter)
     texts = [p + c for p, c in zip(COPYING_PROMPTS, out.tokens, strict=True)]
-    played = [copied_tau(drafter, CFG, ExitRuns((), (tuple(t),), (len(p),)))
+    played = [play_copied(drafter, CFG, ExitRuns((), (tuple(t),), (len(p),)), repeats=1).tau
               for t, p in zip(texts, COPYING_PROMPTS, strict=True)]
     real = [(len(c) - 1) / s.rounds for c, s in zip(out.tokens, out.stats, strict=True)]
     assert played == pytest.approx(real, rel=1e-12)
     assert max(real) > 1.5  # the drafts were accepted: teeth
     everything = ExitRuns((), tuple(tuple(t) for t in texts),
                           tuple(len(p) for p in COPYING_PROMPTS))
-    assert copied_tau(drafter, CFG, everything) == pytest.approx(
+    assert play_copied(drafter, CFG, everything, repeats=1).tau == pytest.approx(
         sum(len(c) - 1 for c in out.tokens) / sum(s.rounds for s in out.stats))
 
 
@@ -129,10 +129,21 @@ def test_accepted_drafts_by_hand():
     assert accepted_drafts(tokens, valid, [5, 6, 7, 8, 0], ends).tolist() == [1, 2, 1, 1]
 
 
+def test_a_copying_drafters_proposal_is_timed():
+    """Suffix decoding's proposal (counts over the vocabulary at each of K depths) costs more
+    than prompt lookup's; both are positive and far below a second. Catches the proposal's
+    time left at zero, or taken for the whole timed loop instead of one proposal."""
+    text = tuple(COPYING_PROMPTS[0] * 4)
+    runs = ExitRuns((), (text,), (10,))
+    lookup = play_copied(PromptLookup(shape=Chain(4)), CFG, runs).draft_seconds
+    suffix = play_copied(SuffixDecoding(shape=Chain(4)), CFG, runs).draft_seconds
+    assert 0 < lookup < suffix < 0.1
+
+
 def test_only_a_drafter_that_copies_from_the_text_is_played():
     """Catches selfspec played as if its drafts were copied (a figure with no meaning)."""
     with pytest.raises(ValueError, match="does not copy"):
-        copied_tau(SelfSpeculative(1, Chain(2)), CFG, ExitRuns((), ((1, 2, 3),), (1,)))
+        play_copied(SelfSpeculative(1, Chain(2)), CFG, ExitRuns((), ((1, 2, 3),), (1,)))
 
 
 def test_fit_round_is_the_line_through_the_extremes_or_a_ratio():
@@ -180,16 +191,18 @@ def test_a_calibrated_prediction_by_hand():
 
 def test_a_copying_drafters_prediction_by_hand():
     """A drafter that copies K=3 drafts at tau 2.5, on the report above: its round is the
-    verification of 4 tokens alone (4 layers of 2.75 and the head's 0.8: 11.8 s of pieces),
-    mapped by the loop's line, then taken end to end as selfspec's figures are. Catches a
-    draft cost charged to a copying drafter, the verification sized K instead of K + 1, and
-    the loop's line or the prefill left out."""
+    verification of 4 tokens (4 layers of 2.75 and the head's 0.8: 11.8 s of pieces), mapped
+    by the loop's line, plus its own proposal's 0.5 s, then taken end to end as selfspec's
+    figures are. Catches a selfspec draft cost charged to a copying drafter, its own proposal
+    left out, the verification sized K instead of K + 1, and the loop's line or the prefill
+    left out."""
     loop = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
                            exit_layer=2, points=((2, 9.0, 8.0, 2.0),))
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
                              runs=ExitRuns((np.ones((4, 6), bool),)), loop=loop)
-    decode = 2.5 * 3.0 / (0.5 * (4 * 2.75 + 0.8) + 1.0)
-    assert report.copied_speedup(2.5, 3) == pytest.approx((2.0 + 18.0) / (2.0 + 18.0 / decode))
+    decode = 2.5 * 3.0 / (0.5 * (4 * 2.75 + 0.8) + 1.0 + 0.5)
+    assert report.copied_speedup(2.5, 3, 0.5) == pytest.approx(
+        (2.0 + 18.0) / (2.0 + 18.0 / decode))
 
 
 def test_the_draft_vocabularys_head_costs_the_drafts_only():

@@ -15,12 +15,17 @@ import pytest
 import specjax
 import specjax.tools.exit_report as exit_report_module
 import specjax.tools.exit_workload as exit_workload_module
+import specjax.tools.tune as tune_module
 from specjax import api
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.engine import Generator
+from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
 from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
+    CopiedPlay,
     ExitRuns,
     LoopCalibration,
     calibrate_loop,
@@ -199,3 +204,86 @@ def test_the_workload_report_drafts_over_the_workdirs_draft_vocabulary(base_work
     assert model._workload_report([[1, 2]], 4, print, None) == "played"
     assert seen["draft_vocab"] == 4
     np.testing.assert_array_equal(seen["draft_ids"], np.arange(4))
+
+
+def test_exit_runs_carry_each_prompt_with_its_continuation_and_its_length():
+    """Two prompts of distinct lengths: `texts` is each prompt followed by its continuation and
+    `prompt_lengths` each prompt's own length (what `play_copied` starts its rounds after).
+    Catches the texts missing the prompt (copying drafters played without the text they copy
+    from) and a prompt length off by one (every played round shifted a position)."""
+    prompts, continuations = [[1, 2, 3], [7]], [[4, 5, 6], [8, 9]]
+    runs = exit_runs(PARAMS, CFG, prompts, continuations)
+    assert runs.texts == ((1, 2, 3, 4, 5, 6), (7, 8, 9))
+    assert runs.prompt_lengths == (3, 1)
+
+
+def test_a_copied_proposals_seconds_are_one_proposals(monkeypatch):
+    """With every timed loop scripted at 8 s, the drafter's `draft_seconds` is 8 s over the
+    loop's TIMED_PROPOSALS proposals. Catches the proposal's time not divided by the loop's
+    count (each round charged a whole loop of proposals)."""
+    monkeypatch.setattr(exit_workload_module, "timed", lambda f: (f(), 8.0)[1])
+    runs = ExitRuns((), (tuple(range(1, 13)),), (4,))
+    played = exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs,
+                                              repeats=3)
+    assert played.draft_seconds == pytest.approx(8.0 / exit_workload_module.TIMED_PROPOSALS)
+
+
+def test_the_timed_proposal_loop_alternates_its_end():
+    """The timed loop's checksum is that of TIMED_PROPOSALS proposals, half at `end` and half
+    one token earlier, by `_propose_at` directly. Catches every timed proposal made at the same
+    end (a loop XLA may hoist the proposal out of: its time then counted once for eight)."""
+    drafter = PromptLookup(shape=Chain(2))
+    text = exit_workload_module._padded([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
+    end = 10
+
+    def checksum(at):
+        tokens, valid = jax.jit(lambda t, e: exit_workload_module._propose_at(
+            drafter, CFG, t, e))(text, jnp.int32(at))
+        return int(jnp.sum(jnp.where(valid, tokens, 0)))
+
+    assert checksum(end) != checksum(end - 1)  # the two ends propose differently: teeth
+    loop = exit_workload_module._proposal_loop(drafter, CFG, text.shape[0])
+    half = exit_workload_module.TIMED_PROPOSALS // 2
+    assert int(loop(text, jnp.int32(end))) == half * (checksum(end) + checksum(end - 1))
+
+
+def test_an_uncalibrated_copying_prediction_charges_its_proposal():
+    """Without a workload or a loop, a copying drafter's speed-up is tau x the pieces' plain
+    token (4 x 2.0 + 0.5) over the verification of K + 1 tokens (4 x 2.75 + 0.8) plus its
+    proposal's 0.5 s, by hand. Catches the proposal's seconds dropped from the pieces-only
+    prediction."""
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,))
+    assert report.copied_speedup(2.5, 3, 0.5) == pytest.approx(2.5 * 8.5 / (11.8 + 0.5))
+
+
+def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
+    """With the play scripted (tau 2.5, 0.5 s a proposal), the tuner's played figure for ngram
+    K=3 is the report's copied speed-up with those seconds, and None for selfspec or a report
+    without a calibrated loop. Catches the played proposal's seconds dropped (suffix decoding
+    predicted 18% high on SmolLM2) and a drafter that does not copy played anyway."""
+    monkeypatch.setattr(tune_module, "play_copied",
+                        lambda drafter, cfg, runs: CopiedPlay(2.5, 0.5))
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
+                             runs=ExitRuns((np.ones((4, 6), bool),)), loop=LOOP)
+    drafter = PromptLookup(shape=Chain(3))
+    assert tune_module.played_speedup(report, CFG, drafter) == pytest.approx(
+        report.copied_speedup(2.5, 3, 0.5))
+    assert report.copied_speedup(2.5, 3, 0.5) != pytest.approx(report.copied_speedup(2.5, 3))
+    assert tune_module.played_speedup(report, CFG, SelfSpeculative(1, Chain(3))) is None
+    assert tune_module.played_speedup(dataclasses.replace(report, loop=None), CFG,
+                                      drafter) is None
+
+
+@pytest.mark.parametrize("temperature, played", [(0.0, True), (0.8, False)])
+def test_only_greedy_tuning_plays_the_copying_drafters(base_workdir, monkeypatch, temperature,
+                                                       played):
+    """`model.tune` hands the tuner `played` only greedy: the played rounds are greedy
+    verification's. Catches a sampled tuning that takes ngram's or suffix's played greedy
+    figures unprobed (sampled acceptance is not greedy's)."""
+    seen = {}
+    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
+    model = specjax.load(base_workdir)
+    assert model.tune(["def f("], strategies=["selfspec"], num_draft=[2], trees=[], exits=1,
+                      temperature=temperature, write=False) == "tuned"
+    assert (seen["played"] is not None) is played

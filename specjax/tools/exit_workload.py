@@ -126,12 +126,12 @@ def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
         # Padded to a bucket by repeating the last (one program for similar lengths).
         calls = np.full(bucket(len(ends)), ends[-1], np.int32)
         calls[:len(ends)] = ends
-        tokens, valid = _proposals(drafter, cfg, len(padded))(padded, jnp.asarray(calls))
+        tokens, valid = _proposals(drafter, cfg)(padded, jnp.asarray(calls))
         rounds += rounds_of(accepted_drafts(np.asarray(tokens)[:len(ends)],
                                             np.asarray(valid)[:len(ends)], text, ends))
         positions += len(ends)
     text, end = runs.texts[0], runs.prompt_lengths[0] + 1
-    timed_loop = _proposal_loop(drafter, cfg, len(_padded(text)))
+    timed_loop = _proposal_loop(drafter, cfg)
     args = _padded(text), jnp.int32(min(end, len(text)))
     timed_loop(*args).block_until_ready()
     seconds = statistics.median(timed(lambda: timed_loop(*args).block_until_ready())
@@ -158,7 +158,7 @@ def accepted_drafts(tokens: np.ndarray, valid: np.ndarray, text: Sequence[int],
 
 
 @functools.lru_cache(maxsize=16)
-def _proposals(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
+def _proposals(drafter: Drafter, cfg: ModelConfig) -> Callable:
     """A jitted (text [W], ends [E]) -> (tokens, valid) [E, K]: the drafter's greedy proposal
     when the text's first `ends[i]` tokens are known (the last one pending), a few positions
     at a time."""
@@ -167,7 +167,7 @@ def _proposals(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
 
 
 @functools.lru_cache(maxsize=16)
-def _proposal_loop(drafter: Drafter, cfg: ModelConfig, width: int) -> Callable:
+def _proposal_loop(drafter: Drafter, cfg: ModelConfig) -> Callable:
     """A jitted (text [W], end) -> checksum: `TIMED_PROPOSALS` proposals one after another,
     alternately at `end` and one token earlier (so that none is hoisted out of the loop)."""
     def body(i: jax.Array, total: jax.Array, text: jax.Array, end: jax.Array) -> jax.Array:

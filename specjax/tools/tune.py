@@ -253,8 +253,7 @@ def played_speedup(report: DraftExitReport, cfg: ModelConfig,
                    drafter: Drafter) -> float | None:
     """The greedy speed-up of a drafter that copies from the text, played over the report's
     continuations (`exit_workload.play_copied`) and costed by its calibrated loop and its
-    proposal's measured seconds; None for
-    any other drafter, or a report not on a workload."""
+    proposal's measured seconds; None for any other drafter, or a report not on a workload."""
     if not drafter.copies_text or report.runs is None or report.loop is None:
         return None
     played = play_copied(drafter, cfg, report.runs)

@@ -174,19 +174,21 @@ class _Report:
         return 2.0
 
 
-@pytest.mark.parametrize("temperature, measures", [(0.0, True), (0.8, False)])
+@pytest.mark.parametrize("temperature, greedy", [(0.0, True), (0.8, False)])
 def test_only_greedy_tuning_takes_the_reports_figures_as_measured(base_workdir, monkeypatch,
-                                                                  temperature, measures):
-    """`model.tune` hands the tuner `report_measures` only greedy: the workload report's
-    figures are greedy speed-ups. Catches a sampled tuning that trusts them unprobed (its
-    acceptance, hence its speed-up, is not greedy's)."""
+                                                                  temperature, greedy):
+    """`model.tune` hands the tuner `report_measures` and `played` only greedy: the workload
+    report's figures and the played rounds are greedy verification's. Catches a sampled
+    tuning that trusts the report's figures unprobed, or takes ngram's or suffix's played
+    greedy figures unprobed (sampled acceptance, hence speed-up, is not greedy's)."""
     seen = {}
     monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
     monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
     model = specjax.load(base_workdir)
     assert model.tune(["def f("], strategies=["selfspec"], num_draft=[2], trees=[], exits=1,
                       temperature=temperature, write=False) == "tuned"
-    assert seen["report_measures"] is measures
+    assert seen["report_measures"] is greedy
+    assert (seen["played"] is not None) is greedy
 
 
 def test_the_workload_report_drafts_over_the_workdirs_draft_vocabulary(base_workdir,
@@ -242,7 +244,7 @@ def test_the_timed_proposal_loop_alternates_its_end():
         return int(jnp.sum(jnp.where(valid, tokens, 0)))
 
     assert checksum(end) != checksum(end - 1)  # the two ends propose differently: teeth
-    loop = exit_workload_module._proposal_loop(drafter, CFG, text.shape[0])
+    loop = exit_workload_module._proposal_loop(drafter, CFG)
     half = exit_workload_module.TIMED_PROPOSALS // 2
     assert int(loop(text, jnp.int32(end))) == half * (checksum(end) + checksum(end - 1))
 
@@ -272,18 +274,3 @@ def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
     assert tune_module.played_speedup(report, CFG, SelfSpeculative(1, Chain(3))) is None
     assert tune_module.played_speedup(dataclasses.replace(report, loop=None), CFG,
                                       drafter) is None
-
-
-@pytest.mark.parametrize("temperature, played", [(0.0, True), (0.8, False)])
-def test_only_greedy_tuning_plays_the_copying_drafters(base_workdir, monkeypatch, temperature,
-                                                       played):
-    """`model.tune` hands the tuner `played` only greedy: the played rounds are greedy
-    verification's. Catches a sampled tuning that takes ngram's or suffix's played greedy
-    figures unprobed (sampled acceptance is not greedy's)."""
-    seen = {}
-    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
-    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
-    model = specjax.load(base_workdir)
-    assert model.tune(["def f("], strategies=["selfspec"], num_draft=[2], trees=[], exits=1,
-                      temperature=temperature, write=False) == "tuned"
-    assert (seen["played"] is not None) is played

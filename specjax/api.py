@@ -64,10 +64,12 @@ from specjax.prompt_sets import (
 from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report, on_workload
+from specjax.tools.exit_workload import model_continuations, text_runs
 from specjax.tools.tree_search import TreePlan
 from specjax.tools.tune import (
     EXITS,
     NUM_DRAFTS,
+    SAMPLED_PLAYS,
     TREE,
     Candidate,
     Tuning,
@@ -423,16 +425,14 @@ class LanguageModel:
         report = None
         if EXITS in names and self.config.num_layers > 1:
             progress("exit report: ranking the exits ...")
-            report = self._tune_report(encoded, num_draft, max_new_tokens, progress)
+            report = self._tune_report(encoded, num_draft, max_new_tokens, progress, sampling)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
                            num_draft=num_draft, trees=trees)
-        greedy_report = report if sampling is None else None
         tuning = tune(
             self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
             encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
-            sampling=sampling, report_measures=greedy_report is not None,
-            played=None if greedy_report is None else functools.partial(
-                played_speedup, greedy_report, self.config),
+            sampling=sampling, report_measures=report is not None and sampling is None,
+            played=self._played(report, names, encoded, max_new_tokens, sampling, progress),
             confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)
@@ -444,6 +444,28 @@ class LanguageModel:
             progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
 
+    def _played(self, report: DraftExitReport | None, names: Sequence[str],
+                encoded: Sequence[Any], max_new_tokens: int, sampling: SamplingParams | None,
+                progress: Callable[[str], None]) -> Callable[[Drafter], float | None] | None:
+        """`tune`'s prediction of the drafters that copy from the text (`played_speedup`):
+        played over the report's greedy continuations, or sampled, those whose drafts are point
+        masses over the model's sampled continuations of the prompts (`SAMPLED_PLAYS` seeds,
+        made when one is among `names`); None without a report on the workload."""
+        if report is None or report.loop is None:
+            return None
+        if sampling is None:
+            return functools.partial(played_speedup, report, self.config)
+        if not any(make_strategy(name, DecodingConfig()).point_mass_drafts for name in names):
+            return None
+        progress(f"continuing {len(encoded)} prompts sampled ({SAMPLED_PLAYS} seeds), to play "
+                 "ngram ...")
+        continuations = [continuation for seed in range(SAMPLED_PLAYS)
+                         for continuation in model_continuations(
+                             self.generator, encoded, max_new_tokens=max_new_tokens,
+                             sampling=sampling, seed=seed)]
+        runs = text_runs(list(encoded) * SAMPLED_PLAYS, continuations)
+        return functools.partial(played_speedup, report, self.config, sampled_runs=runs)
+
     def _tunable_drafter(self, candidate: Candidate, sampling: SamplingParams | None,
                          encoded: Sequence[Any]) -> Drafter:
         """A tuner candidate's drafter, bound to its weights once to check them: a candidate
@@ -454,7 +476,8 @@ class LanguageModel:
         return drafter
 
     def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int],
-                     max_new_tokens: int, progress: Callable[[str], None]) -> DraftExitReport:
+                     max_new_tokens: int, progress: Callable[[str], None],
+                     sampling: SamplingParams | None) -> DraftExitReport:
         """The exit report ranking `tune`'s exits on its own prompts (the workload, which alone
         makes its predictions): its held-out metrics, which only the table shows, on one batch
         of windows of the workdir's documents, or for an import (no data recorded) of the
@@ -465,15 +488,17 @@ class LanguageModel:
             texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
             seq_len = max(1, min(len(ids) for ids in encoded) - 1)
         seq_len = seq_len or heldout_data(self.meta).seq_len
-        return self._workload_report(encoded, max_new_tokens, progress, texts, seq_len=seq_len,
-                                     max_tokens=TUNE_REPORT_WINDOWS * seq_len,
+        return self._workload_report(encoded, max_new_tokens, progress, texts, sampling,
+                                     seq_len=seq_len, max_tokens=TUNE_REPORT_WINDOWS * seq_len,
                                      batch_size=TUNE_REPORT_WINDOWS, num_draft=num_draft)
 
     def _workload_report(self, encoded: Sequence[Any] | None, max_new_tokens: int,
                          progress: Callable[[str], None], texts: Sequence[str] | None,
+                         sampling: SamplingParams | None = None,
                          **options: Any) -> DraftExitReport:
         """`model_exit_report` with the drafts' vocabulary, then on the `encoded` prompts'
-        greedy continuations (`exit_report.on_workload`) unless None."""
+        greedy continuations (`exit_report.on_workload`, its loop timed with `sampling`)
+        unless None."""
         report = model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
                                    texts, draft_vocab=self.decoding_defaults.draft_vocab,
                                    **options)
@@ -481,10 +506,10 @@ class LanguageModel:
             return report
         return on_workload(
             report, self._loaded.params, self.config, self.generator,
-            lambda e, k: self.strategy(EXITS, None, encoded, exit_layer=e, num_draft=k), encoded,
-            max_new_tokens=max_new_tokens,
+            lambda e, k: self.strategy(EXITS, sampling, encoded, exit_layer=e, num_draft=k),
+            encoded, max_new_tokens=max_new_tokens,
             draft_ids=self.generator.draft_ids(self.decoding_defaults),  # reads its draft_vocab
-            progress=progress)
+            sampling=sampling, progress=progress)
 
     @keywords.checked(EXIT_REPORT_OPTIONS)
     def exit_report(self, texts: Sequence[str] | None = None, *, workload: bool = True,

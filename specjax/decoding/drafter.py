@@ -189,7 +189,10 @@ class DrafterBase:
     `restrict_vocab` (a vocabulary head of its own, `draft_vocab`); a strategy built from
     others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
     so far (`drafters.text_history`) and its proposal a function of it alone, so greedy rounds
-    can be played without the loop (`tools.exit_workload.play_copied`)."""
+    can be played without the loop (`tools.exit_workload.play_copied`); `point_mass_drafts`:
+    sampled, each draft is a point mass q (prompt lookup's copy, not suffix decoding's draw
+    from its counts), so the loop keeps a draft exactly when it emits it and sampled rounds
+    can be played too."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
@@ -199,6 +202,7 @@ class DrafterBase:
     weights_hint: ClassVar[str] = ""
     verify_from: ClassVar[int] = 0
     copies_text: ClassVar[bool] = False
+    point_mass_drafts: ClassVar[bool] = False
 
     def bind(self, weights: DraftWeights) -> Drafter:
         return self

@@ -39,6 +39,7 @@ from specjax.config import ModelConfig
 from specjax.data import heldout_data, validation_texts, windows
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
@@ -57,7 +58,7 @@ from specjax.tools.exit_workload import (
     LoopCalibration,
     calibrate_loop,
     exit_runs,
-    greedy_continuations,
+    model_continuations,
 )
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
@@ -473,29 +474,31 @@ def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
                 generator: Generator, selfspec: Callable[[int, int], Drafter],
                 prompts: Sequence[Sequence[int]], *, max_new_tokens: int, repeats: int = 3,
                 calibration_prompts: int = 2, draft_ids: jax.Array | np.ndarray | None = None,
-                workload: str = "",
+                workload: str = "", sampling: SamplingParams | None = None,
                 progress: Callable[[str], None] = lambda line: None) -> DraftExitReport:
     """The report's predictions on `prompts` (`tools/exit_workload.py`): the model's greedy
     continuations, each exit's runs of agreement along them (over `draft_ids`, the drafts'
     vocabulary), and the real loop calibrated on the first `calibration_prompts` with
-    `selfspec(exit, K)` at the exit the uncalibrated report then ranks first. `workload` names
-    the prompts in the table. A one-layer model, whose only exit is the last, is returned as
-    it is: no exit can draft."""
+    `selfspec(exit, K)` at the exit the uncalibrated report then ranks first, greedy or with
+    `sampling` (the tuner's sampled search: its costs are then sampled rounds', its tau still
+    greedy's). `workload` names the prompts in the table. A one-layer model, whose only exit
+    is the last, is returned as it is: no exit can draft."""
     if report.num_layers < 2:
         return report
     progress(f"exit report: continuing {len(prompts)} prompts greedily ...")
-    continuations = greedy_continuations(generator, prompts, max_new_tokens=max_new_tokens)
+    continuations = model_continuations(generator, prompts, max_new_tokens=max_new_tokens)
     runs = exit_runs(params, cfg, prompts, continuations, draft_ids)
     if runs.positions == 0:
         raise ValueError("the prompts' continuations end at their first token: nothing to "
                          "draft (raise max_new_tokens, or give prompts that do not end at EOS)")
     played = dataclasses.replace(report, runs=runs)
     exit_layer = played.best()[0]  # two layers or more: an exit below the last
-    progress(f"exit report: timing the real loop (ar, selfspec at exit {exit_layer}) ...")
+    mode = "" if sampling is None else ", sampled"
+    progress(f"exit report: timing the real loop (ar, selfspec at exit {exit_layer}{mode}) ...")
     loop = calibrate_loop(
         generator, selfspec, prompts[:calibration_prompts],
         lambda e, k: report.costs.round(report.layer_kinds, e, k),
         max_new_tokens=max_new_tokens, exit_layer=exit_layer, num_draft=report.num_draft,
-        repeats=repeats)
+        repeats=repeats, sampling=sampling)
     return dataclasses.replace(played, loop=loop, workload=workload or
                                f"{len(prompts)} prompts x {max_new_tokens} new tokens")

@@ -18,9 +18,15 @@ against the pieces' prediction of those rounds, fix a line (a scale and an overh
 that maps every other (exit, K)'s pieces to the loop's seconds.
 
 The drafters that copy from the text (`copies_text`: ngram, suffix) are played the same way:
-their proposal at each position, from the text so far, is what the greedy loop drafts there
+their proposal at each position, from the text so far, is what the loop drafts there
 (`play_copied`); their round is the verification of K + 1 tokens, mapped by the same line,
-plus their proposal's own measured seconds.
+plus their proposal's own measured seconds. Sampled too, for a drafter whose drafts are point
+masses (`point_mass_drafts`: ngram): a draft x with q(x) = 1 is accepted with probability p(x),
+and the residual max(0, p - q) a rejection draws from has no mass on it, so the loop accepts a
+draft exactly when the token it emits there is that draft. A sampled loop's rounds are thus
+its own output's, played; and that output is distributed as plain sampling's, so the rounds
+played over sampled continuations (`model_continuations` with `sampling`) are distributed as
+the loop's. Suffix decoding draws its sampled drafts from its counts: not played sampled.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import numpy as np
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
+from specjax.decoding.sampling import SamplingParams
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
 from specjax.nn.cache import Cache
@@ -100,7 +107,7 @@ def rounds_of(accepted: np.ndarray) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CopiedPlay:
-    """A copying drafter played over a workload: greedy tokens per round, and the seconds one
+    """A copying drafter played over a workload: tokens per round, and the seconds one
     proposal of it takes (batch 1, as the loop drafts; timed in a loop of proposals)."""
 
     tau: float
@@ -110,10 +117,11 @@ class CopiedPlay:
 def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
                 repeats: int = 5) -> CopiedPlay:
     """A drafter that copies from the text (`copies_text`: ngram, suffix), played over `runs`'
-    continuations: at each position a round can start on, its proposal from the text so far
-    (its own `propose`), accepted while it equals the continuation; and its proposal's cost,
-    the median of `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text
-    (suffix decoding's counts over a 49,152-id vocabulary are not free)."""
+    continuations (greedy, or sampled for point-mass drafts: the module docstring): at each
+    position a round can start on, its proposal from the text so far (its own `propose`),
+    accepted while it equals the continuation; and its proposal's cost, the median of
+    `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text (suffix decoding's
+    counts over a 49,152-id vocabulary are not free)."""
     if not drafter.copies_text:
         raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")
     if not runs.texts:
@@ -194,11 +202,10 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
               draft_ids: jax.Array | np.ndarray | None = None) -> ExitRuns:
     """`ExitRuns` of the prompts' continuations: one teacher-forced pass through every exit,
     each exit's argmax over `draft_ids` (ascending; None: the whole vocabulary)."""
-    if len(prompts) != len(continuations):
-        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    texts = text_runs(prompts, continuations)
     vocab = None if draft_ids is None else DraftVocab.gather(
         params, cfg, jnp.asarray(draft_ids, jnp.int32))
-    rows = [list(p) + list(c) for p, c in zip(prompts, continuations, strict=True)]
+    rows = texts.texts
     width = bucket(max(len(row) for row in rows))
     argmax = _exit_argmax(cfg)
     agree = []
@@ -212,8 +219,7 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             first, new = len(prompts[index]), list(continuations[index])
             # position t predicts token t + 1: rounds make the continuation's tokens 1..n-1
             agree.append(predicted[:, i, first:first + len(new) - 1] == np.asarray(new[1:]))
-    return ExitRuns(tuple(agree), tuple(tuple(row) for row in rows),
-                    tuple(len(p) for p in prompts))
+    return dataclasses.replace(texts, agree=tuple(agree))
 
 
 def _exit_argmax(cfg: ModelConfig) -> Callable:
@@ -272,14 +278,15 @@ def fit_round(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 def calibrate_loop(generator: Generator, selfspec: Callable[[int, int], Drafter],
                    prompts: Sequence[Sequence[int]], pieces: Callable[[int, int], float], *,
                    max_new_tokens: int, exit_layer: int, num_draft: Sequence[int],
-                   repeats: int = 3) -> LoopCalibration:
+                   repeats: int = 3, sampling: SamplingParams | None = None) -> LoopCalibration:
     """Benchmarks `ar` and `selfspec(exit_layer, K)` for the smallest and largest K of
-    `num_draft` on `prompts` (`tools.bench.run_benchmark`, greedy, batch 1) and fits the
-    line from `pieces(exit_layer, K)`, the pieces' seconds per round, to the loop's."""
+    `num_draft` on `prompts` (`tools.bench.run_benchmark`, batch 1; greedy, or sampled with
+    `sampling`: a sampled round also pays for its probabilities and draws) and fits the line
+    from `pieces(exit_layer, K)`, the pieces' seconds per round, to the loop's."""
     chains = sorted({min(num_draft), max(num_draft)})
     results = {r.name: r for r in run_benchmark(
         generator, {"ar": AUTOREGRESSIVE, **{f"K={k}": selfspec(exit_layer, k) for k in chains}},
-        prompts, max_new_tokens=max_new_tokens, repeats=repeats)}
+        prompts, max_new_tokens=max_new_tokens, repeats=repeats, sampling=sampling)}
     ar = results["ar"]
     measured = [(k, _per_round(results[f"K={k}"]), pieces(exit_layer, k),
                  results[f"K={k}"].stats.tau) for k in chains]
@@ -296,9 +303,22 @@ def _per_round(result: StrategyResult) -> float:
     return (result.seconds - result.prefill_seconds) / result.stats.rounds
 
 
-def greedy_continuations(generator: Generator, prompts: Sequence[Sequence[int]], *,
-                         max_new_tokens: int) -> list[list[int]]:
-    """The model's own greedy continuation of each prompt (what every lossless strategy
-    outputs)."""
-    return generator.generate(prompts, max_new_tokens=max_new_tokens,
-                              strategy=AUTOREGRESSIVE).tokens
+def model_continuations(generator: Generator, prompts: Sequence[Sequence[int]], *,
+                        max_new_tokens: int, sampling: SamplingParams | None = None,
+                        seed: int = 0) -> list[list[int]]:
+    """The model's own continuation of each prompt, greedy (what every lossless strategy
+    outputs) or sampled with `sampling` and `seed` (distributed as every lossless strategy's
+    output)."""
+    return generator.generate(prompts, max_new_tokens=max_new_tokens, strategy=AUTOREGRESSIVE,
+                              sampling=sampling, seed=seed).tokens
+
+
+def text_runs(prompts: Sequence[Sequence[int]],
+              continuations: Sequence[Sequence[int]]) -> ExitRuns:
+    """`ExitRuns` holding only the texts (each prompt and its continuation) and the prompts'
+    lengths, no exit's agreement: what a drafter that copies from the text is played over."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    return ExitRuns((), tuple(tuple(p) + tuple(c) for p, c in zip(prompts, continuations,
+                                                                   strict=True)),
+                    tuple(len(p) for p in prompts))

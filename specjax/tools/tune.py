@@ -7,11 +7,13 @@ each strategy that drafts trees. A candidate's prediction is a short measurement
 on a few prompts (a probe), except for selfspec's chains, which the exit report predicts on
 the same prompts: played over the model's greedy continuations of them and calibrated on the
 real decode loop (`exit_report.on_workload`), its greedy figures are the benchmark's, so they
-compete with the probes as they are; so do the greedy figures of the drafters that copy from
-the text (ngram, suffix: `played`), whose rounds are played over the same continuations and
+compete with the probes as they are; so do the figures of the drafters that copy from the
+text (ngram, suffix: `played`), whose rounds are played over the same continuations and
 costed by the same calibrated loop. Sampled, the report only ranks: each exit's fastest K by
-it is probed. The best of each kind (a strategy's chains, its trees), the few
-best kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
+it is probed; ngram, whose sampled drafts are point masses, is played over the model's
+sampled continuations (its rounds are the sampled loop's; `SAMPLED_PLAYS` of each prompt),
+suffix probed. The best of each kind (a strategy's chains, its trees), the few best kinds, are
+confirmed on all the prompts with the benchmark's interleaved measurement
 (`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
 decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
 benchmark beside one `ar` (`PROBE_BATCH`).
@@ -34,13 +36,16 @@ from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy,
 from specjax.decoding.sampling import SamplingParams
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.exit_report import DraftExitReport
-from specjax.tools.exit_workload import play_copied
+from specjax.tools.exit_workload import ExitRuns, play_copied
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
 # Candidates probed together beside one `ar` (which then compiles once, not once each); the
 # budget is read between such batches.
 PROBE_BATCH = 4
+# Sampled continuations of each prompt a point-mass drafter (ngram) is played over: one
+# sample's tau spread from 1.36 to 1.90 across seeds on the default model (4 x 64 tokens).
+SAMPLED_PLAYS = 4
 EXITS = "selfspec"  # the strategy that drafts from the model's own exits
 # The baseline, a lossy early exit, a drafter that needs its own search (skip_layers) or its
 # own classifier, and a composite of the others: not candidates.
@@ -249,14 +254,18 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     return Tuning(rows, winner, True, time.perf_counter() - started, len(prompts))
 
 
-def played_speedup(report: DraftExitReport, cfg: ModelConfig,
-                   drafter: Drafter) -> float | None:
-    """The greedy speed-up of a drafter that copies from the text, played over the report's
-    continuations (`exit_workload.play_copied`) and costed by its calibrated loop and its
-    proposal's measured seconds; None for any other drafter, or a report not on a workload."""
-    if not drafter.copies_text or report.runs is None or report.loop is None:
+def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
+                   sampled_runs: ExitRuns | None = None) -> float | None:
+    """The speed-up of a drafter that copies from the text, played over the report's greedy
+    continuations (`exit_workload.play_copied`), or with `sampled_runs` (the model's sampled
+    continuations) its sampled speed-up, played over those, for a drafter whose sampled drafts
+    are point masses; costed by the report's calibrated loop and the proposal's measured
+    seconds. None for any other drafter, or a report not on a workload."""
+    runs = report.runs if sampled_runs is None else sampled_runs
+    if (not drafter.copies_text or runs is None or report.loop is None
+            or (sampled_runs is not None and not drafter.point_mass_drafts)):
         return None
-    played = play_copied(drafter, cfg, report.runs)
+    played = play_copied(drafter, cfg, runs)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
 
 

@@ -13,6 +13,7 @@ from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
 from specjax.tools.exit_workload import (
@@ -22,8 +23,9 @@ from specjax.tools.exit_workload import (
     chain_rounds,
     exit_runs,
     fit_round,
-    greedy_continuations,
+    model_continuations,
     play_copied,
+    text_runs,
 )
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params
@@ -59,7 +61,7 @@ def model():
     """The params, a generator whose ranking puts the continuations' ids first (by count),
     the continuations, and a draft vocabulary size that leaves 3 of their ids out."""
     params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
-    continuations = greedy_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW)
+    continuations = model_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW)
     counts = np.bincount(np.concatenate(continuations), minlength=CFG.vocab_size)
     ranking = np.argsort(-counts, kind="stable")
     generator = Generator(params, CFG, draft_vocab=ranking)
@@ -115,6 +117,35 @@ def test_copied_rounds_are_the_real_loops_rounds(model, drafter):
     everything = ExitRuns((), tuple(tuple(t) for t in texts),
                           tuple(len(p) for p in COPYING_PROMPTS))
     assert play_copied(drafter, CFG, everything, repeats=1).tau == pytest.approx(
+        sum(len(c) - 1 for c in out.tokens) / sum(s.rounds for s in out.stats))
+
+
+@pytest.mark.parametrize("drafter", [PromptLookup(shape=Chain(2)),
+                                     PromptLookup(ngram_max=2, shape=Chain(4))],
+                         ids=lambda d: d.label())
+def test_sampled_copied_rounds_are_the_loops_own_outputs_rounds(model, drafter):
+    """Sampled, prompt lookup's draft is a point mass: the loop accepts it exactly when the
+    token it emits there is the draft, so the rounds played over the sampled loop's own output
+    (with `text_runs`) are the rounds it took, prompt by prompt. Catches a sampled draft that
+    is not a point mass (suffix decoding's draw from its counts is not: one prompt played at
+    1.64 tokens a round where the loop made 1.53) and a play over the greedy text where the
+    loop sampled another."""
+    params, _, _, _, _ = model
+    # Logits 4x sharper, so that the sampled text repeats itself and copies are accepted.
+    generator = Generator({**params, "final_norm": jax.tree.map(lambda x: 4 * x,
+                                                                params["final_norm"])}, CFG)
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    out = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter,
+                             sampling=sampling, seed=0)
+    runs = text_runs(COPYING_PROMPTS, out.tokens)
+    played = [play_copied(drafter, CFG, text_runs([p], [c]), repeats=1).tau
+              for p, c in zip(COPYING_PROMPTS, out.tokens, strict=True)]
+    real = [(len(c) - 1) / s.rounds for c, s in zip(out.tokens, out.stats, strict=True)]
+    assert played == pytest.approx(real, rel=1e-12)
+    assert max(real) > 1.5  # drafts were accepted: teeth
+    greedy = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter).tokens
+    assert greedy != out.tokens  # the sampled text is not the greedy one
+    assert play_copied(drafter, CFG, runs, repeats=1).tau == pytest.approx(
         sum(len(c) - 1 for c in out.tokens) / sum(s.rounds for s in out.stats))
 
 

@@ -19,9 +19,12 @@ import specjax.tools.tune as tune_module
 from specjax import api
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
+from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import DraftVocab
+from specjax.prompt_sets import encode_prompts
 from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
 from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
@@ -30,8 +33,9 @@ from specjax.tools.exit_workload import (
     LoopCalibration,
     calibrate_loop,
     exit_runs,
-    greedy_continuations,
+    model_continuations,
 )
+from specjax.tools.tune import SAMPLED_PLAYS
 from tests.tools.test_exit_report import PARAMS, fake_timings
 from tests.tools.test_exit_workload import CFG, COSTS, METRICS
 
@@ -47,7 +51,7 @@ def test_exit_runs_read_each_prompts_own_offset_past_the_first_pass():
     prompts than one pass holds."""
     prompts = [list(range(10, 10 + n)) for n in (3, 5, 7, 9, 11, 2)]
     assert len(prompts) > ROWS_PER_PASS
-    continuations = greedy_continuations(Generator(PARAMS, CFG), prompts, max_new_tokens=10)
+    continuations = model_continuations(Generator(PARAMS, CFG), prompts, max_new_tokens=10)
     runs = exit_runs(PARAMS, CFG, prompts, continuations)
     assert [bool(row[-1].all()) for row in runs.agree] == [True] * len(prompts)
     assert runs.rate(1) < 1  # a shallow exit disagrees somewhere: the rows are read
@@ -138,7 +142,8 @@ def test_on_workload_calibrates_on_its_first_prompts_over_the_draft_vocabulary(m
     given draft ids, the loop is timed on the first `calibration_prompts` prompts at the exit
     the played report ranks first, and the report carries both. Catches every prompt timed (the
     calibration 4x longer on the default 8 prompts) and the draft ids dropped (agreement
-    played over the whole vocabulary where the drafter drafts over N ids)."""
+    played over the whole vocabulary where the drafter drafts over N ids), and a sampled
+    tuning's loop timed greedy (its rounds then costed without their sampling)."""
     prompts = [[1, 2], [3], [4, 5, 6], [7], [8]]
     ids, seen = np.arange(8), {}
     runs = ExitRuns((np.ones((4, 3), bool),) * len(prompts))
@@ -148,26 +153,29 @@ def test_on_workload_calibrates_on_its_first_prompts_over_the_draft_vocabulary(m
         return runs
 
     def calibrated(generator, selfspec, prompts, pieces, **kwargs):
-        seen.update(prompts=prompts, exit_layer=kwargs["exit_layer"])
+        seen.update(prompts=prompts, exit_layer=kwargs["exit_layer"],
+                    sampling=kwargs["sampling"])
         return LOOP
 
-    monkeypatch.setattr(exit_report_module, "greedy_continuations",
+    monkeypatch.setattr(exit_report_module, "model_continuations",
                         lambda generator, prompts, **_: [[9, 9, 9, 9]] * len(prompts))
     monkeypatch.setattr(exit_report_module, "exit_runs", played)
     monkeypatch.setattr(exit_report_module, "calibrate_loop", calibrated)
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(2, 3))
+    sampling = SamplingParams(0.8, 0, 0.95)
     out = on_workload(report, PARAMS, CFG, None, None, prompts, max_new_tokens=4,
-                      calibration_prompts=2, draft_ids=ids)
+                      calibration_prompts=2, draft_ids=ids, sampling=sampling)
     assert seen.pop("draft_ids") is ids
     ranked = dataclasses.replace(report, runs=runs).best()[0]
-    assert seen == {"prompts": prompts[:2], "exit_layer": ranked}
+    assert seen == {"prompts": prompts[:2], "exit_layer": ranked, "sampling": sampling}
     assert out.runs is runs and out.loop is LOOP and out.workload == "5 prompts x 4 new tokens"
 
 
 class _Report:
-    """A report of the tiny model's 4 layers, every exit predicted 2x."""
+    """A report of the tiny model's 4 layers, every exit predicted 2x, its loop calibrated."""
 
     num_layers = 4
+    loop = LOOP
 
     @staticmethod
     def speedup(exit_layer, num_draft):
@@ -189,6 +197,33 @@ def test_only_greedy_tuning_takes_the_reports_figures_as_measured(base_workdir, 
                       temperature=temperature, write=False) == "tuned"
     assert seen["report_measures"] is greedy
     assert (seen["played"] is not None) is greedy
+
+
+def test_sampled_tuning_plays_ngram_over_the_models_sampled_continuations(base_workdir,
+                                                                          monkeypatch):
+    """Sampled, with ngram among the strategies, `model.tune` hands the tuner a played
+    prediction over the prompts' sampled continuations (the model's own sampled output, seeds
+    0 to SAMPLED_PLAYS - 1), and greedy over none (the report's). Catches ngram's sampled
+    figure played over the greedy continuations, over the prompts alone, or over one seed's
+    (one sample's tau spread from 1.36 to 1.90 on the default model)."""
+    seen = {}
+    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
+    model = specjax.load(base_workdir)
+    options = dict(strategies=["selfspec", "ngram"], num_draft=[2], trees=[], exits=1,
+                   max_new_tokens=12, write=False)
+    model.tune(["def f("], temperature=1.5, **options)
+    runs = seen["played"].keywords["sampled_runs"]
+    prompt = encode_prompts(model.tokenizer, ["def f("])[0]
+    sampled = [model.generator.generate([prompt], max_new_tokens=12,
+                                        sampling=SamplingParams(1.5, 0, 1.0),
+                                        seed=seed).tokens[0] for seed in range(SAMPLED_PLAYS)]
+    assert runs.texts == tuple(tuple(prompt) + tuple(tokens) for tokens in sampled)
+    assert runs.prompt_lengths == (len(prompt),) * SAMPLED_PLAYS
+    assert len({tuple(tokens) for tokens in sampled}) == SAMPLED_PLAYS > 1
+    assert model.generator.generate([prompt], max_new_tokens=12).tokens[0] not in sampled
+    model.tune(["def f("], **options)
+    assert "sampled_runs" not in seen["played"].keywords
 
 
 def test_the_workload_report_drafts_over_the_workdirs_draft_vocabulary(base_workdir,
@@ -274,3 +309,23 @@ def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
     assert tune_module.played_speedup(report, CFG, SelfSpeculative(1, Chain(3))) is None
     assert tune_module.played_speedup(dataclasses.replace(report, loop=None), CFG,
                                       drafter) is None
+
+
+def test_sampled_play_takes_the_sampled_texts_and_only_point_mass_drafts(monkeypatch):
+    """With sampled runs, ngram is played over those runs (not the report's greedy ones) and
+    suffix decoding is not played at all. Catches a sampled figure played over the greedy
+    continuations, and suffix decoding played sampled (its drafts are draws from its counts,
+    not the copied tokens the play proposes: one prompt played at 1.64 tokens a round where
+    the loop made 1.53)."""
+    seen = []
+    monkeypatch.setattr(tune_module, "play_copied",
+                        lambda drafter, cfg, runs: seen.append(runs) or CopiedPlay(2.5, 0.5))
+    greedy, sampled = ExitRuns((np.ones((4, 6), bool),)), ExitRuns((), ((1, 2, 3),), (1,))
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=greedy,
+                             loop=LOOP)
+    assert tune_module.played_speedup(report, CFG, PromptLookup(shape=Chain(3)),
+                                      sampled) == pytest.approx(report.copied_speedup(2.5, 3, 0.5))
+    assert seen == [sampled]
+    assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3)),
+                                      sampled) is None
+    assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3))) is not None

@@ -17,6 +17,8 @@ from specjax import api
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.registry import DecodingConfig
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import SamplingParams
 from specjax.heads.medusa import init_medusa
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from specjax.loading import load_model
@@ -289,17 +291,21 @@ def test_a_winner_slower_than_ar_stores_ar(monkeypatch):
 def test_the_tuners_report_reads_one_batch_of_held_out_windows(workdirs, monkeypatch):
     """The tuner's exit report, whose predictions come from the workload, evaluates one
     batch of 4 held-out windows for the metrics its table shows, and is then run on the
-    tuner's prompts. Catches the default 32,768 held-out tokens passed through every exit's
-    head (49,152-way on SmolLM2) for figures the tuner never reads."""
+    tuner's prompts, its loop timed in the tuning's mode. Catches the default 32,768 held-out
+    tokens passed through every exit's head (49,152-way on SmolLM2) for figures the tuner
+    never reads, and a sampled tuning costing its rounds as greedy ones (sampling took 31% of
+    `ar`'s token on the default model)."""
     seen, workload = {}, []
     monkeypatch.setattr(api, "model_exit_report", lambda *a, **k: seen.update(k) or "report")
     monkeypatch.setattr(api, "on_workload",
                         lambda report, *a, **k: workload.append((a[4], k)) or report)
     model = specjax.load(workdirs[0])
     encoded = [model.tokenizer.encode(p) for p in PROMPTS]
-    assert model._tune_report(encoded, [2], 8, print) == "report"
+    sampling = SamplingParams(0.8, 0, 0.95)
+    assert model._tune_report(encoded, [2], 8, print, sampling) == "report"
     assert seen["max_tokens"] == 4 * seen["seq_len"] and seen["batch_size"] == 4
     assert workload[0][0] == encoded and workload[0][1]["max_new_tokens"] == 8
+    assert workload[0][1]["sampling"] is sampling
 
 
 def test_a_candidate_its_weights_cannot_serve_is_refused_not_fatal(workdirs):

@@ -54,6 +54,7 @@ class PromptLookup(DrafterBase):
 
     name: ClassVar[str] = "ngram"
     copies_text: ClassVar[bool] = True
+    point_mass_drafts: ClassVar[bool] = True
 
     def validate(self, cfg: ModelConfig) -> None:
         if not self.shape.is_chain:

@@ -329,3 +329,130 @@ def test_sampled_play_takes_the_sampled_texts_and_only_point_mass_drafts(monkeyp
     assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3)),
                                       sampled) is None
     assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3))) is not None
+
+
+def _mode(sampling):
+    """A `SamplingParams`' settings as numbers (its fields are float32 device scalars: the
+    tests' settings are exact in float32)."""
+    return float(sampling.temperature), int(sampling.top_k), float(sampling.top_p)
+
+
+def test_sampled_tuning_plays_each_prompt_with_its_own_continuations(base_workdir,
+                                                                     monkeypatch):
+    """Sampled, on two prompts of distinct lengths, the played runs are seed by seed each
+    prompt followed by its own continuation for that seed (drawn with the tuning's sampling),
+    with that prompt's length. Catches the prompts repeated prompt by prompt
+    ([p0, p0, ..., p1, ...]) against continuations made seed by seed (each continuation played
+    after another prompt, from the wrong offset: one prompt alone cannot tell)."""
+    seen, asked = {}, []
+
+    def continued(generator, prompts, *, max_new_tokens, sampling, seed):
+        asked.append((sampling, seed))
+        return [[100 + 10 * seed + i] * max_new_tokens for i in range(len(prompts))]
+
+    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
+    monkeypatch.setattr(api, "model_continuations", continued)
+    model = specjax.load(base_workdir)
+    texts = ["def f(", "import os\nclass A:"]
+    model.tune(texts, temperature=1.5, strategies=["selfspec", "ngram"], num_draft=[2],
+               trees=[], exits=1, max_new_tokens=3, write=False)
+    prompts = encode_prompts(model.tokenizer, texts)
+    assert len(prompts[0]) != len(prompts[1])
+    runs = seen["played"].keywords["sampled_runs"]
+    assert runs.texts == tuple(tuple(p) + (100 + 10 * seed + i,) * 3
+                               for seed in range(SAMPLED_PLAYS) for i, p in enumerate(prompts))
+    assert runs.prompt_lengths == tuple(len(p) for p in prompts) * SAMPLED_PLAYS
+    assert [(_mode(sampling), seed) for sampling, seed in asked] == [
+        ((1.5, 0, 1.0), seed) for seed in range(SAMPLED_PLAYS)]
+
+
+def test_sampled_tuning_calibrates_its_report_in_its_mode(base_workdir, monkeypatch):
+    """`model.tune` asks for its exit report with the tuning's sampling (None greedy), which
+    times the report's loop (`_tune_report`, `on_workload`). Catches a sampled tuning whose
+    report's loop is calibrated greedy (its rounds costed without their sampling: ngram K=2
+    predicted 1.20x where sampled costs give 1.02x)."""
+    asked = []
+    monkeypatch.setattr(api.LanguageModel, "_tune_report",
+                        lambda self, *a: asked.append(a[-1]) or _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: "tuned")
+    model = specjax.load(base_workdir)
+    for temperature in (0.5, 0.0):
+        model.tune(["def f("], temperature=temperature, strategies=["selfspec"], num_draft=[2],
+                   trees=[], exits=1, write=False)
+    assert [None if s is None else _mode(s) for s in asked] == [(0.5, 0, 1.0), None]
+
+
+def test_sampled_tuning_without_point_mass_drafts_makes_no_sampled_play(base_workdir,
+                                                                        monkeypatch):
+    """Sampled, with suffix decoding but not ngram among the strategies, `model.tune` hands
+    the tuner no played prediction and samples no continuations: suffix decoding copies from
+    the text but its sampled drafts are draws from its counts, not point masses, so nothing
+    could be played over them. Catches the sampled play made for any drafter that copies from
+    the text (SAMPLED_PLAYS continuations of every prompt made for nothing)."""
+    seen, sampled = {}, []
+    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
+    monkeypatch.setattr(api, "model_continuations", lambda *a, **k: sampled.append(k) or [])
+    model = specjax.load(base_workdir)
+    model.tune(["def f("], temperature=0.8, strategies=["selfspec", "suffix"], num_draft=[2],
+               trees=[], exits=1, write=False)
+    assert seen["played"] is None and sampled == []
+
+
+def test_the_workload_reports_selfspec_is_built_in_its_mode(base_workdir, monkeypatch):
+    """The API's workload report hands `on_workload` the sampling and a selfspec factory that
+    builds the strategy with that sampling (its tree="auto", if stored, is then the sampled
+    mode's plan). Catches the factory built greedy (None) in a sampled tuning: the loop
+    calibrated on the greedy mode's drafter."""
+    seen, built = {}, []
+    model = specjax.load(base_workdir)
+    monkeypatch.setattr(api, "model_exit_report", lambda *a, **k: "report")
+    monkeypatch.setattr(api, "on_workload",
+                        lambda report, params, cfg, generator, selfspec, *a, **k:
+                        seen.update(k, selfspec=selfspec) or "played")
+    monkeypatch.setattr(model, "strategy",
+                        lambda name, sampling, prompts, **options:
+                        built.append((name, sampling, options)) or "drafter")
+    sampling = SamplingParams(0.8, 0, 0.95)
+    assert model._workload_report([[1, 2]], 4, print, None, sampling) == "played"
+    assert seen["sampling"] is sampling and seen["selfspec"](2, 3) == "drafter"
+    assert built == [("selfspec", sampling, {"exit_layer": 2, "num_draft": 3})]
+
+
+def test_on_workload_plays_the_exits_over_greedy_continuations(monkeypatch):
+    """Sampled too, `on_workload` plays the exits' runs over the model's greedy continuations
+    (sampling only times the loop: its tau stays greedy's, the exits only ranked). Catches the
+    continuations sampled with the tuning's sampling (the exits ranked on one sample)."""
+    asked = []
+    monkeypatch.setattr(exit_report_module, "model_continuations",
+                        lambda generator, prompts, **k: asked.append(k) or [[9, 9, 9]] * len(
+                            prompts))
+    monkeypatch.setattr(exit_report_module, "exit_runs", lambda *a, **k: ExitRuns(
+        (np.ones((4, 2), bool),) * 2))
+    monkeypatch.setattr(exit_report_module, "calibrate_loop", lambda *a, **k: LOOP)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(2,))
+    on_workload(report, PARAMS, CFG, None, None, [[1], [2]], max_new_tokens=3,
+                sampling=SamplingParams(0.8, 0, 0.95))
+    assert asked == [{"max_new_tokens": 3}]
+
+
+def test_the_loop_is_calibrated_in_its_mode(monkeypatch):
+    """`calibrate_loop` benchmarks ar and selfspec with its `sampling` (greedy by default).
+    Catches the sampling dropped: a sampled tuning's rounds costed as greedy ones (sampling
+    took 31% of ar's token on the default model)."""
+    asked, timed = [], {"ar": (10.0, 40), "K=2": (8.0, 20), "K=4": (6.0, 10)}
+
+    def bench(generator, strategies, prompts, **kwargs):
+        asked.append(kwargs.get("sampling"))
+        return [types.SimpleNamespace(name=name, seconds=timed[name][0], prefill_seconds=2.0,
+                                      stats=types.SimpleNamespace(rounds=timed[name][1],
+                                                                  tau=1.5))
+                for name in strategies]
+
+    monkeypatch.setattr(exit_workload_module, "run_benchmark", bench)
+    sampling = SamplingParams(0.8, 0, 0.95)
+    for mode in (sampling, None):
+        calibrate_loop(None, lambda e, k: (e, k), [[1]], lambda e, k: 0.1 * k,
+                       max_new_tokens=8, exit_layer=2, num_draft=(2, 4), sampling=mode)
+    assert asked == [sampling, None]

@@ -18,7 +18,6 @@ from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.registry import DecodingConfig
 from specjax.decoding.sampling import SamplingParams
-from specjax.decoding.sampling import SamplingParams
 from specjax.heads.medusa import init_medusa
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from specjax.loading import load_model

@@ -497,11 +497,11 @@ class LanguageModel:
                          sampling: SamplingParams | None = None,
                          **options: Any) -> DraftExitReport:
         """`model_exit_report` with the drafts' vocabulary, then on the `encoded` prompts'
-        greedy continuations (`exit_report.on_workload`, its loop timed with `sampling`)
-        unless None."""
+        greedy continuations (`exit_report.on_workload`) unless None; its pieces and loop
+        timed with `sampling` (a sampled tuning's rounds)."""
         report = model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
                                    texts, draft_vocab=self.decoding_defaults.draft_vocab,
-                                   **options)
+                                   sampling=sampling, **options)
         if encoded is None:
             return report
         return on_workload(

@@ -39,7 +39,7 @@ from specjax.config import ModelConfig
 from specjax.data import heldout_data, validation_texts, windows
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
@@ -283,7 +283,7 @@ def _one_layer(cfg: ModelConfig, kind: str) -> ModelConfig:
 
 def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
                   context: int = 256, repeats: int = 7, inner: int = 8,
-                  draft_vocab: int = 0) -> LayerCosts:
+                  draft_vocab: int = 0, sampling: SamplingParams | None = None) -> LayerCosts:
     """Per-piece costs on n new tokens after `context` cached ones, for each n in `sizes`;
     batch 1, jitted, after a warm-up call, each call running the piece `inner` times in one
     compiled loop (so per-call dispatch, which the decode loop does not pay per layer, is
@@ -300,7 +300,11 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
     falls with more tokens is noise and takes the smaller count's value (`monotone`). The
     largest spread between a piece's repeats is kept (`LayerCosts.spread`): the report warns
     when the machine was too noisy to trust. With `draft_vocab` N > 0 the head over N ids
-    (`heads.vocab_subset`, the drafters' smaller head) is timed on one token too."""
+    (`heads.vocab_subset`, the drafters' smaller head) is timed on one token too. With
+    `sampling`, the head (and the whole pass's) includes turning its logits into the sampled
+    distribution (temperature, top-k, top-p: a sort of the vocabulary at every position),
+    which a sampled round pays at every position it drafts or verifies: on SmolLM2 the
+    pieces without it priced ngram's sampled K=4 round 27% too cheap."""
     sizes = sorted(set(sizes) | {1})
     layers = {kind: layer_params(params, cfg, cfg.layer_kinds.index(kind))
               for kind in dict.fromkeys(cfg.layer_kinds)}
@@ -330,12 +334,13 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
         calls.update({(kind, n): call(run, {"layers": (weights,)}, hidden(n), cache(one, n))
                       for n in sizes})
     run = _head_loop(cfg, inner)
-    calls.update({("head", n): call(run, head, None, hidden(n)) for n in sizes})
+    calls.update({("head", n): call(run, sampling, head, None, hidden(n)) for n in sizes})
     if draft_vocab:
         vocab = DraftVocab.gather(params, cfg, jnp.arange(draft_vocab, dtype=jnp.int32))
-        calls["draft head", 1] = call(run, head, vocab, hidden(1))
+        calls["draft head", 1] = call(run, sampling, head, vocab, hidden(1))
     run = _model_loop(cfg, inner)
-    calls.update({("model", n): call(run, model, hidden(n), cache(cfg, n)) for n in sizes})
+    calls.update({("model", n): call(run, sampling, model, hidden(n), cache(cfg, n))
+                  for n in sizes})
     samples = {key: [t / inner for t in by_item[0]]
                for key, by_item in time_interleaved(calls, 1, repeats)[0].items()}
     median = {key: statistics.median(times) for key, times in samples.items()}
@@ -387,18 +392,19 @@ def _layer_loop(cfg: ModelConfig, inner: int) -> Callable:
 
 
 def _model_loop(cfg: ModelConfig, inner: int) -> Callable:
-    """(params, hidden [1, n, D], cache) -> (hidden, cache): the whole model's cached pass and
-    the head `inner` times, each input scaled by the previous logits' maximum."""
+    """(sampling, params, hidden [1, n, D], cache) -> (hidden, cache): the whole model's cached
+    pass and the head (its sampled distribution with `sampling`) `inner` times, each input
+    scaled by the previous output's maximum."""
 
-    @functools.partial(jax.jit, donate_argnums=2)
-    def run(params, hidden, cache):
+    @functools.partial(jax.jit, donate_argnums=3)
+    def run(sampling, params, hidden, cache):
         layout = chain_layout(cache.lengths, hidden.shape[1], cache.max_len)
 
         def body(_, carry):
             hidden, cache = carry
             out, cache = run_layers_cached(params, cfg, hidden, cache, layout.slots,
                                            positions=layout.positions, mask=layout.mask)
-            logits = exit_logits(params, cfg, out)
+            logits = _distribution(exit_logits(params, cfg, out), sampling)
             return hidden * (1 + 1e-6 * jnp.max(logits)).astype(hidden.dtype), cache
 
         return jax.lax.fori_loop(0, inner, body, (hidden, cache))
@@ -407,19 +413,24 @@ def _model_loop(cfg: ModelConfig, inner: int) -> Callable:
 
 
 def _head_loop(cfg: ModelConfig, inner: int) -> Callable:
-    """(head params, vocab, hidden [1, n, D]) -> (hidden,): the head (over `vocab`'s ids, all
-    when None) `inner` times, each input scaled by the previous logits' maximum (so no call
-    can be skipped)."""
+    """(sampling, head params, vocab, hidden [1, n, D]) -> (hidden,): the head (over `vocab`'s
+    ids, all when None; its sampled distribution with `sampling`) `inner` times, each input
+    scaled by the previous output's maximum (so no call can be skipped)."""
 
     @jax.jit
-    def run(params, vocab, hidden):
+    def run(sampling, params, vocab, hidden):
         def body(_, hidden):
-            logits = exit_head_logits(params, cfg, hidden, vocab)
+            logits = _distribution(exit_head_logits(params, cfg, hidden, vocab), sampling)
             return hidden * (1 + 1e-6 * jnp.max(logits)).astype(hidden.dtype)
 
         return (jax.lax.fori_loop(0, inner, body, hidden),)
 
     return run
+
+
+def _distribution(logits: jax.Array, sampling: SamplingParams | None) -> jax.Array:
+    """The logits, or with `sampling` the distribution a sampled round draws from."""
+    return logits if sampling is None else probabilities(logits, sampling)
 
 
 def exit_report(params: Params, cfg: ModelConfig, windows: np.ndarray, costs: LayerCosts, *,
@@ -448,11 +459,13 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
                       seq_len: int | None = None, max_tokens: int = 32768,
                       num_draft: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                       context: int = 256, repeats: int = 7, draft_vocab: int = 0,
-                      costs: LayerCosts | None = None) -> DraftExitReport:
+                      costs: LayerCosts | None = None,
+                      sampling: SamplingParams | None = None) -> DraftExitReport:
     """The report of a loaded model (its stacked params, its checkpoint metadata `meta`)
     over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
     defaults to that data config's. Costs are measured (`measure_costs` with `context`,
-    `repeats`, the drafts' head over `draft_vocab` ids) unless given."""
+    `repeats`, the drafts' head over `draft_vocab` ids, the head's sampled distribution with
+    `sampling`) unless given."""
     _check_drafts(num_draft)
     data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
     seq_len = data.seq_len if seq_len is None else seq_len
@@ -465,7 +478,7 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
     windows = token_windows(texts, tokenizer, seq_len, max_tokens)
     if costs is None:
         costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_draft], context=context,
-                              repeats=repeats, draft_vocab=draft_vocab)
+                              repeats=repeats, draft_vocab=draft_vocab, sampling=sampling)
     return exit_report(params, cfg, windows, costs, num_draft=num_draft,
                        batch_size=batch_size, source=source)
 

@@ -158,8 +158,10 @@ def fake_timings(monkeypatch, alone: dict, repeats: dict | None = None) -> list[
 
     def loop(piece):
         def make(cfg, inner):
-            def run(params, *args):  # (hidden, cache) for a layer or the model, (vocab,
-                hidden = args[-1] if piece == "head" else args[0]  # hidden) for the head
+            def run(*args):  # the head and the model take the sampling first
+                params, *args = args if piece == "layer" else args[1:]
+                # (hidden, cache) for a layer or the model, (vocab, hidden) for the head
+                hidden = args[-1] if piece == "head" else args[0]
                 last.append(alone[piece][hidden.shape[1]] * inner)  # the costs divide by inner
                 return (hidden,) if piece == "head" else (hidden, *args[1:])
             return run

@@ -99,6 +99,35 @@ def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
     assert (costs.draft_head, costs.draft_vocab) == (pytest.approx(8.0), 16)
 
 
+def test_sampled_pieces_time_the_heads_sampled_distribution(monkeypatch):
+    """With `sampling`, the timed head and whole pass turn their logits into the sampled
+    distribution (temperature, then top-k and top-p behind runtime branches: more `cond`s
+    than greedy), and `model_exit_report` hands its sampling to `measure_costs`. Catches a
+    sampled tuning's pieces timed greedy: the calibrated line cannot carry the filters
+    selfspec's rounds pay over to ngram's, whose sampled K=4 was then predicted 0.71x against
+    a bench's 0.56x on SmolLM2."""
+    head = {k: PARAMS[k] for k in ("embed", "final_norm", "unembed") if k in PARAMS}
+    hidden = jnp.ones((1, 2, CFG.d_model), CFG.compute_dtype)
+    sampling = SamplingParams(0.8, 0, 0.95)
+    heads = [str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(mode, head, None,
+                                                                       hidden)).count("cond[")
+             for mode in (sampling, None)]
+    assert heads[0] > heads[1]
+    model = exit_report_module.unstack_layers(PARAMS, CFG)
+    cache = exit_report_module.allocate_cache(CFG, 1, 8, window=2)
+    passes = [str(jax.make_jaxpr(exit_report_module._model_loop(CFG, 1))(
+        mode, model, hidden, cache)).count("cond[") for mode in (sampling, None)]
+    assert passes[0] > passes[1]
+    seen = {}
+    monkeypatch.setattr(exit_report_module, "measure_costs",
+                        lambda *a, **k: seen.update(k) or COSTS)
+    monkeypatch.setattr(exit_report_module, "exit_report", lambda *a, **k: "report")
+    monkeypatch.setattr(exit_report_module, "token_windows", lambda *a: np.zeros((1, 9)))
+    exit_report_module.model_exit_report(PARAMS, CFG, None, {}, ["a"], seq_len=8,
+                                         sampling=sampling)
+    assert seen["sampling"] is sampling
+
+
 def test_the_timed_draft_head_multiplies_only_its_rows():
     """The head loop `measure_costs` times, given a draft vocabulary of 16 of the 259 ids,
     multiplies by the [16, D] rows and by no [V, D] table (the products' shapes, as
@@ -107,7 +136,8 @@ def test_the_timed_draft_head_multiplies_only_its_rows():
     head = {k: PARAMS[k] for k in ("embed", "final_norm", "unembed") if k in PARAMS}
     vocab = DraftVocab.gather(PARAMS, CFG, jnp.arange(16, dtype=jnp.int32))
     hidden = jnp.ones((1, 1, CFG.d_model), CFG.compute_dtype)
-    jaxpr = str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(head, vocab, hidden))
+    jaxpr = str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(None, head, vocab,
+                                                                       hidden))
     products = {shape.split(",")[-1] for shape in
                 re.findall(r"f32\[([\d,]+)\] = (?:dot_general|ffi_call)", jaxpr)}
     assert "16" in products and str(CFG.vocab_size) not in products, products

@@ -464,7 +464,8 @@ class LanguageModel:
                              self.generator, encoded, max_new_tokens=max_new_tokens,
                              sampling=sampling, seed=seed)]
         runs = text_runs(list(encoded) * SAMPLED_PLAYS, continuations)
-        return functools.partial(played_speedup, report, self.config, sampled_runs=runs)
+        return functools.partial(played_speedup, report, self.config, sampled_runs=runs,
+                                 sampling=sampling)
 
     def _tunable_drafter(self, candidate: Candidate, sampling: SamplingParams | None,
                          encoded: Sequence[Any]) -> Drafter:

@@ -255,17 +255,19 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 
 
 def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
-                   sampled_runs: ExitRuns | None = None) -> float | None:
+                   sampled_runs: ExitRuns | None = None,
+                   sampling: SamplingParams | None = None) -> float | None:
     """The speed-up of a drafter that copies from the text, played over the report's greedy
     continuations (`exit_workload.play_copied`), or with `sampled_runs` (the model's sampled
-    continuations) its sampled speed-up, played over those, for a drafter whose sampled drafts
-    are point masses; costed by the report's calibrated loop and the proposal's measured
-    seconds. None for any other drafter, or a report not on a workload."""
+    continuations, drawn with `sampling`) its sampled speed-up, played over those, for a
+    drafter whose sampled drafts are point masses; costed by the report's calibrated loop and
+    the proposal's measured seconds (drawn with `sampling`). None for any other drafter, or a
+    report not on a workload."""
     runs = report.runs if sampled_runs is None else sampled_runs
     if (not drafter.copies_text or runs is None or report.loop is None
             or (sampled_runs is not None and not drafter.point_mass_drafts)):
         return None
-    played = play_copied(drafter, cfg, runs)
+    played = play_copied(drafter, cfg, runs, sampling=sampling)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
 
 

@@ -99,6 +99,25 @@ def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
     assert (costs.draft_head, costs.draft_vocab) == (pytest.approx(8.0), 16)
 
 
+def test_the_sampled_proposal_is_timed_with_its_sampling(monkeypatch):
+    """`play_copied` with `sampling` times the proposal drawn with it (the timed loop's
+    program then holds the filters' branches, which the greedy one does not). Catches the
+    sampled proposal timed greedy."""
+    timed_args = []
+    loop = exit_workload_module._proposal_loop(PromptLookup(shape=Chain(2)), CFG)
+    monkeypatch.setattr(exit_workload_module, "_proposal_loop",
+                        lambda drafter, cfg: lambda *a: timed_args.append(a) or loop(*a))
+    sampling = SamplingParams(0.8, 0, 0.95)
+    runs = ExitRuns((), ((5, 6, 5, 6, 5),), (2,))
+    exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs, repeats=1,
+                                     sampling=sampling)
+    assert all(args[-1] is sampling for args in timed_args) and timed_args
+    text, end = timed_args[0][:2]
+    branches = [str(jax.make_jaxpr(loop)(text, end, mode)).count("cond[")
+                for mode in (sampling, None)]
+    assert branches[0] > branches[1]
+
+
 def test_sampled_pieces_time_the_heads_sampled_distribution(monkeypatch):
     """With `sampling`, the timed head and whole pass turn their logits into the sampled
     distribution (temperature, then top-k and top-p behind runtime branches: more `cond`s
@@ -311,7 +330,7 @@ def test_the_timed_proposal_loop_alternates_its_end():
     assert checksum(end) != checksum(end - 1)  # the two ends propose differently: teeth
     loop = exit_workload_module._proposal_loop(drafter, CFG)
     half = exit_workload_module.TIMED_PROPOSALS // 2
-    assert int(loop(text, jnp.int32(end))) == half * (checksum(end) + checksum(end - 1))
+    assert int(loop(text, jnp.int32(end), None)) == half * (checksum(end) + checksum(end - 1))
 
 
 def test_an_uncalibrated_copying_prediction_charges_its_proposal():
@@ -329,7 +348,7 @@ def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
     without a calibrated loop. Catches the played proposal's seconds dropped (suffix decoding
     predicted 18% high on SmolLM2) and a drafter that does not copy played anyway."""
     monkeypatch.setattr(tune_module, "play_copied",
-                        lambda drafter, cfg, runs: CopiedPlay(2.5, 0.5))
+                        lambda drafter, cfg, runs, **_: CopiedPlay(2.5, 0.5))
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
                              runs=ExitRuns((np.ones((4, 6), bool),)), loop=LOOP)
     drafter = PromptLookup(shape=Chain(3))
@@ -342,20 +361,24 @@ def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
 
 
 def test_sampled_play_takes_the_sampled_texts_and_only_point_mass_drafts(monkeypatch):
-    """With sampled runs, ngram is played over those runs (not the report's greedy ones) and
-    suffix decoding is not played at all. Catches a sampled figure played over the greedy
-    continuations, and suffix decoding played sampled (its drafts are draws from its counts,
+    """With sampled runs, ngram is played over those runs (not the report's greedy ones), its
+    proposal timed with the sampling, and suffix decoding is not played at all. Catches a
+    sampled figure played over the greedy continuations, its proposal timed greedy (a
+    point mass's draw still filters 49,152 ids at every depth: ngram's sampled K=4 predicted
+    18% high on SmolLM2), and suffix decoding played sampled (its drafts are draws from its counts,
     not the copied tokens the play proposes: one prompt played at 1.64 tokens a round where
     the loop made 1.53)."""
     seen = []
-    monkeypatch.setattr(tune_module, "play_copied",
-                        lambda drafter, cfg, runs: seen.append(runs) or CopiedPlay(2.5, 0.5))
+    monkeypatch.setattr(tune_module, "play_copied", lambda drafter, cfg, runs, **k: seen.append(
+        (runs, k.get("sampling"))) or CopiedPlay(2.5, 0.5))
     greedy, sampled = ExitRuns((np.ones((4, 6), bool),)), ExitRuns((), ((1, 2, 3),), (1,))
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=greedy,
                              loop=LOOP)
-    assert tune_module.played_speedup(report, CFG, PromptLookup(shape=Chain(3)),
-                                      sampled) == pytest.approx(report.copied_speedup(2.5, 3, 0.5))
-    assert seen == [sampled]
+    sampling = SamplingParams(0.8, 0, 0.95)
+    assert tune_module.played_speedup(report, CFG, PromptLookup(shape=Chain(3)), sampled,
+                                      sampling) == pytest.approx(report.copied_speedup(2.5, 3,
+                                                                                       0.5))
+    assert seen == [(sampled, sampling)]  # the proposal timed as the sampled loop draws it
     assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3)),
                                       sampled) is None
     assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3))) is not None

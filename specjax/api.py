@@ -64,12 +64,10 @@ from specjax.prompt_sets import (
 from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report, on_workload
-from specjax.tools.exit_workload import model_continuations, text_runs
 from specjax.tools.tree_search import TreePlan
 from specjax.tools.tune import (
     EXITS,
     NUM_DRAFTS,
-    SAMPLED_PLAYS,
     TREE,
     Candidate,
     Tuning,
@@ -431,8 +429,8 @@ class LanguageModel:
         tuning = tune(
             self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
             encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
-            sampling=sampling, report_measures=report is not None and sampling is None,
-            played=self._played(report, names, encoded, max_new_tokens, sampling, progress),
+            sampling=sampling, played=None if report is None or report.loop is None else
+            functools.partial(played_speedup, report, self.config),
             confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)
@@ -443,29 +441,6 @@ class LanguageModel:
             self.meta.setdefault("tuned", {})[mode] = choice
             progress(f"stored {tuning.winner.label} as the {mode} default of {self.workdir}")
         return tuning
-
-    def _played(self, report: DraftExitReport | None, names: Sequence[str],
-                encoded: Sequence[Any], max_new_tokens: int, sampling: SamplingParams | None,
-                progress: Callable[[str], None]) -> Callable[[Drafter], float | None] | None:
-        """`tune`'s prediction of the drafters that copy from the text (`played_speedup`):
-        played over the report's greedy continuations, or sampled, those whose drafts are point
-        masses over the model's sampled continuations of the prompts (`SAMPLED_PLAYS` seeds,
-        made when one is among `names`); None without a report on the workload."""
-        if report is None or report.loop is None:
-            return None
-        if sampling is None:
-            return functools.partial(played_speedup, report, self.config)
-        if not any(make_strategy(name, DecodingConfig()).point_mass_drafts for name in names):
-            return None
-        progress(f"continuing {len(encoded)} prompts sampled ({SAMPLED_PLAYS} seeds), to play "
-                 "ngram ...")
-        continuations = [continuation for seed in range(SAMPLED_PLAYS)
-                         for continuation in model_continuations(
-                             self.generator, encoded, max_new_tokens=max_new_tokens,
-                             sampling=sampling, seed=seed)]
-        runs = text_runs(list(encoded) * SAMPLED_PLAYS, continuations)
-        return functools.partial(played_speedup, report, self.config, sampled_runs=runs,
-                                 sampling=sampling)
 
     def _tunable_drafter(self, candidate: Candidate, sampling: SamplingParams | None,
                          encoded: Sequence[Any]) -> Drafter:
@@ -498,8 +473,8 @@ class LanguageModel:
                          sampling: SamplingParams | None = None,
                          **options: Any) -> DraftExitReport:
         """`model_exit_report` with the drafts' vocabulary, then on the `encoded` prompts'
-        greedy continuations (`exit_report.on_workload`) unless None; its pieces and loop
-        timed with `sampling` (a sampled tuning's rounds)."""
+        continuations (`exit_report.on_workload`) unless None, greedy or drawn with
+        `sampling`, which also times its pieces and loop (a sampled tuning's rounds)."""
         report = model_exit_report(self._loaded.params, self.config, self.tokenizer, self.meta,
                                    texts, draft_vocab=self.decoding_defaults.draft_vocab,
                                    sampling=sampling, **options)

@@ -17,9 +17,10 @@ evaluator), then predicts what drafting K tokens from that exit would give:
 On held-out text both predictions are estimates: acceptance is not i.i.d. (drafts fail in
 runs), another text's agreement is not the workload's, and isolated layers timed on their own
 miss what the compiled decode loop adds (accept, commit, sampling). On a workload
-(`on_workload`: prompts the model continues greedily) tau comes from the exits' runs of
-agreement along those continuations and each round's cost from pieces calibrated on the real
-loop (`tools/exit_workload.py`); the speed-up is then the benchmark's, prefill included.
+(`on_workload`: prompts the model continues, greedy or sampled) tau comes from the exits'
+acceptance along those continuations, played round by round, and each round's cost from
+pieces calibrated on the real loop (`tools/exit_workload.py`); the speed-up is then the
+benchmark's, prefill included.
 `bench/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
 """
 
@@ -54,6 +55,7 @@ from specjax.nn.cache import Cache
 from specjax.timing import time_interleaved
 from specjax.tokenizer import Tokenizer
 from specjax.tools.exit_workload import (
+    SAMPLED_PLAYS,
     ExitRuns,
     LoopCalibration,
     calibrate_loop,
@@ -113,7 +115,7 @@ def predicted_tau(agreement: float, num_draft: int) -> float:
 class DraftExitReport:
     """Per-exit metrics on held-out text (`metrics`, index e-1 is exit e), the measured costs,
     and the predicted tau and speed-up of each (exit, K) derived from them; on a workload
-    (`on_workload`), the exits' runs of agreement along the model's continuations (`runs`)
+    (`on_workload`), the exits' acceptance along the model's continuations (`runs`)
     and the real loop's calibration (`loop`) that the predictions then rest on."""
 
     metrics: ExitReport
@@ -162,7 +164,7 @@ class DraftExitReport:
     def _end_to_end(self, decode: float) -> float:
         if self.loop is None or self.runs is None:
             return decode
-        return self.loop.end_to_end(decode, len(self.runs.agree), self.runs.positions)
+        return self.loop.end_to_end(decode, len(self.runs.accept), self.runs.positions)
 
     def best(self) -> tuple[int, int] | None:
         """The (exit, K) with the highest predicted speed-up among the exits a drafter can use
@@ -172,7 +174,7 @@ class DraftExitReport:
 
     def to_records(self) -> list[dict[str, Any]]:
         """One JSON-ready record per exit 1..L; tau and speed-up keyed by K as a string (and
-        the agreement along the workload's continuations when there is one)."""
+        the mean acceptance along the workload's continuations when there is one)."""
         return [{"exit": e, "loss": self.metrics.loss[e - 1],
                  "accuracy": self.metrics.accuracy[e - 1],
                  "agreement": self.metrics.agreement[e - 1],
@@ -213,7 +215,7 @@ class DraftExitReport:
                          f"(tau {self.tau(e, k):.2f}); measure it with bench/bench.py "
                          f"--exit_layer={e} --num_draft={k}")
         lines.append(
-            "estimates: tau played over the exits' agreement along the continuations, round "
+            "estimates: tau played over the exits' acceptance along the continuations, round "
             "costs from the pieces mapped onto the loop's timed rounds" if self.loop else
             "estimates: i.i.d. acceptance at each exit's agreement, each piece's cost scaled to "
             "a whole pass; bench/bench.py measures the real speed-up")
@@ -221,7 +223,7 @@ class DraftExitReport:
 
     def _loop_line(self) -> str:
         loop = self.loop
-        timed = ExitRuns(self.runs.agree[:loop.prompts])  # the prompts the loop was timed on
+        timed = ExitRuns(self.runs.accept[:loop.prompts])  # the prompts the loop was timed on
         points = "; ".join(f"K={k}: {1e3 * real:.2f} ms a round (pieces {1e3 * pieces:.2f} ms), "
                            f"tau {tau:.2f} (played {timed.tau(loop.exit_layer, k):.2f})"
                            for k, real, pieces, tau in loop.points)
@@ -489,18 +491,22 @@ def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
                 calibration_prompts: int = 2, draft_ids: jax.Array | np.ndarray | None = None,
                 workload: str = "", sampling: SamplingParams | None = None,
                 progress: Callable[[str], None] = lambda line: None) -> DraftExitReport:
-    """The report's predictions on `prompts` (`tools/exit_workload.py`): the model's greedy
-    continuations, each exit's runs of agreement along them (over `draft_ids`, the drafts'
-    vocabulary), and the real loop calibrated on the first `calibration_prompts` with
-    `selfspec(exit, K)` at the exit the uncalibrated report then ranks first, greedy or with
-    `sampling` (the tuner's sampled search: its costs are then sampled rounds', its tau still
-    greedy's). `workload` names the prompts in the table. A one-layer model, whose only exit
-    is the last, is returned as it is: no exit can draft."""
+    """The report's predictions on `prompts` (`tools/exit_workload.py`): the model's
+    continuations, greedy or with `sampling` `SAMPLED_PLAYS` of each (seeds 0, 1, ...), each
+    exit's acceptance along them (over `draft_ids`, the drafts' vocabulary), and the real loop
+    calibrated on the first `calibration_prompts` with `selfspec(exit, K)` at the exit the
+    uncalibrated report then ranks first, in the same mode (a sampled round also pays for its
+    probabilities and draws). `workload` names the prompts in the table. A one-layer model,
+    whose only exit is the last, is returned as it is: no exit can draft."""
     if report.num_layers < 2:
         return report
-    progress(f"exit report: continuing {len(prompts)} prompts greedily ...")
-    continuations = model_continuations(generator, prompts, max_new_tokens=max_new_tokens)
-    runs = exit_runs(params, cfg, prompts, continuations, draft_ids)
+    seeds = range(1 if sampling is None else SAMPLED_PLAYS)
+    progress(f"exit report: continuing {len(prompts)} prompts " + (
+        "greedily ..." if sampling is None else f"sampled ({len(seeds)} seeds) ..."))
+    continuations = [continuation for seed in seeds for continuation in model_continuations(
+        generator, prompts, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)]
+    runs = exit_runs(params, cfg, list(prompts) * len(seeds), continuations, draft_ids,
+                     sampling)
     if runs.positions == 0:
         raise ValueError("the prompts' continuations end at their first token: nothing to "
                          "draft (raise max_new_tokens, or give prompts that do not end at EOS)")

@@ -1,5 +1,5 @@
-"""The exit report on a workload: each exit's drafts along the model's own greedy continuations
-of given prompts (what the benchmark decodes), and what a round of the real decode loop costs.
+"""The exit report on a workload: each exit's drafts along the model's own continuations of
+given prompts (what the benchmark decodes), and what a round of the real decode loop costs.
 
 Greedy self-speculation from exit E keeps a draft while it equals the target's token. Along the
 target's greedy continuation, a draft made after accepted drafts is exactly exit E's prediction
@@ -8,6 +8,17 @@ positions where exit E's argmax (over the drafter's vocabulary) equals the next 
 every round's accepted count, hence tau, without assuming independent acceptance
 (`ExitRuns.tau`): on held-out text, independence and another text's agreement put tau off by
 up to 30%.
+
+Sampled, the loop draws draft x from the exit's q and accepts it with probability
+min(1, p(x) / q(x)), so it emits y after an accepted draft with probability min(p(y), q(y)),
+and emits y at all with probability p(y). Its output is thus distributed as plain sampling's
+(`model_continuations` with `sampling`), and given that output y, the draft at a position is
+accepted with probability a = min(1, q(y) / p(y)), independently of the other positions (each
+position's draw is its own; a draft after accepted ones sees the text's tokens, as greedy). A
+round is then a walk over those positions' coin flips, and `expected_rounds` takes its
+expectation exactly: the rounds played over sampled continuations, with q and p from one
+teacher-forced pass, are the sampled loop's in expectation, without assuming i.i.d.
+acceptance. Greedy is the case a in {0, 1}.
 
 Pieces timed in isolation miss what the compiled loop adds (acceptance, the cache commit, the
 draft loop, the while loop) and what it shares (a small model's layers fused into one
@@ -21,12 +32,10 @@ The drafters that copy from the text (`copies_text`: ngram, suffix) are played t
 their proposal at each position, from the text so far, is what the loop drafts there
 (`play_copied`); their round is the verification of K + 1 tokens, mapped by the same line,
 plus their proposal's own measured seconds. Sampled too, for a drafter whose drafts are point
-masses (`point_mass_drafts`: ngram): a draft x with q(x) = 1 is accepted with probability p(x),
-and the residual max(0, p - q) a rejection draws from has no mass on it, so the loop accepts a
-draft exactly when the token it emits there is that draft. A sampled loop's rounds are thus
-its own output's, played; and that output is distributed as plain sampling's, so the rounds
-played over sampled continuations (`model_continuations` with `sampling`) are distributed as
-the loop's. Suffix decoding draws its sampled drafts from its counts: not played sampled.
+masses (`point_mass_drafts`: ngram): a = 1 where the draft is the emitted token and 0
+elsewhere (q(x) = 1), so a sampled loop's rounds are its own output's, played. Their drafts
+depend on where a round starts, unlike an exit's, so `play_copied` proposes from each start.
+Suffix decoding draws its sampled drafts from its counts: not played sampled.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import numpy as np
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import SamplingParams, token_logprobs
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
 from specjax.nn.cache import Cache
@@ -55,44 +64,69 @@ ROWS_PER_PASS = 4
 # Positions whose copied drafts one step of `play_copied` proposes together (suffix decoding
 # counts next tokens over the vocabulary at each: 49,152-way on SmolLM2).
 PLAYED_PER_CALL = 8
+# Sampled continuations of each prompt a sampled workload is played over: one sample's tau
+# spread from 1.36 to 1.90 across seeds on the default model (4 prompts x 64 tokens).
+SAMPLED_PLAYS = 4
 TIMED_PROPOSALS = 8  # proposals in one timed call of a copying drafter (dispatch amortised)
 
 
 @dataclasses.dataclass(frozen=True)
 class ExitRuns:
-    """Per prompt, [L, n] booleans: whether exit e (row e-1) predicts the continuation's next
-    token at each of the n positions decoding rounds produce (every token but the first, which
-    the prefill's full pass makes); and per prompt, the prompt and its continuation (`texts`,
-    what drafters that copy from the text are played over) and the prompt's length."""
+    """Per prompt, [L, n]: the probability that exit e's draft (row e-1) is accepted at each
+    of the n positions decoding rounds produce (every token but the first, which the
+    prefill's full pass makes), given the continuation: greedy 1 where the exit's argmax is
+    the next token and 0 elsewhere, sampled min(1, q(y) / p(y)) (the module docstring); per
+    prompt, the prompt and its continuation (`texts`, what drafters that copy from the text
+    are played over) and the prompt's length; and the sampling the continuations were drawn
+    and the acceptance computed with (None: greedy)."""
 
-    agree: tuple[np.ndarray, ...]
+    accept: tuple[np.ndarray, ...]
     texts: tuple[tuple[int, ...], ...] = ()
     prompt_lengths: tuple[int, ...] = ()
+    sampling: SamplingParams | None = None
+    _rounds: dict[int, np.ndarray] = dataclasses.field(  # per K, every exit's: `tau` reads
+        default_factory=dict, init=False, repr=False, compare=False)  # them 7 x 30 times
 
     @property
     def positions(self) -> int:
-        return sum(row.shape[1] for row in self.agree)
+        return sum(row.shape[1] for row in self.accept)
 
     def rate(self, exit_layer: int) -> float:
-        """The fraction of those positions where the exit agrees: its greedy acceptance rate."""
-        hits = sum(int(row[exit_layer - 1].sum()) for row in self.agree)
+        """The exit's mean acceptance over those positions (greedy: the fraction where it
+        agrees)."""
+        hits = sum(float(row[exit_layer - 1].sum()) for row in self.accept)
         return hits / self.positions if self.positions else 0.0
 
     def tau(self, exit_layer: int, num_draft: int) -> float:
-        """Tokens per round of greedy chains of `num_draft` drafts from the exit, played over
-        the continuations: each round accepts the run of agreeing positions it starts on (at
-        most K) and adds the target's own token."""
-        rounds = sum(chain_rounds(row[exit_layer - 1], num_draft) for row in self.agree)
+        """Tokens per round of chains of `num_draft` drafts from the exit, played over the
+        continuations: the positions over the rounds they are expected to take
+        (`expected_rounds`; greedy, the rounds they take)."""
+        if not self.positions:
+            return 1.0
+        if num_draft not in self._rounds:
+            self._rounds[num_draft] = sum(expected_rounds(row, num_draft) for row in self.accept)
+        rounds = float(self._rounds[num_draft][exit_layer - 1])
         return self.positions / rounds if rounds else 1.0
 
 
-def chain_rounds(agree: np.ndarray, num_draft: int) -> int:
-    """Rounds a chain of `num_draft` drafts takes over positions whose drafts agree (`agree`
-    [n]): a round accepts the agreeing run it starts on, up to K, then one token of its own."""
-    runs = np.zeros(len(agree) + 1, np.int64)
-    for position in range(len(agree) - 1, -1, -1):
-        runs[position] = min(num_draft, runs[position + 1] + 1) if agree[position] else 0
-    return rounds_of(runs[:-1])
+def expected_rounds(accept: np.ndarray, num_draft: int) -> np.ndarray:
+    """The expected rounds [...] a chain of `num_draft` drafts takes over n positions whose
+    drafts are accepted with probabilities `accept` [..., n], independently given the text: a
+    round starting at t accepts the drafts at t, t+1, ... while they are accepted (at most K),
+    then adds one token of its own. Exact for 0/1 (greedy: the rounds the loop takes)."""
+    accept = np.asarray(accept, np.float64)
+    n = accept.shape[-1]
+    padded = np.concatenate([accept, np.zeros((*accept.shape[:-1], num_draft))], axis=-1)
+    # From each position, the expected rounds to the end (none from past it).
+    rounds = np.zeros((n + num_draft + 1, *accept.shape[:-1]))
+    for start in range(n - 1, -1, -1):
+        reach = np.ones(accept.shape[:-1])  # the probability the first m drafts are accepted
+        total = 1.0
+        for m in range(num_draft):
+            total = total + reach * (1 - padded[..., start + m]) * rounds[start + m + 1]
+            reach = reach * padded[..., start + m]
+        rounds[start] = total + reach * rounds[start + num_draft + 1]
+    return rounds[0]
 
 
 def rounds_of(accepted: np.ndarray) -> int:
@@ -206,40 +240,60 @@ def _propose_at(drafter: Drafter, cfg: ModelConfig, text: jax.Array, end: jax.Ar
 
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
               continuations: Sequence[Sequence[int]],
-              draft_ids: jax.Array | np.ndarray | None = None) -> ExitRuns:
+              draft_ids: jax.Array | np.ndarray | None = None,
+              sampling: SamplingParams | None = None) -> ExitRuns:
     """`ExitRuns` of the prompts' continuations: one teacher-forced pass through every exit,
-    each exit's argmax over `draft_ids` (ascending; None: the whole vocabulary)."""
+    each exit's drafts over `draft_ids` (ascending; None: the whole vocabulary), greedy or
+    drawn with `sampling` (the continuations then drawn with it too)."""
     texts = text_runs(prompts, continuations)
     vocab = None if draft_ids is None else DraftVocab.gather(
         params, cfg, jnp.asarray(draft_ids, jnp.int32))
     rows = texts.texts
     width = bucket(max(len(row) for row in rows))
-    argmax = _exit_argmax(cfg)
-    agree = []
+    # Position t predicts token t + 1: rounds make each continuation's tokens 1..n-1.
+    made = bucket(max(max(len(c) - 1 for c in continuations), 1))
+    acceptance = _exit_acceptance(cfg)
+    accept = []
     for start in range(0, len(rows), ROWS_PER_PASS):
-        chunk = rows[start:start + ROWS_PER_PASS]
+        chunk = range(start, min(start + ROWS_PER_PASS, len(rows)))
         tokens = np.zeros((ROWS_PER_PASS, width), np.int32)
-        for i, row in enumerate(chunk):
-            tokens[i, :len(row)] = row
-        predicted = np.asarray(argmax(params, jnp.asarray(tokens), vocab))  # [L, B, T]
-        for i, index in enumerate(range(start, start + len(chunk))):
-            first, new = len(prompts[index]), list(continuations[index])
-            # position t predicts token t + 1: rounds make the continuation's tokens 1..n-1
-            agree.append(predicted[:, i, first:first + len(new) - 1] == np.asarray(new[1:]))
-    return dataclasses.replace(texts, agree=tuple(agree))
+        at = np.zeros((ROWS_PER_PASS, made), np.int32)
+        for i, index in enumerate(chunk):
+            tokens[i, :len(rows[index])] = rows[index]
+            at[i] = np.minimum(len(prompts[index]) + np.arange(made), width - 2)
+        nexts = np.take_along_axis(tokens, at + 1, axis=1)
+        chances = np.asarray(acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
+                                        jnp.asarray(nexts), vocab, sampling))  # [L, B, M]
+        for i, index in enumerate(chunk):
+            accept.append(chances[:, i, :len(continuations[index]) - 1])
+    return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling)
 
 
-def _exit_argmax(cfg: ModelConfig) -> Callable:
-    """A jitted (params, tokens [B, T], vocab) -> [L, B, T]: each exit's top id."""
+def _exit_acceptance(cfg: ModelConfig) -> Callable:
+    """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) -> [L, B, M]:
+    the probability that each exit's draft at position `at` (over `vocab`'s ids) is accepted
+    when the text's next token is `nexts`: greedy whether its argmax is that token, sampled
+    min(1, q / p) there, q the exit's distribution and p the last layer's (the module
+    docstring)."""
 
     @jax.jit
-    def argmax(params: Params, tokens: jax.Array, vocab: DraftVocab | None) -> jax.Array:
-        per_layer = run_layers(params, cfg, embed(params, cfg, tokens))
-        return jax.lax.map(
-            lambda hidden: jnp.argmax(exit_head_logits(params, cfg, hidden, vocab), -1),
-            per_layer)
+    def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
+                   vocab: DraftVocab | None, sampling: SamplingParams | None) -> jax.Array:
+        per_layer = run_layers(params, cfg, embed(params, cfg, tokens))  # [L, B, T, D]
+        hidden = jnp.take_along_axis(per_layer, at[None, :, :, None], axis=2)
+        if sampling is None:
+            return jax.lax.map(lambda h: (jnp.argmax(
+                exit_head_logits(params, cfg, h, vocab), -1) == nexts).astype(jnp.float32),
+                hidden)
+        def chance(h: jax.Array, vocab: DraftVocab | None) -> jax.Array:
+            logits = exit_head_logits(params, cfg, h, vocab)
+            return jnp.exp(token_logprobs(logits, nexts, sampling))
 
-    return argmax
+        # The text was drawn from p, so p > 0 there but for rounding at a filter's edge.
+        target = jnp.maximum(chance(hidden[-1], None), jnp.finfo(jnp.float32).tiny)
+        return jax.lax.map(lambda h: jnp.minimum(1.0, chance(h, vocab) / target), hidden)
+
+    return acceptance
 
 
 @dataclasses.dataclass(frozen=True)

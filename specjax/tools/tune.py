@@ -5,15 +5,14 @@ suffix, lookahead), selfspec at the exits the exit report ranks first, each stra
 trained weights are loaded, each chain with a small grid of `num_draft`, and a static tree for
 each strategy that drafts trees. A candidate's prediction is a short measurement against `ar`
 on a few prompts (a probe), except for selfspec's chains, which the exit report predicts on
-the same prompts: played over the model's greedy continuations of them and calibrated on the
-real decode loop (`exit_report.on_workload`), its greedy figures are the benchmark's, so they
-compete with the probes as they are; so do the figures of the drafters that copy from the
-text (ngram, suffix: `played`), whose rounds are played over the same continuations and
-costed by the same calibrated loop. Sampled, the report only ranks: each exit's fastest K by
-it is probed; ngram, whose sampled drafts are point masses, is played over the model's
-sampled continuations (its rounds are the sampled loop's; `SAMPLED_PLAYS` of each prompt),
-suffix probed. The best of each kind (a strategy's chains, its trees), the few best kinds, are
-confirmed on all the prompts with the benchmark's interleaved measurement
+the same prompts: played over the model's continuations of them (greedy, or sampled:
+`exit_report.on_workload`) and calibrated on the real decode loop in the same mode, its
+figures are the benchmark's, so they compete with the probes as they are; so do the figures
+of the drafters that copy from the text (ngram, suffix: `played_speedup`), whose rounds are
+played over the same continuations and costed by the same calibrated loop. Sampled, only
+ngram is played, its drafts being point masses; suffix decoding draws its drafts from its
+counts and is probed. The best of each kind (a strategy's chains, its trees), the few best
+kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
 (`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
 decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
 benchmark beside one `ar` (`PROBE_BATCH`).
@@ -36,16 +35,13 @@ from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy,
 from specjax.decoding.sampling import SamplingParams
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.exit_report import DraftExitReport
-from specjax.tools.exit_workload import ExitRuns, play_copied
+from specjax.tools.exit_workload import play_copied
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
 # Candidates probed together beside one `ar` (which then compiles once, not once each); the
 # budget is read between such batches.
 PROBE_BATCH = 4
-# Sampled continuations of each prompt a point-mass drafter (ngram) is played over: one
-# sample's tau spread from 1.36 to 1.90 across seeds on the default model (4 x 64 tokens).
-SAMPLED_PLAYS = 4
 EXITS = "selfspec"  # the strategy that drafts from the model's own exits
 # The baseline, a lossy early exit, a drafter that needs its own search (skip_layers) or its
 # own classifier, and a composite of the others: not candidates.
@@ -175,26 +171,17 @@ def _best_exits(report: DraftExitReport | None, count: int,
 def tune(generator: Generator, build: Callable[[Candidate], Drafter],
          found: Sequence[Candidate], prompts: Sequence[Sequence[int]], *,
          max_new_tokens: int, budget_s: float, started: float,
-         sampling: SamplingParams | None = None, report_measures: bool = False,
+         sampling: SamplingParams | None = None,
          played: Callable[[Drafter], float | None] | None = None,
          confirm: int = 3, probe_prompts: int = 2,
          repeats: int = 3,
          progress: Callable[[str], None] = lambda line: None) -> Tuning:
     """Predicts each candidate (`build` makes its drafter; a ValueError refuses it), confirms
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
-    With `report_measures` (greedy: the report was calibrated on these prompts), the exit
-    report's figures stand as predictions; without (sampled: its figures are greedy's), they
-    only rank, and each exit's fastest K by the report is probed. `played` predicts a drafter
-    without a probe where it can (None where it cannot). The budget counts from
-    `started` (`time.perf_counter()`), so that work done before, such as the exit report,
-    counts too; at least one candidate is always predicted."""
-    reported = {}  # the exit report's fastest candidate of each kind, per exit
-    for candidate in found:
-        key = candidate.kind, candidate.options.get("exit_layer")
-        best = reported.get(key)
-        if candidate.predicted is not None and (best is None
-                                                or candidate.predicted > best.predicted):
-            reported[key] = candidate
+    A candidate's `predicted` (the exit report's, on these prompts) stands as its prediction;
+    `played` predicts a drafter without a probe where it can (None where it cannot). The
+    budget counts from `started` (`time.perf_counter()`), so that work done before, such as
+    the exit report, counts too; at least one candidate is always predicted."""
     rows: list[Row | None] = []  # None: a probe pending in `batch`, by its row's index
     drafters: dict[str, Drafter] = {}  # by label
     batch: dict[int, Candidate] = {}
@@ -224,8 +211,7 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
         if predicted is not None:
             rows.append(Row(candidate, predicted, "played"))
             continue
-        if candidate.predicted is not None and (report_measures or reported[
-                candidate.kind, candidate.options.get("exit_layer")] is not candidate):
+        if candidate.predicted is not None:
             rows.append(Row(candidate, candidate.predicted, "exit report"))
             continue
         batch[len(rows)] = candidate
@@ -254,36 +240,29 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     return Tuning(rows, winner, True, time.perf_counter() - started, len(prompts))
 
 
-def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
-                   sampled_runs: ExitRuns | None = None,
-                   sampling: SamplingParams | None = None) -> float | None:
-    """The speed-up of a drafter that copies from the text, played over the report's greedy
-    continuations (`exit_workload.play_copied`), or with `sampled_runs` (the model's sampled
-    continuations, drawn with `sampling`) its sampled speed-up, played over those, for a
-    drafter whose sampled drafts are point masses; costed by the report's calibrated loop and
-    the proposal's measured seconds (drawn with `sampling`). None for any other drafter, or a
-    report not on a workload."""
-    runs = report.runs if sampled_runs is None else sampled_runs
+def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) -> float | None:
+    """The speed-up of a drafter that copies from the text, played over the report's
+    continuations (`exit_workload.play_copied`) in their mode (greedy, or sampled for a
+    drafter whose sampled drafts are point masses, its proposal drawn with the runs'
+    sampling), costed by the report's calibrated loop and the proposal's measured seconds.
+    None for any other drafter, or a report not on a workload."""
+    runs = report.runs
     if (not drafter.copies_text or runs is None or report.loop is None
-            or (sampled_runs is not None and not drafter.point_mass_drafts)):
+            or (runs.sampling is not None and not drafter.point_mass_drafts)):
         return None
-    played = play_copied(drafter, cfg, runs, sampling=sampling)
+    played = play_copied(drafter, cfg, runs, sampling=runs.sampling)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:
-    """The best predicted row of each kind (a probed one before the exit report's), the
-    `count` best of those."""
+    """The best predicted row of each kind, the `count` best of those."""
     best: dict[str, Row] = {}
     for row in rows:
         kind = row.candidate.kind
-        if row.predicted is not None and (kind not in best or _merit(row) > _merit(best[kind])):
+        if row.predicted is not None and (kind not in best
+                                          or row.predicted > best[kind].predicted):
             best[kind] = row
     return sorted(best.values(), key=lambda row: -row.predicted)[:count]
-
-
-def _merit(row: Row) -> tuple[bool, float]:
-    return row.source == "probe", row.predicted
 
 
 def _rank(row: Row) -> tuple:

@@ -2,6 +2,7 @@
 played over the exits' agreement against the real decode loop's, the loop's calibration and
 the calibrated prediction by hand, the command line end to end."""
 
+import itertools
 import json
 
 import jax
@@ -20,8 +21,8 @@ from specjax.tools.exit_workload import (
     ExitRuns,
     LoopCalibration,
     accepted_drafts,
-    chain_rounds,
     exit_runs,
+    expected_rounds,
     fit_round,
     model_continuations,
     play_copied,
@@ -43,17 +44,51 @@ METRICS = ExitReport(loss=(3.0, 2.5, 2.2, 2.0), accuracy=(0.1, 0.2, 0.3, 0.4),
 
 
 @pytest.mark.parametrize("num_draft, rounds", [(1, 6), (2, 4), (8, 3)])
-def test_chain_rounds_by_hand(num_draft, rounds):
+def test_greedy_rounds_by_hand(num_draft, rounds):
     """Positions 0..8 agreeing as 1 1 0 1 1 1 1 0 0: with K=2 the rounds accept 2 (0, 1) and
     make 2, accept 2 (3, 4) and make 5, accept 1 (6) and make 7, make 8: 4 rounds; K=8 takes
     3, K=1 takes 6. Catches the run not capped at K, the round's own token not counted (the
     next round starting on it), and a run that goes on past a disagreement."""
     agree = np.array([1, 1, 0, 1, 1, 1, 1, 0, 0], bool)
-    assert chain_rounds(agree, num_draft) == rounds
+    assert expected_rounds(agree, num_draft) == rounds
     runs = ExitRuns((np.stack([agree, np.ones(9, bool)]),))
     assert runs.tau(1, num_draft) == pytest.approx(9 / rounds)
     assert runs.tau(2, 3) == pytest.approx(9 / 3)  # all agree: K+1 tokens a round
     assert runs.rate(1) == pytest.approx(6 / 9)
+
+
+def _simulated_rounds(accepted: np.ndarray, num_draft: int) -> int:
+    """Rounds of a chain over positions whose drafts are accepted or not (`accepted`, one
+    outcome), walked round by round as the loop takes them."""
+    rounds = position = 0
+    while position < len(accepted):
+        taken = 0
+        while taken < num_draft and position + taken < len(accepted) and accepted[
+                position + taken]:
+            taken += 1
+        position += taken + 1
+        rounds += 1
+    return rounds
+
+
+@pytest.mark.parametrize("num_draft", [1, 2, 3])
+def test_expected_rounds_is_the_mean_over_every_acceptance_outcome(num_draft):
+    """Sampled acceptance probabilities at 7 positions (0 and 1 among them): the expected
+    rounds are the mean, weighted by each outcome's probability, of the rounds a walk over
+    every one of the 2^7 outcomes takes (an independent reference); and a row of them, per
+    exit, is computed exit by exit. Catches the round's chance of stopping at a draft not
+    weighed by the drafts before it, a round taking K + 1 drafts, the bonus position reached
+    after K acceptances dropped, and the exits' rows mixed."""
+    accept = np.array([0.9, 0.35, 1.0, 0.0, 0.7, 0.55, 0.8])
+    expected = 0.0
+    for outcome in itertools.product([False, True], repeat=len(accept)):
+        chosen = np.array(outcome)
+        weight = np.prod(np.where(chosen, accept, 1 - accept))
+        expected += weight * _simulated_rounds(chosen, num_draft)
+    assert expected_rounds(accept, num_draft) == pytest.approx(expected, rel=1e-12)
+    rows = np.stack([accept, accept[::-1], np.ones(7)])
+    np.testing.assert_allclose(expected_rounds(rows, num_draft), [
+        expected, expected_rounds(accept[::-1], num_draft), np.ceil(7 / (num_draft + 1))])
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +115,7 @@ def test_played_rounds_are_the_real_loops_rounds(model, subset):
     draft_vocab = size if subset else 0
     ids = np.sort(ranking[:draft_vocab]) if subset else None
     runs = exit_runs(params, CFG, PROMPTS, continuations, ids)
-    assert [row.shape for row in runs.agree] == [(4, len(c) - 1) for c in continuations]
+    assert [row.shape for row in runs.accept] == [(4, len(c) - 1) for c in continuations]
     played_all, real_all = [], []
     for exit_layer in (1, 2):
         for num_draft in (1, 3):
@@ -88,12 +123,37 @@ def test_played_rounds_are_the_real_loops_rounds(model, subset):
             out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
             assert out.tokens == continuations  # lossless, so the continuations are shared
             real = [stats.rounds for stats in out.stats]
-            played = [chain_rounds(row[exit_layer - 1], num_draft) for row in runs.agree]
+            played = [expected_rounds(row[exit_layer - 1], num_draft) for row in runs.accept]
             assert played == real, (exit_layer, num_draft)
             played_all.append(played)
             real_all.append(real)
     assert len({tuple(p) for p in played_all}) > 2  # exits and K change the rounds: teeth
     assert 0 < runs.rate(1) < runs.rate(3) <= 1
+
+
+def test_sampled_played_rounds_are_the_sampled_loops_in_expectation(model):
+    """Sampled (top-p 0.9, exit 2 drafting over 200 of the 259 ids, K=3), over 900 texts the
+    sampled selfspec loop made (30 seeds of 30 prompts): its rounds on each text, less the
+    rounds `exit_runs` and `expected_rounds` expect on that text, average zero (|z| < 3.5),
+    an independent reference. Catches an acceptance 5% too permissive or too strict (z 6.0
+    and -11 here), q over the whole vocabulary where the drafter drafts over the subset (z
+    22), p or q without the sampling's filters, and the ratio inverted (p / q)."""
+    params, generator, _, ranking, _ = model
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
+    drafter = SelfSpeculative(2, Chain(3), draft_vocab=200)
+    prompts, seeds = PROMPTS * 10, 30
+    rounds, texts = [], []
+    for seed in range(seeds):
+        out = generator.generate(prompts, max_new_tokens=NEW, strategy=drafter,
+                                 sampling=sampling, seed=seed)
+        rounds += [stats.rounds for stats in out.stats]
+        texts += out.tokens
+    runs = exit_runs(params, CFG, prompts * seeds, texts, np.sort(ranking[:200]), sampling)
+    assert runs.sampling is sampling
+    expected = [expected_rounds(row[1], 3) for row in runs.accept]
+    gap = np.asarray(rounds) - np.asarray(expected)
+    assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
+    assert 0.3 < runs.rate(2) < 0.7  # drafts are accepted and rejected: teeth
 
 
 @pytest.mark.parametrize("drafter", [

@@ -195,34 +195,17 @@ SELFSPEC_FOUND = [tuner.Candidate("selfspec", {"exit_layer": e, "num_draft": k},
                   for e, k, predicted in ((1, 2, 2.0), (1, 4, 2.5), (2, 2, 1.5), (2, 4, 1.4))]
 
 
-def test_a_ranking_report_prunes_each_exit_to_its_best_k_and_probes_that(monkeypatch):
-    """Sampled (the report's greedy figures only rank): of selfspec's chains, the report's
-    fastest K at each exit is probed and the rest keep the report's figure; the kind's best
-    probe is confirmed, whatever the report said of the other exit. Catches probing only the
-    report's overall favourite (exit 1 here, whose probe is slow) or confirming a report
-    figure over a measured one."""
-    speeds = {"selfspec exit_layer=1 num_draft=4": 1.2, "selfspec exit_layer=2 num_draft=2": 1.8}
-    probed = []
-    monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(speeds, probed))
-    tuning = tuner.tune(None, lambda c: c.label, SELFSPEC_FOUND, [[1, 2]], max_new_tokens=4,
-                        budget_s=60, started=time.perf_counter())
-    assert probed == ["selfspec exit_layer=1 num_draft=4", "selfspec exit_layer=2 num_draft=2"]
-    assert [row.source for row in tuning.rows] == ["exit report", "probe", "probe",
-                                                   "exit report"]
-    assert tuning.winner == SELFSPEC_FOUND[2] and tuning.confirmed
-
-
 def test_a_measuring_report_is_not_probed_and_its_best_is_confirmed(monkeypatch):
-    """Greedy (the report calibrated on these prompts, `report_measures`): no selfspec chain
-    is probed, each keeps the report's figure, and the kind's best by the report (exit 1,
-    K=4) is the one confirmed, beside a probed ngram. Catches the calibrated figures probed
+    """The exit report's figures (played over these prompts, its loop calibrated on them, in
+    either mode): no selfspec chain is probed, each keeps the report's figure, and the kind's
+    best by the report (exit 1, K=4) is the one confirmed, beside a probed ngram. Catches the calibrated figures probed
     anyway (two wasted compilations per exit) or ignored in favour of the probes."""
     probed = []
     monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(
         {"selfspec exit_layer=1 num_draft=4": 2.2, "ngram num_draft=2": 1.3}, probed))
     found = [*SELFSPEC_FOUND, tuner.Candidate("ngram", {"num_draft": 2})]
     tuning = tuner.tune(None, lambda c: c.label, found, [[1, 2]], max_new_tokens=4,
-                        budget_s=60, started=time.perf_counter(), report_measures=True)
+                        budget_s=60, started=time.perf_counter())
     assert probed == ["ngram num_draft=2"]
     assert [row.source for row in tuning.rows] == ["exit report"] * 4 + ["probe"]
     confirmed = [row.candidate for row in tuning.rows if row.confirmed]

@@ -2,11 +2,13 @@
 with the last layer, and the predicted tau and speed-up of drafting K tokens from it (see
 `specjax/tools/exit_report.py`). Works on a model trained here or freshly imported (the logit
 lens). By default the predictions are the benchmark's on its prompts (--prompt_set,
---prompts_file, else held-out windows): played over the model's greedy continuations of them,
-with the real decode loop timed once (`ar` and selfspec at one exit); --noworkload gives the
-quicker estimates from the held-out text and the pieces alone.
+--prompts_file, else held-out windows): played over the model's continuations of them (greedy,
+or sampled with --temperature), with the real decode loop timed once (`ar` and selfspec at one
+exit); --noworkload gives the quicker greedy estimates from the held-out text and the pieces
+alone.
 
     python infer/exit_report.py --workdir runs/tiny
+    python infer/exit_report.py --workdir runs/tiny --temperature 0.8 --top_p 0.95
     python infer/exit_report.py --workdir runs/smollm2 --prompt_set humaneval
     python infer/exit_report.py --workdir runs/llama --texts_file heldout.jsonl --noworkload \\
         --output_json exits.json --plot exits.png
@@ -23,8 +25,14 @@ from absl import app, flags
 from specjax.api import LanguageModel
 from specjax.cli.decoding import read_prompts_file, require_positive_flags, whole_numbers_flag
 from specjax.cli.entrypoint import parse_flags, run_cli
-from specjax.cli.flags import define_model_flags, define_output_flags, define_prompt_flags
+from specjax.cli.flags import (
+    define_model_flags,
+    define_output_flags,
+    define_prompt_flags,
+    define_sampling_flags,
+)
 from specjax.cli.texts import define_texts_flags, given_texts
+from specjax.decoding.sampling import sampling_or_greedy
 from specjax.loading import load_model
 from specjax.outputs import check_destinations, staged
 from specjax.prompt_sets import PROMPT_SETS
@@ -40,9 +48,10 @@ flags.DEFINE_list("num_draft", [str(k) for k in NUM_DRAFTS], "Draft counts K to 
 flags.DEFINE_integer("batch_size", 4, "Windows evaluated together.")
 flags.DEFINE_integer("context", 256, "Cached tokens behind the timed layers.")
 flags.DEFINE_bool("workload", True, "Predict the benchmark's speed-ups on prompts (the model's "
-                  "greedy continuations of them, the real loop timed once); --noworkload: "
+                  "continuations of them, the real loop timed once); --noworkload: greedy "
                   "estimates from the held-out text and the pieces alone.")
 define_prompt_flags(prompts_file=True, num_prompts=8, prompt_len=128, max_new_tokens=256)
+define_sampling_flags()
 flags.DEFINE_enum("prompt_set", None, sorted(PROMPT_SETS), "The workload: a prompt set's first "
                   "--num_prompts prompts (default: held-out windows of --prompt_len tokens).")
 flags.DEFINE_string("plot", None, "Also write agreement and predicted speed-up by exit here "
@@ -64,6 +73,10 @@ def run() -> None:
     if not FLAGS.workload and (FLAGS.prompts_file or FLAGS.prompt_set):
         raise ValueError("--prompts_file and --prompt_set are the workload's: drop "
                          "--noworkload")
+    sampled = sampling_or_greedy(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, prefix="--")
+    if sampled is not None and not FLAGS.workload:
+        raise ValueError("--temperature: a sampled report plays the model's sampled "
+                         "continuations of the workload: drop --noworkload")
     if FLAGS.seq_len is not None and FLAGS.seq_len < 1:
         raise ValueError(f"--seq_len={FLAGS.seq_len} must be >= 1")
     num_draft = whole_numbers_flag("num_draft", 1)
@@ -81,7 +94,8 @@ def run() -> None:
         report = model.exit_report(
             texts, workload=FLAGS.workload, prompts=prompts, prompt_set=FLAGS.prompt_set,
             num_prompts=FLAGS.num_prompts, prompt_len=FLAGS.prompt_len,
-            max_new_tokens=FLAGS.max_new_tokens, seq_len=FLAGS.seq_len,
+            max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+            top_k=FLAGS.top_k, top_p=FLAGS.top_p, seq_len=FLAGS.seq_len,
             max_tokens=FLAGS.max_tokens, num_draft=num_draft, batch_size=FLAGS.batch_size,
             context=FLAGS.context, repeats=FLAGS.repeats,
             progress=lambda line: print(line, flush=True))

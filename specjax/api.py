@@ -82,7 +82,7 @@ STOP_STRINGS_KEPT = 8  # stop-string automata a model keeps built (one per set o
 TUNE_REPORT_WINDOWS = 4  # held-out windows the tuner's exit report evaluates (one batch)
 DECODING_OPTIONS = tuple(field.name for field in dataclasses.fields(DecodingConfig))
 EXIT_REPORT_OPTIONS = tuple(name for name, p in inspect.signature(model_exit_report).parameters
-                            .items() if p.kind is p.KEYWORD_ONLY)
+                            .items() if p.kind is p.KEYWORD_ONLY and name != "sampling")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,6 +491,7 @@ class LanguageModel:
     def exit_report(self, texts: Sequence[str] | None = None, *, workload: bool = True,
                     prompts: Sequence[str] | None = None, prompt_set: str | None = None,
                     num_prompts: int = 8, prompt_len: int = 128, max_new_tokens: int = 128,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     progress: Callable[[str], None] = lambda line: None,
                     **options: Any) -> DraftExitReport:
         """Per exit, held-out loss, top-1 accuracy and agreement with the last layer, and the
@@ -499,9 +500,10 @@ class LanguageModel:
         `exit_report.model_exit_report`'s (seq_len=, max_tokens=, num_draft=, costs=...).
         With `workload`, the predictions are the benchmark's on prompts as `benchmark` takes
         them (an import's default: held-out windows of the embedded corpus), from the model's
-        greedy continuations of them and the real decode loop (`exit_report.on_workload`);
-        without, estimates from the held-out text and the pieces alone. The same report as
-        `infer/exit_report.py`."""
+        continuations of them and the real decode loop (`exit_report.on_workload`), greedy at
+        temperature 0, else sampled (its continuations, acceptance and timed rounds);
+        without, greedy estimates from the held-out text and the pieces alone. The same
+        report as `infer/exit_report.py`."""
         if isinstance(texts, str):
             raise ValueError("texts must be a list of documents, not one string")
         _require_counts(**{name: options[name] for name in _EXIT_REPORT_COUNTS
@@ -518,7 +520,12 @@ class LanguageModel:
         elif prompts is not None or prompt_set:
             raise ValueError("prompts and prompt_set are the workload's: they need "
                              "workload=True")
-        return self._workload_report(encoded, max_new_tokens, progress, texts, **options)
+        sampling = sampling_or_greedy(temperature, top_k, top_p)
+        if sampling is not None and not workload:
+            raise ValueError("a sampled report plays the model's sampled continuations of the "
+                             "workload: it needs workload=True")
+        return self._workload_report(encoded, max_new_tokens, progress, texts, sampling,
+                                     **options)
 
 
 _EXIT_REPORT_COUNTS = ("seq_len", "max_tokens", "batch_size", "context", "repeats")

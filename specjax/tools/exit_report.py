@@ -519,5 +519,6 @@ def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
         lambda e, k: report.costs.round(report.layer_kinds, e, k),
         max_new_tokens=max_new_tokens, exit_layer=exit_layer, num_draft=report.num_draft,
         repeats=repeats, sampling=sampling)
+    sampled = "" if sampling is None else f", sampled ({len(seeds)} seeds of each)"
     return dataclasses.replace(played, loop=loop, workload=workload or
-                               f"{len(prompts)} prompts x {max_new_tokens} new tokens")
+                               f"{len(prompts)} prompts x {max_new_tokens} new tokens{sampled}")

@@ -311,7 +311,8 @@ def test_the_command_predicts_on_a_workload_and_refuses_a_workload_without_it(ba
     """infer/exit_report.py on a workdir's held-out prompts: the table names the workload and
     the real loop, each JSON record its agreement along the continuations; the calibration's
     measured tau is the played one at the exit it timed. A prompt set with --noworkload is
-    a one-line error. Catches the workload dropped from the command (the held-out estimate
+    a one-line error, and so is --temperature with it (a sampled report needs the sampled
+    continuations). Catches the workload dropped from the command (the held-out estimate
     printed instead) and flags that would be silently ignored."""
     out = tmp_path / "exits.json"
     result = run_script("infer/exit_report.py", f"--workdir={base_workdir}", "--num_prompts=2",
@@ -333,6 +334,12 @@ def test_the_command_predicts_on_a_workload_and_refuses_a_workload_without_it(ba
     assert refused.returncode != 0
     assert refused.stderr.strip().splitlines()[-1].endswith(
         "--prompts_file and --prompt_set are the workload's: drop --noworkload")
+    sampled = run_script("infer/exit_report.py", f"--workdir={base_workdir}",
+                         "--temperature=0.8", "--noworkload")
+    assert sampled.returncode != 0
+    assert sampled.stderr.strip().splitlines()[-1].endswith(
+        "a sampled report plays the model's sampled continuations of the workload: drop "
+        "--noworkload")
 
 
 def test_a_one_layer_model_keeps_its_held_out_report():

@@ -216,7 +216,8 @@ def test_on_workload_calibrates_on_its_first_prompts_over_the_draft_vocabulary(m
     assert seen.pop("draft_ids") is ids
     ranked = dataclasses.replace(report, runs=runs).best()[0]
     assert seen == {"prompts": prompts[:2], "exit_layer": ranked, "sampling": sampling}
-    assert out.runs is runs and out.loop is LOOP and out.workload == "5 prompts x 4 new tokens"
+    assert out.runs is runs and out.loop is LOOP
+    assert out.workload == "5 prompts x 4 new tokens, sampled (4 seeds of each)"
 
 
 class _Report:
@@ -456,3 +457,23 @@ def test_the_loop_is_calibrated_in_its_mode(monkeypatch):
         calibrate_loop(None, lambda e, k: (e, k), [[1]], lambda e, k: 0.1 * k,
                        max_new_tokens=8, exit_layer=2, num_draft=(2, 4), sampling=mode)
     assert asked == [sampling, None]
+
+
+def test_the_exit_report_is_sampled_at_a_temperature(base_workdir, monkeypatch):
+    """`model.exit_report(temperature=, top_k=, top_p=)` hands its workload report that
+    sampling (None at temperature 0), and a sampled report without the workload is a
+    one-line error. Catches the settings dropped (a sampled user shown greedy rounds at
+    greedy costs: sampling took 31% of ar's token on the default model) and a sampled
+    held-out estimate (greedy agreement under a sampled label)."""
+    asked = []
+    monkeypatch.setattr(api.LanguageModel, "_workload_report",
+                        lambda self, encoded, new, progress, texts, sampling, **o:
+                        asked.append(sampling) or "report")
+    model = specjax.load(base_workdir)
+    assert model.exit_report(prompts=["def f("], temperature=0.8, top_p=0.95) == "report"
+    assert model.exit_report(prompts=["def f("]) == "report"
+    assert _mode(asked[0]) == pytest.approx((0.8, 0, 0.95)) and asked[1] is None
+    with pytest.raises(ValueError, match="^a sampled report plays .* it needs workload=True$"):
+        model.exit_report(workload=False, temperature=0.8)
+    with pytest.raises(ValueError, match="^unknown option 'sampling'"):
+        model.exit_report(sampling=asked[0])

@@ -198,8 +198,9 @@ SELFSPEC_FOUND = [tuner.Candidate("selfspec", {"exit_layer": e, "num_draft": k},
 def test_a_measuring_report_is_not_probed_and_its_best_is_confirmed(monkeypatch):
     """The exit report's figures (played over these prompts, its loop calibrated on them, in
     either mode): no selfspec chain is probed, each keeps the report's figure, and the kind's
-    best by the report (exit 1, K=4) is the one confirmed, beside a probed ngram. Catches the calibrated figures probed
-    anyway (two wasted compilations per exit) or ignored in favour of the probes."""
+    best by the report (exit 1, K=4) is the one confirmed, beside a probed ngram. Catches the
+    calibrated figures probed anyway (two wasted compilations per exit) or ignored in favour
+    of the probes."""
     probed = []
     monkeypatch.setattr(tuner, "run_benchmark", _scripted_bench(
         {"selfspec exit_layer=1 num_draft=4": 2.2, "ngram num_draft=2": 1.3}, probed))

@@ -211,9 +211,13 @@ class DraftExitReport:
             e, k = best
             verdict = ("best predicted" if self.speedup(e, k) > 1 else
                        "no exit is predicted faster than plain decoding; the closest")
+            sampling = self.runs.sampling if self.runs else None
+            mode = "" if sampling is None else (
+                f" --temperature={float(sampling.temperature):g} --top_k={int(sampling.top_k)}"
+                f" --top_p={float(sampling.top_p):g} --seeds={SAMPLED_PLAYS}")
             lines.append(f"{verdict}: exit {e} with {k} drafts, {self.speedup(e, k):.2f}x "
                          f"(tau {self.tau(e, k):.2f}); measure it with bench/bench.py "
-                         f"--exit_layer={e} --num_draft={k}")
+                         f"--exit_layer={e} --num_draft={k}{mode}")
         lines.append(
             "estimates: tau played over the exits' acceptance along the continuations, round "
             "costs from the pieces mapped onto the loop's timed rounds" if self.loop else
@@ -223,7 +227,10 @@ class DraftExitReport:
 
     def _loop_line(self) -> str:
         loop = self.loop
-        timed = ExitRuns(self.runs.accept[:loop.prompts])  # the prompts the loop was timed on
+        # The prompts the loop was timed on (the first few), each seed's continuations of them.
+        prompts = len(self.runs.accept) // (1 if self.runs.sampling is None else SAMPLED_PLAYS)
+        timed = ExitRuns(tuple(row for start in range(0, len(self.runs.accept), prompts)
+                               for row in self.runs.accept[start:start + loop.prompts]))
         points = "; ".join(f"K={k}: {1e3 * real:.2f} ms a round (pieces {1e3 * pieces:.2f} ms), "
                            f"tau {tau:.2f} (played {timed.tau(loop.exit_layer, k):.2f})"
                            for k, real, pieces, tau in loop.points)
@@ -520,5 +527,5 @@ def on_workload(report: DraftExitReport, params: Params, cfg: ModelConfig,
         max_new_tokens=max_new_tokens, exit_layer=exit_layer, num_draft=report.num_draft,
         repeats=repeats, sampling=sampling)
     sampled = "" if sampling is None else f", sampled ({len(seeds)} seeds of each)"
-    return dataclasses.replace(played, loop=loop, workload=workload or
-                               f"{len(prompts)} prompts x {max_new_tokens} new tokens{sampled}")
+    return dataclasses.replace(played, loop=loop, workload=(
+        workload or f"{len(prompts)} prompts x {max_new_tokens} new tokens") + sampled)

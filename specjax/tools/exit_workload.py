@@ -265,7 +265,7 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
         chances = np.asarray(acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
                                         jnp.asarray(nexts), vocab, sampling))  # [L, B, M]
         for i, index in enumerate(chunk):
-            accept.append(chances[:, i, :len(continuations[index]) - 1])
+            accept.append(chances[:, i, :max(len(continuations[index]) - 1, 0)])
     return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling)
 
 
@@ -289,9 +289,12 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
             logits = exit_head_logits(params, cfg, h, vocab)
             return jnp.exp(token_logprobs(logits, nexts, sampling))
 
-        # The text was drawn from p, so p > 0 there but for rounding at a filter's edge.
-        target = jnp.maximum(chance(hidden[-1], None), jnp.finfo(jnp.float32).tiny)
-        return jax.lax.map(lambda h: jnp.minimum(1.0, chance(h, vocab) / target), hidden)
+        # The text was drawn from p, so p > 0 there but for rounding at a filter's edge,
+        # where the verification, which reads p as this pass does, would reject the draft.
+        target = chance(hidden[-1], None)
+        safe = jnp.where(target > 0, target, 1.0)
+        return jax.lax.map(lambda h: jnp.where(
+            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden)
 
     return acceptance
 
@@ -377,7 +380,7 @@ def model_continuations(generator: Generator, prompts: Sequence[Sequence[int]], 
 def text_runs(prompts: Sequence[Sequence[int]],
               continuations: Sequence[Sequence[int]]) -> ExitRuns:
     """`ExitRuns` holding only the texts (each prompt and its continuation) and the prompts'
-    lengths, no exit's agreement: what a drafter that copies from the text is played over."""
+    lengths, no exit's acceptance: what a drafter that copies from the text is played over."""
     if len(prompts) != len(continuations):
         raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
     return ExitRuns((), tuple(tuple(p) + tuple(c) for p, c in zip(prompts, continuations,

@@ -1,6 +1,7 @@
 """The exit report on a workload (specjax/tools/exit_workload.py, exit_report.on_workload): rounds
-played over the exits' agreement against the real decode loop's, the loop's calibration and
-the calibrated prediction by hand, the command line end to end."""
+played over the exits' acceptance against the real decode loop's (greedy exactly, sampled in
+expectation), the loop's calibration and the calibrated prediction by hand, the command line
+end to end."""
 
 import itertools
 import json

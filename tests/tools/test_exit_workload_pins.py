@@ -1,7 +1,8 @@
 """Pins of the exit report's workload prediction (issue 50, item 2) that a bug-planting audit
 found unpinned: the teacher-forced pass past one batch of prompts, the loop's calibration by
 hand, the draft vocabulary's head (timed, scaled, handed on), the prompt counts of the end to
-end speed-up and of the table's check, and the tuner's trust in the report by mode."""
+end speed-up and of the table's check, and the sampled report's continuations, acceptance and
+play handed on by mode."""
 
 import dataclasses
 import re
@@ -24,6 +25,7 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import DraftVocab
+from specjax.model import unstack_layers
 from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
 from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
@@ -36,7 +38,7 @@ from specjax.tools.exit_workload import (
     model_continuations,
 )
 from tests.tools.test_exit_report import PARAMS, fake_timings
-from tests.tools.test_exit_workload import CFG, COSTS, METRICS
+from tests.tools.test_exit_workload import CFG, COSTS, METRICS, PROMPTS
 
 LOOP = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
                        exit_layer=2, points=((3, 9.0, 8.0, 4.0),), prompts=1)
@@ -185,6 +187,45 @@ def test_the_tables_played_tau_is_over_the_timed_prompts_only():
         report.table()
 
 
+def test_a_sampled_tables_check_and_hint_take_every_seed_and_the_sampling():
+    """Sampled runs of 2 prompts x 4 seeds (seed-major), the loop timed on the first prompt:
+    the table's played tau is over that prompt's 4 continuations (seed 0's all accepted, 2
+    rounds; the others' none, 6 each: 24 / 20 = 1.20), and its bench hint carries the
+    sampling. Catches the check read from seed 0 alone (3.00: one sample, 1.36-1.90 across
+    seeds on the default model) or from the other prompt's rows, and a hint that measures
+    greedy decoding."""
+    first = [np.ones((4, 6), np.float32)] + [np.zeros((4, 6), np.float32)] * 3
+    other = np.full((4, 6), 0.5, np.float32)
+    rows = tuple(row for seed in range(SAMPLED_PLAYS) for row in (first[seed], other))
+    sampling = SamplingParams(0.8, 0, 0.95)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,),
+                             runs=ExitRuns(rows, sampling=sampling), loop=LOOP)
+    table = report.table()
+    assert "tau 4.00 (played 1.20)" in table
+    assert re.search(r"--num_draft=3 --temperature=0.8 --top_k=0 --top_p=0.95 --seeds=4$",
+                     table, re.MULTILINE)
+
+
+def test_with_top_k_1_a_sampled_draft_is_accepted_as_greedy_and_never_off_the_models_text():
+    """A text made greedily by exit 1 alone (a one-layer model with the same head), played
+    sampled at top-k 1 (p and q point masses): each exit's acceptance is its greedy agreement
+    where the text is the model's own argmax, and 0 where the text leaves it (p(y) = 0: the
+    verification rejects any draft there). Catches p floored to a tiny value there (exit 1,
+    which agrees with that text everywhere, accepted with probability 1 where the model
+    never emits its token), p read from an exit rather than the last layer, and q read from
+    a neighbouring exit."""
+    unstacked = unstack_layers(PARAMS, CFG)
+    shallow = dataclasses.replace(CFG, num_layers=1, layer_pattern=None, exit_layers=None)
+    text = model_continuations(Generator({**unstacked, "layers": unstacked["layers"][:1]},
+                                         shallow), PROMPTS, max_new_tokens=12)
+    greedy = exit_runs(PARAMS, CFG, PROMPTS, text)
+    sampled = exit_runs(PARAMS, CFG, PROMPTS, text,
+                        sampling=SamplingParams(temperature=1.0, top_k=1, top_p=1.0))
+    for agree, accept in zip(greedy.accept, sampled.accept, strict=True):
+        np.testing.assert_array_equal(accept, agree * agree[-1])
+    assert greedy.rate(1) > 0.95 > greedy.rate(4)  # the text is exit 1's, not the model's
+
+
 def test_on_workload_calibrates_on_its_first_prompts_over_the_draft_vocabulary(monkeypatch):
     """With the continuations, runs and calibration patched: the runs are played over the
     given draft ids, the loop is timed on the first `calibration_prompts` prompts at the exit
@@ -235,9 +276,9 @@ class _Report:
 def test_tuning_plays_the_copying_drafters_over_the_reports_runs(base_workdir, monkeypatch,
                                                                  temperature):
     """`model.tune`, greedy and sampled, hands the tuner `played_speedup` bound to its
-    workload report (whose runs are in the tuning's mode), and the report's figures stand.
-    Catches the played prediction dropped in one mode (every copying drafter probed: 13% of
-    noise in tau where the play over 16 continuations has 5%) or bound to another report."""
+    workload report. Catches the played prediction dropped in one mode (every copying
+    drafter probed: 13% of noise in tau where the play over 16 continuations has 5%) or bound
+    to another report."""
     seen, report = {}, _Report()
     monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: report)
     monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")

@@ -178,10 +178,12 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
          progress: Callable[[str], None] = lambda line: None) -> Tuning:
     """Predicts each candidate (`build` makes its drafter; a ValueError refuses it), confirms
     the best `confirm` kinds on `prompts` and picks the fastest (see the module docstring).
-    A candidate's `predicted` (the exit report's, on these prompts) stands as its prediction;
-    `played` predicts a drafter without a probe where it can (None where it cannot). The
-    budget counts from `started` (`time.perf_counter()`), so that work done before, such as
-    the exit report, counts too; at least one candidate is always predicted."""
+    A candidate's `predicted` (the exit report's on these prompts, played and calibrated in
+    `sampling`'s mode: `exit_report.on_workload` with the same sampling) stands as its
+    prediction; `played` predicts a drafter without a probe where it can (None where it
+    cannot). The budget counts from `started` (`time.perf_counter()`), so that work done
+    before, such as the exit report, counts too; at least one candidate is always
+    predicted."""
     rows: list[Row | None] = []  # None: a probe pending in `batch`, by its row's index
     drafters: dict[str, Drafter] = {}  # by label
     batch: dict[int, Candidate] = {}

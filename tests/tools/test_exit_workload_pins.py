@@ -1,11 +1,13 @@
 """Pins of the exit report's workload prediction (issue 50, item 2) that a bug-planting audit
 found unpinned: the teacher-forced pass past one batch of prompts, the loop's calibration by
 hand, the draft vocabulary's head (timed, scaled, handed on), the prompt counts of the end to
-end speed-up and of the table's check, and the sampled report's continuations, acceptance and
-play handed on by mode."""
+end speed-up and of the table's check, the sampled report's continuations, acceptance and
+play handed on by mode, and the report's figures standing in a sampled tuning, within their
+kind too."""
 
 import dataclasses
 import re
+import time
 import types
 
 import jax
@@ -39,6 +41,7 @@ from specjax.tools.exit_workload import (
 )
 from tests.tools.test_exit_report import PARAMS, fake_timings
 from tests.tools.test_exit_workload import CFG, COSTS, METRICS, PROMPTS
+from tests.tools.test_tune import SELFSPEC_FOUND, _scripted_bench
 
 LOOP = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
                        exit_layer=2, points=((3, 9.0, 8.0, 4.0),), prompts=1)
@@ -212,8 +215,10 @@ def test_with_top_k_1_a_sampled_draft_is_accepted_as_greedy_and_never_off_the_mo
     where the text is the model's own argmax, and 0 where the text leaves it (p(y) = 0: the
     verification rejects any draft there). Catches p floored to a tiny value there (exit 1,
     which agrees with that text everywhere, accepted with probability 1 where the model
-    never emits its token), p read from an exit rather than the last layer, and q read from
-    a neighbouring exit."""
+    never emits its token), q without the sampling's filters (softmax of the raw logits: q(y)
+    < 1 where the exit agrees; the statistical test of the sampled loop let it through at
+    top-p 0.9), p read from an exit rather than the last layer, and q read from a
+    neighbouring exit."""
     unstacked = unstack_layers(PARAMS, CFG)
     shallow = dataclasses.replace(CFG, num_layers=1, layer_pattern=None, exit_layers=None)
     text = model_continuations(Generator({**unstacked, "layers": unstacked["layers"][:1]},
@@ -518,3 +523,42 @@ def test_the_exit_report_is_sampled_at_a_temperature(base_workdir, monkeypatch):
         model.exit_report(workload=False, temperature=0.8)
     with pytest.raises(ValueError, match="^unknown option 'sampling'"):
         model.exit_report(sampling=asked[0])
+
+
+def test_a_sampled_tuning_keeps_the_reports_figures_unprobed(monkeypatch):
+    """Sampled, the exit report's figures are sampled too (its chains played over sampled
+    continuations, its loop calibrated sampled): no selfspec chain is probed, each keeps its
+    figure, and the report's best (exit 1, K=4) is confirmed with the tuning's sampling.
+    Catches the report's figures trusted only greedy (the old ranking-only sampled mode: each
+    exit's chains probed, two compilations each, and a probe's 13% noise for the play's)."""
+    probed, modes = [], []
+    bench = _scripted_bench({"selfspec exit_layer=1 num_draft=4": 2.2}, probed)
+    monkeypatch.setattr(tune_module, "run_benchmark",
+                        lambda *a, **k: modes.append(k["sampling"]) or bench(*a, **k))
+    sampling = SamplingParams(0.8, 0, 0.95)
+    tuning = tune_module.tune(None, lambda c: c.label, SELFSPEC_FOUND, [[1, 2]],
+                              max_new_tokens=4, budget_s=60, started=time.perf_counter(),
+                              sampling=sampling)
+    assert probed == [] and modes == [sampling]
+    assert [(row.source, row.predicted) for row in tuning.rows] == [
+        ("exit report", c.predicted) for c in SELFSPEC_FOUND]
+    assert [row.candidate for row in tuning.rows if row.confirmed] == [SELFSPEC_FOUND[1]]
+
+
+def test_a_kinds_best_is_its_highest_prediction_whatever_its_source(monkeypatch):
+    """Selfspec's report chains (best 2.5x at exit 1, K=4) beside a selfspec chain the report
+    does not predict (exit 3, probed at 1.2x): the kind's best, the one confirmed, is the
+    report's 2.5x. Catches a probe preferred over the report's figures within a kind (the
+    old rule, when sampled figures were greedy's): the slow probed chain confirmed and the
+    report's best never benchmarked."""
+    probed = []
+    monkeypatch.setattr(tune_module, "run_benchmark", _scripted_bench(
+        {"selfspec exit_layer=3 num_draft=2": 1.2, "selfspec exit_layer=1 num_draft=4": 2.2},
+        probed))
+    unpredicted = tune_module.Candidate("selfspec", {"exit_layer": 3, "num_draft": 2})
+    tuning = tune_module.tune(None, lambda c: c.label, [*SELFSPEC_FOUND, unpredicted],
+                              [[1, 2]], max_new_tokens=4, budget_s=60,
+                              started=time.perf_counter())
+    assert probed == [unpredicted.label]
+    assert [row.candidate for row in tuning.rows if row.confirmed] == [SELFSPEC_FOUND[1]]
+    assert tuning.winner == SELFSPEC_FOUND[1]

@@ -148,8 +148,10 @@ STRATEGIES = {
     # Point-mass drafts copied from the text: PROMPT's tokens recur among VOCAB = 8.
     "ngram-chain": PromptLookup(2, 1, Chain(2)),
     # Drafts from the batch's other rows: every row shares PROMPT, so their continuations are
-    # samples of the same distribution, drawn from as the empirical one.
-    "suffix-chain": SuffixDecoding(4, 0.0, 2.0, Chain(2)),
+    # samples of the same distribution, drawn from as the empirical one. A min_prob that
+    # binds: drafts drawn from every continuation, then dropped for their share, fail here
+    # (chi2 261 > 81).
+    "suffix-chain": SuffixDecoding(4, 0.2, 2.0, Chain(2)),
     # Every depth proposed at once (Medusa's kind of proposal), drawn into a tree.
     "per-depth-tree": PerDepthDrafter(StaticTree.from_branching((2, 1))),
     "medusa-tree": Medusa(StaticTree.from_branching((2, 1))),

@@ -8,8 +8,12 @@ branch (ties go to the lowest token id). A draft is kept while its empirical pro
 share of the occurrences still matching) is at least `suffix_min_prob`, and a row drafts at
 most `suffix_factor` tokens per matched token (longer matches speculate further).
 
-The draft distribution is the occurrences' empirical next-token distribution, so a sampled
-draft is drawn from it and accepted by the usual rule: lossless. The whole text of every row
+The draft distribution is the occurrences' empirical next-token distribution over the tokens
+whose share passes `suffix_min_prob`, so a sampled draft is drawn from it and accepted by the
+usual rule: lossless. (Drawn from all the continuations and then dropped when its share falls
+short, a draft would not be: the dropped draw emits a token from p, but the draws kept are
+accepted at min(1, p/q) with q's mass partly on tokens that are never kept, and the output
+leaves p; with the default 0.1, a chi-square test rejects it.) The whole text of every row
 is the drafter's state ([B, cache_len + 1] tokens, as for `ngram`), updated at commit inside
 the jitted loop; chains only.
 """
@@ -96,7 +100,11 @@ class SuffixDecoding(DrafterBase):
             matching = jnp.where(d > 0, matching & (followed[None] == tokens[:, :, None]),
                                  matching)
             seen = next_counts(text, ends, matching, d + 1, vocab)
-            logits = jnp.where(seen > 0, jnp.log(jnp.maximum(seen, 1.0)), -1e9)
+            # Only tokens whose share passes min_prob may be drawn: a draft drawn and then
+            # dropped for its share would bias the output (module docstring).
+            share = seen / jnp.maximum(jnp.sum(seen, axis=-1, keepdims=True), 1.0)
+            allowed_token = (seen > 0) & (share >= self.min_prob)
+            logits = jnp.where(allowed_token, jnp.log(jnp.maximum(seen, 1.0)), -1e9)
             return (logits[:, None], jnp.zeros((*tokens.shape, 1), jnp.float32),
                     (matching, d + 1, counts.at[:, d].set(seen)))
 

@@ -429,8 +429,9 @@ class LanguageModel:
         tuning = tune(
             self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
             encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
-            sampling=sampling, played=None if report is None or report.loop is None else
-            functools.partial(played_speedup, report, self.config),
+            sampling=sampling,
+            played=None if report is None else functools.partial(played_speedup, report,
+                                                                  self.config),
             confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)

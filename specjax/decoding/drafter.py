@@ -62,14 +62,17 @@ class DraftWeights:
 @flax.struct.dataclass
 class DraftContext:
     """What every hook may read: the target's params, the drafter's own params, the model
-    config, the sampling parameters (None: greedy decoding) and the ids a vocabulary head
-    drafts over (`draft_vocab`; None: all)."""
+    config, the sampling parameters (None: greedy decoding), the ids a vocabulary head
+    drafts over (`draft_vocab`; None: all) and, outside the loop, the tokens a chain drafts
+    after in place of its own drafts (`forced` [B, K], `Chain.draft`'s teacher forcing: a
+    drafter that `copies_text` honours it; None in the loop)."""
 
     params: Params
     draft_params: Any
     sampling: SamplingParams | None
     cfg: ModelConfig = flax.struct.field(pytree_node=False)
     vocab: DraftVocab | None = None
+    forced: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -188,11 +191,9 @@ class DrafterBase:
     reuses from the draft, `Proposal.reuse`), `verify` (CALM's own exits early),
     `restrict_vocab` (a vocabulary head of its own, `draft_vocab`); a strategy built from
     others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
-    so far (`drafters.text_history`) and its proposal a function of it alone, so greedy rounds
-    can be played without the loop (`tools.exit_workload.play_copied`); `point_mass_drafts`:
-    sampled, each draft is a point mass q (prompt lookup's copy, not suffix decoding's draw
-    from its counts), so the loop keeps a draft exactly when it emits it and sampled rounds
-    can be played too."""
+    so far (`drafters.text_history`) and its proposal a function of it alone (its chain drafts
+    after `ctx.forced` when given), so its rounds, greedy and sampled, can be played without
+    the loop (`tools.exit_workload.play_copied`)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
@@ -202,7 +203,6 @@ class DrafterBase:
     weights_hint: ClassVar[str] = ""
     verify_from: ClassVar[int] = 0
     copies_text: ClassVar[bool] = False
-    point_mass_drafts: ClassVar[bool] = False
 
     def bind(self, weights: DraftWeights) -> Drafter:
         return self

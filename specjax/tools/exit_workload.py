@@ -31,11 +31,13 @@ that maps every other (exit, K)'s pieces to the loop's seconds.
 The drafters that copy from the text (`copies_text`: ngram, suffix) are played the same way:
 their proposal at each position, from the text so far, is what the loop drafts there
 (`play_copied`); their round is the verification of K + 1 tokens, mapped by the same line,
-plus their proposal's own measured seconds. Sampled too, for a drafter whose drafts are point
-masses (`point_mass_drafts`: ngram): a = 1 where the draft is the emitted token and 0
-elsewhere (q(x) = 1), so a sampled loop's rounds are its own output's, played. Their drafts
-depend on where a round starts, unlike an exit's, so `play_copied` proposes from each start.
-Suffix decoding draws its sampled drafts from its counts: not played sampled.
+plus their proposal's own measured seconds. Their drafts depend on where a round starts,
+unlike an exit's, so `copied_rounds` proposes from each start, every depth drafted after the
+text's own tokens (teacher forcing, as the loop drafts after accepted drafts), and the same
+recursion walks chances that depend on the start (`expected_rounds_from`). Sampled, a draft
+is accepted with a = min(1, q(y) / p(y)) as an exit's is, q the drafter's own distribution
+at that depth: a copy's is a point mass (ngram: a is 1 where the draft is the emitted token,
+0 elsewhere), suffix decoding's the share of each continuation among its matches.
 """
 
 from __future__ import annotations
@@ -77,13 +79,16 @@ class ExitRuns:
     prefill's full pass makes), given the continuation: greedy 1 where the exit's argmax is
     the next token and 0 elsewhere, sampled min(1, q(y) / p(y)) (the module docstring); per
     prompt, the prompt and its continuation (`texts`, what drafters that copy from the text
-    are played over) and the prompt's length; and the sampling the continuations were drawn
-    and the acceptance computed with (None: greedy)."""
+    are played over) and the prompt's length; the sampling the continuations were drawn
+    and the acceptance computed with (None: greedy); and sampled, per prompt [n], the
+    target's probability p(y) of each of those positions' tokens (what a copying drafter's
+    sampled acceptance min(1, q(y) / p(y)) divides by)."""
 
     accept: tuple[np.ndarray, ...]
     texts: tuple[tuple[int, ...], ...] = ()
     prompt_lengths: tuple[int, ...] = ()
     sampling: SamplingParams | None = None
+    target: tuple[np.ndarray, ...] = ()
     _rounds: dict[int, np.ndarray] = dataclasses.field(  # per K, every exit's: `tau` reads
         default_factory=dict, init=False, repr=False, compare=False)  # them 7 x 30 times
 
@@ -115,28 +120,29 @@ def expected_rounds(accept: np.ndarray, num_draft: int) -> np.ndarray:
     round starting at t accepts the drafts at t, t+1, ... while they are accepted (at most K),
     then adds one token of its own. Exact for 0/1 (greedy: the rounds the loop takes)."""
     accept = np.asarray(accept, np.float64)
-    n = accept.shape[-1]
     padded = np.concatenate([accept, np.zeros((*accept.shape[:-1], num_draft))], axis=-1)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, num_draft, axis=-1)
+    return expected_rounds_from(windows[..., :accept.shape[-1], :])
+
+
+def expected_rounds_from(accept: np.ndarray) -> np.ndarray:
+    """As `expected_rounds` when a draft's chance depends on where its round starts:
+    `accept` [..., n, K] holds, for a round starting at position t, the probability that its
+    draft m (at position t + m) is accepted (0 past the n positions), independently given
+    the text; a copying drafter's drafts are made from the round's start."""
+    accept = np.asarray(accept, np.float64)
+    n, num_draft = accept.shape[-2:]
     # From each position, the expected rounds to the end (none from past it).
-    rounds = np.zeros((n + num_draft + 1, *accept.shape[:-1]))
+    rounds = np.zeros((n + num_draft + 1, *accept.shape[:-2]))
     for start in range(n - 1, -1, -1):
-        reach = np.ones(accept.shape[:-1])  # the probability the first m drafts are accepted
+        reach = np.ones(accept.shape[:-2])  # the probability the first m drafts are accepted
         total = 1.0
         for m in range(num_draft):
-            total = total + reach * (1 - padded[..., start + m]) * rounds[start + m + 1]
-            reach = reach * padded[..., start + m]
+            chance = accept[..., start, m]
+            total = total + reach * (1 - chance) * rounds[start + m + 1]
+            reach = reach * chance
         rounds[start] = total + reach * rounds[start + num_draft + 1]
     return rounds[0]
-
-
-def rounds_of(accepted: np.ndarray) -> int:
-    """Rounds over n positions when a round starting at position p accepts `accepted[p]`
-    drafts (then adds one token of its own)."""
-    rounds, position = 0, 0
-    while position < len(accepted):
-        position += int(accepted[position]) + 1
-        rounds += 1
-    return rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,39 +154,58 @@ class CopiedPlay:
     draft_seconds: float
 
 
-def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns, repeats: int = 5,
-                sampling: SamplingParams | None = None) -> CopiedPlay:
+def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
+                repeats: int = 5) -> CopiedPlay:
     """A drafter that copies from the text (`copies_text`: ngram, suffix), played over `runs`'
-    continuations (greedy, or sampled for point-mass drafts: the module docstring): at each
-    position a round can start on, its proposal from the text so far (its own `propose`),
-    accepted while it equals the continuation; and its proposal's cost, the median of
+    continuations in their mode (`copied_rounds`), and its proposal's cost: the median of
     `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text (suffix decoding's
-    counts over a 49,152-id vocabulary are not free), drawn with `sampling` as a sampled loop
-    draws them (a point mass's draw still filters the whole vocabulary at every depth: on
-    SmolLM2, ngram's sampled K=4 was predicted 18% high with the greedy proposal timed)."""
+    counts over a 49,152-id vocabulary are not free), drawn with the runs' sampling as a
+    sampled loop draws them (a copy's draw still filters the whole vocabulary at every depth:
+    on SmolLM2, ngram's sampled K=4 was predicted 18% high with the greedy proposal timed)."""
     if not drafter.copies_text:
         raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")
     if not runs.texts:
         raise ValueError("the runs hold no texts to play a drafter over")
-    rounds = positions = 0
-    for text, prompt_length in zip(runs.texts, runs.prompt_lengths, strict=True):
-        padded, ends = _padded(text), np.arange(prompt_length + 1, len(text), dtype=np.int32)
-        if not len(ends):
-            continue
-        # Padded to a bucket by repeating the last (one program for similar lengths).
-        calls = np.full(bucket(len(ends)), ends[-1], np.int32)
-        calls[:len(ends)] = ends
-        tokens, valid = _proposals(drafter, cfg)(padded, jnp.asarray(calls))
-        rounds += rounds_of(accepted_drafts(np.asarray(tokens)[:len(ends)],
-                                            np.asarray(valid)[:len(ends)], text, ends))
-        positions += len(ends)
+    rounds = float(copied_rounds(drafter, cfg, runs).sum())
+    positions = sum(max(len(text) - length - 1, 0)
+                    for text, length in zip(runs.texts, runs.prompt_lengths, strict=True))
     text, end = runs.texts[0], runs.prompt_lengths[0] + 1
     timed_loop = _proposal_loop(drafter, cfg)
-    args = _padded(text), jnp.int32(min(end, len(text))), sampling
+    args = _padded(text), jnp.int32(min(end, len(text))), runs.sampling
     timed_loop(*args).block_until_ready()
     seconds = statistics.median(timed(lambda: timed_loop(*args).block_until_ready())
                                 for _ in range(repeats)) / TIMED_PROPOSALS
     return CopiedPlay(positions / rounds if rounds else 1.0, seconds)
+
+
+def copied_rounds(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns) -> np.ndarray:
+    """[texts]: the rounds a copying drafter's loop is expected to take over each of `runs`'
+    continuations. At each position a round can start on, its proposal from the text so far
+    (its own `propose`), each depth drafted after the text's own tokens (`DraftContext.forced`,
+    what the loop drafts after accepted drafts), gives the chance of each draft
+    (`copied_acceptance`); `expected_rounds_from` walks them. Greedy, the rounds the loop
+    takes; sampled (the runs' sampling, which needs their `target`), the sampled loop's in
+    expectation."""
+    sampling = runs.sampling
+    if sampling is not None and len(runs.target) != len(runs.texts):
+        raise ValueError("sampled runs hold no target probabilities of their tokens (make them "
+                         "with exit_runs)")
+    rounds = []
+    for index, (text, prompt_length) in enumerate(zip(runs.texts, runs.prompt_lengths,
+                                                      strict=True)):
+        ends = np.arange(prompt_length + 1, len(text), dtype=np.int32)
+        if not len(ends):
+            rounds.append(0.0)
+            continue
+        # Padded to a bucket by repeating the last (one program for similar lengths).
+        calls = np.full(bucket(len(ends)), ends[-1], np.int32)
+        calls[:len(ends)] = ends
+        tokens, valid, chance = (np.asarray(out)[:len(ends)] for out in _proposals(
+            drafter, cfg)(_padded(text), jnp.asarray(calls), sampling))
+        target = None if sampling is None else runs.target[index]
+        rounds.append(float(expected_rounds_from(copied_acceptance(
+            tokens, valid, chance, text, ends, target))))
+    return np.asarray(rounds)
 
 
 def _padded(text: Sequence[int]) -> jax.Array:
@@ -190,24 +215,34 @@ def _padded(text: Sequence[int]) -> jax.Array:
     return jnp.asarray(padded)
 
 
-def accepted_drafts(tokens: np.ndarray, valid: np.ndarray, text: Sequence[int],
-                    ends: np.ndarray) -> np.ndarray:
-    """[E]: how many of each chain proposal's leading drafts (`tokens`, `valid` [E, K], made
-    knowing the first `ends[i]` tokens of `text`) greedy verification accepts: those equal to
-    the text's next tokens, up to the first that is not or lies past the text's end."""
+def copied_acceptance(tokens: np.ndarray, valid: np.ndarray, chance: np.ndarray,
+                      text: Sequence[int], ends: np.ndarray,
+                      target: np.ndarray | None = None) -> np.ndarray:
+    """[E, K]: the chance that each draft of each chain proposal (`tokens`, `valid`, and
+    `chance`, q of the text's own token at each depth, [E, K], made knowing the first
+    `ends[i]` tokens of `text`, `ends` ascending from the first position rounds produce) is
+    accepted, given the text (0 past its end and where invalid). Greedy (`target` None):
+    1 where the draft is the text's token. Sampled: min(1, q(y) / p(y)) with p(y) the
+    target's probability of the text's token y there (`target` [E], from `ends[0]` on; a
+    draft where p(y) is 0 is rejected, as verification rejects it)."""
     at = ends[:, None] + np.arange(tokens.shape[1])[None, :]
-    known = np.asarray(text)[np.minimum(at, len(text) - 1)]
-    right = valid & (at < len(text)) & (tokens == known)
-    return np.cumprod(right, axis=1).sum(axis=1)
+    inside = valid & (at < len(text))
+    clipped = np.minimum(at, len(text) - 1)
+    if target is None:
+        return (inside & (tokens == np.asarray(text)[clipped])).astype(np.float64)
+    p = np.asarray(target, np.float64)[np.minimum(clipped - ends[0], len(target) - 1)]
+    ratio = np.minimum(1.0, np.asarray(chance, np.float64) / np.where(p > 0, p, 1.0))
+    return np.where(inside & (p > 0), ratio, 0.0)
 
 
 @functools.lru_cache(maxsize=16)
 def _proposals(drafter: Drafter, cfg: ModelConfig) -> Callable:
-    """A jitted (text [W], ends [E]) -> (tokens, valid) [E, K]: the drafter's greedy proposal
-    when the text's first `ends[i]` tokens are known (the last one pending), a few positions
-    at a time."""
-    return jax.jit(lambda text, ends: jax.lax.map(
-        lambda end: _propose_at(drafter, cfg, text, end), ends, batch_size=PLAYED_PER_CALL))
+    """A jitted (text [W], ends [E], sampling) -> (tokens, valid, chance) [E, K]: the
+    drafter's proposal along the text (`_propose_at`) when its first `ends[i]` tokens are
+    known (the last one pending), a few positions at a time."""
+    return jax.jit(lambda text, ends, sampling: jax.lax.map(
+        lambda end: _propose_at(drafter, cfg, text, end, sampling), ends,
+        batch_size=PLAYED_PER_CALL))
 
 
 @functools.lru_cache(maxsize=16)
@@ -217,8 +252,8 @@ def _proposal_loop(drafter: Drafter, cfg: ModelConfig) -> Callable:
     earlier (so that none is hoisted out of the loop)."""
     def body(i: jax.Array, total: jax.Array, text: jax.Array, end: jax.Array,
              sampling: SamplingParams | None) -> jax.Array:
-        tokens, valid = _propose_at(drafter, cfg, text, jnp.maximum(end - i % 2, 1), sampling,
-                                    jax.random.PRNGKey(i))
+        tokens, valid, _ = _propose_at(drafter, cfg, text, jnp.maximum(end - i % 2, 1),
+                                       sampling, jax.random.PRNGKey(i))
         return total + jnp.sum(jnp.where(valid, tokens, 0))
     return jax.jit(lambda text, end, sampling: jax.lax.fori_loop(
         0, TIMED_PROPOSALS, lambda i, total: body(i, total, text, end, sampling),
@@ -227,15 +262,21 @@ def _proposal_loop(drafter: Drafter, cfg: ModelConfig) -> Callable:
 
 def _propose_at(drafter: Drafter, cfg: ModelConfig, text: jax.Array, end: jax.Array,
                 sampling: SamplingParams | None = None,
-                key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                key: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The drafter's proposal (tokens, valid [K]) knowing the text's first `end` tokens, the
-    last pending, as the loop calls it (batch 1): greedy, or drawn with `sampling` and `key`."""
-    ctx = DraftContext(params={}, draft_params={}, sampling=sampling, cfg=cfg)
+    last pending, as the loop calls it (batch 1), each depth drafted after the text's own
+    next tokens (`DraftContext.forced`): greedy, or drawn with `sampling` and `key`; and
+    `chance` [K], q of the text's own token at each depth (1 when greedy)."""
+    forced = text[jnp.minimum(end + jnp.arange(drafter.shape.num_draft), text.shape[0] - 1)]
+    ctx = DraftContext(params={}, draft_params={}, sampling=sampling, cfg=cfg,
+                       forced=forced[None])
     known = jnp.where(jnp.arange(text.shape[0]) < end - 1, text, 0)[None]
     cache = Cache(layers=(), lengths=(end - 1)[None], max_len=text.shape[0] - 1)
     proposal, _, _ = drafter.propose(ctx, known, cache, text[end - 1][None],
                                      jax.random.PRNGKey(0) if key is None else key)
-    return proposal.tokens[0], proposal.valid[0]
+    chance = (jnp.ones(forced.shape, jnp.float32) if proposal.q is None else
+              jnp.take_along_axis(proposal.q[0], forced[:, None], axis=-1)[:, 0])
+    return proposal.tokens[0], proposal.valid[0], chance
 
 
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
@@ -253,7 +294,7 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     # Position t predicts token t + 1: rounds make each continuation's tokens 1..n-1.
     made = bucket(max(max(len(c) - 1 for c in continuations), 1))
     acceptance = _exit_acceptance(cfg)
-    accept = []
+    accept, target = [], []
     for start in range(0, len(rows), ROWS_PER_PASS):
         chunk = range(start, min(start + ROWS_PER_PASS, len(rows)))
         tokens = np.zeros((ROWS_PER_PASS, width), np.int32)
@@ -262,19 +303,23 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             tokens[i, :len(rows[index])] = rows[index]
             at[i] = np.minimum(len(prompts[index]) + np.arange(made), width - 2)
         nexts = np.take_along_axis(tokens, at + 1, axis=1)
-        chances = np.asarray(acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
-                                        jnp.asarray(nexts), vocab, sampling))  # [L, B, M]
+        chances, p = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
+                                jnp.asarray(nexts), vocab, sampling)  # [L, B, M], [B, M]
         for i, index in enumerate(chunk):
-            accept.append(chances[:, i, :max(len(continuations[index]) - 1, 0)])
-    return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling)
+            made_here = max(len(continuations[index]) - 1, 0)
+            accept.append(np.asarray(chances)[:, i, :made_here])
+            if p is not None:
+                target.append(np.asarray(p)[i, :made_here])
+    return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling,
+                               target=tuple(target))
 
 
 def _exit_acceptance(cfg: ModelConfig) -> Callable:
-    """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) -> [L, B, M]:
-    the probability that each exit's draft at position `at` (over `vocab`'s ids) is accepted
-    when the text's next token is `nexts`: greedy whether its argmax is that token, sampled
-    min(1, q / p) there, q the exit's distribution and p the last layer's (the module
-    docstring)."""
+    """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) ->
+    ([L, B, M], p): the probability that each exit's draft at position `at` (over `vocab`'s
+    ids) is accepted when the text's next token is `nexts`: greedy whether its argmax is that
+    token, sampled min(1, q / p) there, q the exit's distribution and p the last layer's (the
+    module docstring); and sampled, p [B, M] (None when greedy)."""
 
     @jax.jit
     def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
@@ -284,7 +329,7 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
         if sampling is None:
             return jax.lax.map(lambda h: (jnp.argmax(
                 exit_head_logits(params, cfg, h, vocab), -1) == nexts).astype(jnp.float32),
-                hidden)
+                hidden), None
         def chance(h: jax.Array, vocab: DraftVocab | None) -> jax.Array:
             logits = exit_head_logits(params, cfg, h, vocab)
             return jnp.exp(token_logprobs(logits, nexts, sampling))
@@ -294,7 +339,7 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
         target = chance(hidden[-1], None)
         safe = jnp.where(target > 0, target, 1.0)
         return jax.lax.map(lambda h: jnp.where(
-            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden)
+            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden), target
 
     return acceptance
 

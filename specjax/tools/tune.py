@@ -9,10 +9,9 @@ the same prompts: played over the model's continuations of them (greedy, or samp
 `exit_report.on_workload`) and calibrated on the real decode loop in the same mode, its
 figures are the benchmark's, so they compete with the probes as they are; so do the figures
 of the drafters that copy from the text (ngram, suffix: `played_speedup`), whose rounds are
-played over the same continuations and costed by the same calibrated loop. Sampled, only
-ngram is played, its drafts being point masses; suffix decoding draws its drafts from its
-counts and is probed. The best of each kind (a strategy's chains, its trees), the few best
-kinds, are confirmed on all the prompts with the benchmark's interleaved measurement
+played over the same continuations, greedy or sampled, and costed by the same calibrated
+loop. The best of each kind (a strategy's chains, its trees), the few best kinds, are
+confirmed on all the prompts with the benchmark's interleaved measurement
 (`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
 decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
 benchmark beside one `ar` (`PROBE_BATCH`).
@@ -244,15 +243,14 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 
 def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) -> float | None:
     """The speed-up of a drafter that copies from the text, played over the report's
-    continuations (`exit_workload.play_copied`) in their mode (greedy, or sampled for a
-    drafter whose sampled drafts are point masses, its proposal drawn with the runs'
-    sampling), costed by the report's calibrated loop and the proposal's measured seconds.
-    None for any other drafter, or a report not on a workload."""
+    continuations (`exit_workload.play_copied`) in their mode (greedy or sampled, its
+    proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
+    proposal's measured seconds. None for any other drafter, or a report not on a
+    workload."""
     runs = report.runs
-    if (not drafter.copies_text or runs is None or report.loop is None
-            or (runs.sampling is not None and not drafter.point_mass_drafts)):
+    if not drafter.copies_text or runs is None or report.loop is None:
         return None
-    played = play_copied(drafter, cfg, runs, sampling=runs.sampling)
+    played = play_copied(drafter, cfg, runs)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
 
 

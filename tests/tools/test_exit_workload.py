@@ -5,11 +5,14 @@ end to end."""
 
 import itertools
 import json
+from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import specjax.tools.exit_workload as exit_workload_module
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
@@ -21,13 +24,14 @@ from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
 from specjax.tools.exit_workload import (
     ExitRuns,
     LoopCalibration,
-    accepted_drafts,
+    copied_acceptance,
+    copied_rounds,
     exit_runs,
     expected_rounds,
+    expected_rounds_from,
     fit_round,
     model_continuations,
     play_copied,
-    text_runs,
 )
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params
@@ -90,6 +94,34 @@ def test_expected_rounds_is_the_mean_over_every_acceptance_outcome(num_draft):
     rows = np.stack([accept, accept[::-1], np.ones(7)])
     np.testing.assert_allclose(expected_rounds(rows, num_draft), [
         expected, expected_rounds(accept[::-1], num_draft), np.ceil(7 / (num_draft + 1))])
+
+
+def test_start_dependent_rounds_are_the_mean_over_every_outcome():
+    """Drafts whose chances depend on where their round starts (a copying drafter's: [n=4
+    starts, K=2 drafts]): the expected rounds are the probability-weighted mean, over every
+    one of the 2^8 outcomes of the starts' coins, of the rounds a walk takes when a round
+    from t reads t's own coins (an independent reference). Catches a round reading the
+    chances of the start it reaches instead of its own (the positional walk), and a chance
+    counted past the last position."""
+    accept = np.array([[0.9, 0.4], [0.2, 0.7], [0.6, 1.0], [0.8, 0.5]])
+    n, num_draft = accept.shape
+    expected = 0.0
+    for outcome in itertools.product([False, True], repeat=accept.size):
+        coins = np.array(outcome).reshape(accept.shape)
+        weight = np.prod(np.where(coins, accept, 1 - accept))
+        rounds = position = 0
+        while position < n:
+            taken = 0
+            while taken < num_draft and position + taken < n and coins[position, taken]:
+                taken += 1
+            position += taken + 1
+            rounds += 1
+        expected += weight * rounds
+    masked = accept * (np.arange(n)[:, None] + np.arange(num_draft)[None, :] < n)
+    assert expected_rounds_from(masked) == pytest.approx(expected, rel=1e-12)
+    positional = np.array([0.9, 0.2, 0.6, 0.8])
+    windows = np.array([[0.9, 0.2], [0.2, 0.6], [0.6, 0.8], [0.8, 0.0]])
+    assert expected_rounds_from(windows) == pytest.approx(expected_rounds(positional, 2))
 
 
 @pytest.fixture(scope="module")
@@ -184,41 +216,121 @@ def test_copied_rounds_are_the_real_loops_rounds(model, drafter):
 @pytest.mark.parametrize("drafter", [PromptLookup(shape=Chain(2)),
                                      PromptLookup(ngram_max=2, shape=Chain(4))],
                          ids=lambda d: d.label())
-def test_sampled_copied_rounds_are_the_loops_own_outputs_rounds(model, drafter):
-    """Sampled, prompt lookup's draft is a point mass: the loop accepts it exactly when the
-    token it emits there is the draft, so the rounds played over the sampled loop's own output
-    (with `text_runs`) are the rounds it took, prompt by prompt. Catches a sampled draft that
-    is not a point mass (suffix decoding's draw from its counts is not: one prompt played at
-    1.64 tokens a round where the loop made 1.53) and a play over the greedy text where the
-    loop sampled another."""
+def test_sampled_prompt_lookup_is_played_exactly(model, drafter):
+    """Sampled, prompt lookup's draft is a point mass q, so its chance min(1, q(y) / p(y)) is
+    1 where the draft is the token the loop emits there and 0 elsewhere: played over the
+    sampled loop's own output (`exit_runs` with its sampling, which gives p), the rounds are
+    the ones the loop took, prompt by prompt. Catches q read at the drafter's own draw
+    instead of the text's token, the ratio inverted (p / q: a copy then accepted wherever
+    p < 1 whatever it copied), and a play over the greedy text where the loop sampled
+    another."""
     params, _, _, _, _ = model
     # Logits 4x sharper, so that the sampled text repeats itself and copies are accepted.
-    generator = Generator({**params, "final_norm": jax.tree.map(lambda x: 4 * x,
-                                                                params["final_norm"])}, CFG)
+    sharp = {**params, "final_norm": jax.tree.map(lambda x: 4 * x, params["final_norm"])}
+    generator = Generator(sharp, CFG)
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     out = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter,
                              sampling=sampling, seed=0)
-    runs = text_runs(COPYING_PROMPTS, out.tokens)
-    played = [play_copied(drafter, CFG, text_runs([p], [c]), repeats=1).tau
-              for p, c in zip(COPYING_PROMPTS, out.tokens, strict=True)]
-    real = [(len(c) - 1) / s.rounds for c, s in zip(out.tokens, out.stats, strict=True)]
-    assert played == pytest.approx(real, rel=1e-12)
-    assert max(real) > 1.5  # drafts were accepted: teeth
+    runs = exit_runs(sharp, CFG, COPYING_PROMPTS, out.tokens, sampling=sampling)
+    assert copied_rounds(drafter, CFG, runs).tolist() == [s.rounds for s in out.stats]
+    assert max((len(c) - 1) / s.rounds for c, s in zip(out.tokens, out.stats,
+                                                       strict=True)) > 1.5  # teeth
     greedy = generator.generate(COPYING_PROMPTS, max_new_tokens=NEW, strategy=drafter).tokens
     assert greedy != out.tokens  # the sampled text is not the greedy one
     assert play_copied(drafter, CFG, runs, repeats=1).tau == pytest.approx(
         sum(len(c) - 1 for c in out.tokens) / sum(s.rounds for s in out.stats))
 
 
-def test_accepted_drafts_by_hand():
-    """Text 5 6 7 8 0: a proposal knowing 2 tokens (5 6) of 7 9 8 accepts 1 (the 8 after a
-    miss does not count); knowing 3, 8 0 accepts 2; knowing 4, 0 0 accepts 1 (nothing lies
-    past the text, whatever pads it); an invalid draft is not accepted even when right.
-    Catches acceptance past the first miss, past the text's end, and of invalid drafts."""
-    tokens = np.array([[7, 9, 8], [8, 0, 6], [0, 0, 0], [6, 7, 8]])
-    valid = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 1]], bool)
-    ends = np.array([2, 3, 4, 1])
-    assert accepted_drafts(tokens, valid, [5, 6, 7, 8, 0], ends).tolist() == [1, 2, 1, 1]
+ALPHABETS = 8  # rows of one batch, each drawing from its own 4 ids (`alphabet_params`)
+SUFFIX_SEEDS = 24  # batches of the sampled suffix test: 192 texts
+
+
+def alphabet_params(cfg: ModelConfig, probs: Sequence[float]):
+    """A model whose layers write nothing and whose tied embedding puts alphabet r (ids
+    10 r + 5 ... 10 r + 8) along its own block of coordinates: after a token of alphabet r the
+    next is drawn from alphabet r with `probs`, whatever came before. Rows prompted in
+    distinct alphabets never share a token, so suffix decoding, which matches across a
+    batch's rows, drafts from each row's own text, as at batch 1."""
+    params = damped_params(cfg, jax.random.PRNGKey(0), 0.0)
+    params = jax.tree_util.tree_map_with_path(  # the first layer too
+        lambda path, w: 0 * w if path[-1].key in ("out", "down") else w, params)
+    width = cfg.d_model // ALPHABETS
+    logits = np.log(np.asarray(probs)) - np.log(min(probs))
+    embed = np.full((cfg.vocab_size, cfg.d_model), -0.3)  # other ids: against every block
+    for r in range(ALPHABETS):
+        block = np.zeros(cfg.d_model)
+        block[r * width:(r + 1) * width] = 1.0
+        # After the final norm a token of alphabet r is sqrt(d / width) x its block.
+        for i, logit in enumerate(logits):
+            embed[10 * r + 5 + i] = block * (1 + logit / (width * np.sqrt(cfg.d_model / width)))
+    return {**params, "embed": jnp.asarray(embed, jnp.float32),
+            "final_norm": jax.tree.map(jnp.ones_like, params["final_norm"])}
+
+
+def test_sampled_suffix_rounds_are_the_sampled_loops_in_expectation():
+    """Sampled suffix decoding (K=3, min_prob 0.2, top-p 0.8, over an 8-row batch whose rows
+    draw from disjoint alphabets: `alphabet_params`) on 192 texts: the loop's rounds on
+    each text, less the rounds `copied_rounds` expects there from its teacher-forced q and
+    the target's p (`exit_runs`), average zero (|z| < 3.5), an independent reference of the
+    whole play. Catches an acceptance 5% too strict (z -10 here) and the ratio inverted;
+    `test_copied_acceptance_by_hand` and the next test pin what this one is too weak to
+    see (p read a position off, acceptance 5% too permissive, depth 2 drafted after the
+    play's own draw)."""
+    params = alphabet_params(CFG, [0.45, 0.3, 0.15, 0.1])
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.8)
+    drafter = SuffixDecoding(depth=4, min_prob=0.2, shape=Chain(3))
+    starts = [[0, 1, 2, 3, 0, 1], [1, 1, 0], [3, 2, 0, 0, 1, 2], [2, 2], [0, 3, 1],
+              [1, 0, 1, 0], [3], [2, 1, 0, 3]]
+    batch = [[10 * r + 5 + t for t in start] for r, start in enumerate(starts)]
+    generator, rounds, texts = Generator(params, CFG), [], []
+    for seed in range(SUFFIX_SEEDS):
+        out = generator.generate(batch, max_new_tokens=NEW, strategy=drafter,
+                                 sampling=sampling, seed=seed)
+        rounds += [stats.rounds for stats in out.stats]
+        texts += out.tokens
+    runs = exit_runs(params, CFG, batch * SUFFIX_SEEDS, texts, sampling=sampling)
+    gap = np.asarray(rounds) - copied_rounds(drafter, CFG, runs)
+    assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
+    assert 1.3 < sum(len(t) - 1 for t in texts) / sum(rounds) < 2.5  # drafts accepted: teeth
+    assert all(set(t) <= set(range(10 * r + 5, 10 * r + 9))  # each row in its own alphabet
+               for t, r in zip(texts, itertools.cycle(range(ALPHABETS))))
+
+
+def test_a_copying_drafters_sampled_draft_is_read_along_the_text():
+    """Text 1 2 7 1 2 7 1 2 7 1 3 8 1, then 3 8: suffix decoding matches the last 1, whose
+    occurrences are followed by 2 three times and by 3 once. Along the text (its drafts
+    forced to 3 then 8), q at depth 1 gives the text's 3 a chance of 0.25 and at depth 2,
+    after 1 3, gives 8 all of it; greedy, the drafts are 2 (the argmax) and, after the forced
+    3, 8. Catches the play drafting depth 2 after its own draw (2, then 7: the text's 8 would
+    get no chance) rather than after the text's token."""
+    drafter = SuffixDecoding(depth=4, min_prob=0.2, factor=2.0, shape=Chain(2))
+    text = exit_workload_module._padded([1, 2, 7, 1, 2, 7, 1, 2, 7, 1, 3, 8, 1, 3, 8])
+    end = jnp.int32(13)  # 1 2 7 ... 1 known, the last 1 pending
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    _, valid, chance = exit_workload_module._propose_at(drafter, CFG, text, end, sampling)
+    np.testing.assert_allclose(chance, [0.25, 1.0], rtol=1e-6)
+    assert valid.tolist() == [True, True]
+    tokens, _, _ = exit_workload_module._propose_at(drafter, CFG, text, end)
+    assert tokens.tolist() == [2, 8]
+
+
+def test_copied_acceptance_by_hand():
+    """Text 5 6 7 8 0: greedy, a proposal knowing 2 tokens (5 6) of 7 9 8 has its first
+    draft right; knowing 3, 8 0 6 its first two (nothing lies past the text's end, whatever
+    pads it); an invalid draft is never accepted, even when right. Sampled, a draft's chance
+    is min(1, q / p) of the text's token, 0 where p is 0 or the draft invalid or past the
+    end. Catches acceptance past the text's end, of invalid drafts, the ratio inverted or
+    uncapped (or 5% too permissive), and p read a position off."""
+    tokens = np.array([[7, 9, 8], [8, 0, 6], [6, 7, 8]])
+    valid = np.array([[1, 1, 1], [1, 1, 1], [1, 0, 1]], bool)
+    ends, text = np.array([2, 3, 4]), [5, 6, 7, 8, 0]
+    chance = np.array([[0.2, 0.9, 0.5], [0.1, 0.3, 0.7], [0.4, 0.4, 0.4]])
+    np.testing.assert_array_equal(copied_acceptance(tokens, valid, chance, text, ends),
+                                  [[1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    target = np.array([0.4, 0.0, 0.6])  # p of the text's tokens 7, 8, 0
+    np.testing.assert_allclose(copied_acceptance(tokens, valid, chance, text, ends, target),
+                               [[0.5, 0.0, 0.5 / 0.6], [0.0, 0.3 / 0.6, 0.0],
+                                [2 / 3, 0.0, 0.0]])
 
 
 def test_a_copying_drafters_proposal_is_timed():

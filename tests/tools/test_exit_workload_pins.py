@@ -104,17 +104,16 @@ def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
 
 
 def test_the_sampled_proposal_is_timed_with_its_sampling(monkeypatch):
-    """`play_copied` with `sampling` times the proposal drawn with it (the timed loop's
-    program then holds the filters' branches, which the greedy one does not). Catches the
-    sampled proposal timed greedy."""
+    """`play_copied` over sampled runs times the proposal drawn with their sampling (the
+    timed loop's program then holds the filters' branches, which the greedy one does not).
+    Catches the sampled proposal timed greedy."""
     timed_args = []
     loop = exit_workload_module._proposal_loop(PromptLookup(shape=Chain(2)), CFG)
     monkeypatch.setattr(exit_workload_module, "_proposal_loop",
                         lambda drafter, cfg: lambda *a: timed_args.append(a) or loop(*a))
     sampling = SamplingParams(0.8, 0, 0.95)
-    runs = ExitRuns((), ((5, 6, 5, 6, 5),), (2,))
-    exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs, repeats=1,
-                                     sampling=sampling)
+    runs = ExitRuns((), ((5, 6, 5, 6, 5),), (2,), sampling, (np.full(2, 0.5),))
+    exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs, repeats=1)
     assert all(args[-1] is sampling for args in timed_args) and timed_args
     text, end = timed_args[0][:2]
     branches = [str(jax.make_jaxpr(loop)(text, end, mode)).count("cond[")
@@ -342,7 +341,7 @@ def test_the_timed_proposal_loop_alternates_its_end():
     end = 10
 
     def checksum(at):
-        tokens, valid = jax.jit(lambda t, e: exit_workload_module._propose_at(
+        tokens, valid, _ = jax.jit(lambda t, e: exit_workload_module._propose_at(
             drafter, CFG, t, e))(text, jnp.int32(at))
         return int(jnp.sum(jnp.where(valid, tokens, 0)))
 
@@ -379,28 +378,23 @@ def test_played_speedup_charges_the_played_proposals_seconds(monkeypatch):
                                       drafter) is None
 
 
-def test_a_sampled_report_plays_only_point_mass_drafts_with_its_sampling(monkeypatch):
-    """Over a report's sampled runs, ngram is played over those runs with their proposal
-    drawn with the runs' sampling, and suffix decoding is not played at all; over greedy
-    runs suffix decoding is played greedy. Catches the proposal timed greedy in a sampled
-    play (a point mass's draw still filters 49,152 ids at every depth: ngram's sampled K=4
-    predicted 18% high on SmolLM2), and suffix decoding played sampled (its drafts are draws
-    from its counts, not the copied tokens the play proposes: one prompt played at 1.64
-    tokens a round where the loop made 1.53)."""
+def test_a_sampled_report_plays_every_copying_drafter_over_its_runs(monkeypatch):
+    """Over a report's sampled runs, ngram and suffix decoding are both played over those
+    runs (whose sampling the play reads), selfspec is not. Catches suffix decoding left to a
+    probe in a sampled tuning (2 prompts, one seed: about 13% of noise in tau), and a
+    copying drafter played over other runs than the report's."""
     seen = []
     monkeypatch.setattr(tune_module, "play_copied", lambda drafter, cfg, runs, **k: seen.append(
-        (runs, k.get("sampling"))) or CopiedPlay(2.5, 0.5))
-    sampling = SamplingParams(0.8, 0, 0.95)
-    sampled = ExitRuns((np.ones((4, 2), np.float32),), ((1, 2, 3),), (1,), sampling)
+        (drafter.name, runs)) or CopiedPlay(2.5, 0.5))
+    sampled = ExitRuns((np.ones((4, 2), np.float32),), ((1, 2, 3),), (1,),
+                       SamplingParams(0.8, 0, 0.95), (np.full(2, 0.5),))
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=sampled,
                              loop=LOOP)
-    assert tune_module.played_speedup(report, CFG, PromptLookup(shape=Chain(3))) == \
-        pytest.approx(report.copied_speedup(2.5, 3, 0.5))
-    assert seen == [(sampled, sampling)]
-    assert tune_module.played_speedup(report, CFG, SuffixDecoding(shape=Chain(3))) is None
-    greedy = dataclasses.replace(report, runs=dataclasses.replace(sampled, sampling=None))
-    assert tune_module.played_speedup(greedy, CFG, SuffixDecoding(shape=Chain(3))) is not None
-    assert seen[-1] == (greedy.runs, None)
+    for drafter in (PromptLookup(shape=Chain(3)), SuffixDecoding(shape=Chain(3))):
+        assert tune_module.played_speedup(report, CFG, drafter) == pytest.approx(
+            report.copied_speedup(2.5, 3, 0.5))
+    assert seen == [("ngram", sampled), ("suffix", sampled)]
+    assert tune_module.played_speedup(report, CFG, SelfSpeculative(1, Chain(3))) is None
 
 
 def _mode(sampling):

@@ -54,7 +54,6 @@ class PromptLookup(DrafterBase):
 
     name: ClassVar[str] = "ngram"
     copies_text: ClassVar[bool] = True
-    point_mass_drafts: ClassVar[bool] = True
 
     def validate(self, cfg: ModelConfig) -> None:
         if not self.shape.is_chain:
@@ -90,7 +89,7 @@ class PromptLookup(DrafterBase):
         logits = jnp.where(jax.nn.one_hot(tokens, ctx.cfg.vocab_size, dtype=bool), 0.0, -1e9)
         step = depth_step(logits, cache.lengths)
         proposal, _, _, _ = self.shape.draft(step, (), cache.lengths, pending, key, ctx.sampling,
-                                             cache.max_len)
+                                             cache.max_len, forced=ctx.forced)
         matched = jnp.any(found, axis=1).astype(jnp.int32)
         return (proposal.replace(valid=proposal.valid & found,
                                  stats={**proposal.stats, "matched": matched}), cache, text)

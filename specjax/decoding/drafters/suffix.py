@@ -111,7 +111,8 @@ class SuffixDecoding(DrafterBase):
         carry = (matching, jnp.zeros((), jnp.int32),
                  jnp.zeros((text.shape[0], num_draft, vocab), jnp.float32))
         proposal, _, _, (_, _, counts) = self.shape.draft(
-            step, carry, cache.lengths, pending, key, ctx.sampling, cache.max_len)
+            step, carry, cache.lengths, pending, key, ctx.sampling, cache.max_len,
+            forced=ctx.forced)
         drafted = jnp.take_along_axis(counts, proposal.tokens[..., None], axis=2)[..., 0]
         share = drafted / jnp.maximum(jnp.sum(counts, axis=2), 1.0)
         allowed = jnp.minimum(jnp.ceil(self.factor * best), num_draft)

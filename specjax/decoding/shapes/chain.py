@@ -80,8 +80,13 @@ class Chain:
 
     def draft(self, step: DraftStep, carry: Any, lengths: jax.Array, pending: jax.Array,
               key: jax.Array, sampling: SamplingParams | None, max_len: int,
-              accept: AcceptModel | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
-        """As `Shape.draft`; `accept` is the acceptance model `stop_risk` reads."""
+              accept: AcceptModel | None = None,
+              forced: jax.Array | None = None) -> tuple[Proposal, jax.Array, jax.Array, Any]:
+        """As `Shape.draft`; `accept` is the acceptance model `stop_risk` reads. `forced`
+        [B, K] (teacher forcing): the tokens each depth drafts after, in place of the
+        drafts before it; the proposal still holds each depth's own draft and q. Along a
+        known text, q at depth d is then the q the loop draws from when the d drafts before
+        it were that text's tokens (`tools.exit_workload` plays sampled rounds from it)."""
         batch, num_draft, threshold = pending.shape[0], self.num_draft, self.stop_below
         if self.stop_risk and accept is None:
             raise ValueError("draft_risk (SpecDec++'s stop) needs an acceptance head: use "
@@ -109,13 +114,14 @@ class Chain:
                 probs = probabilities(logits, sampling)
                 token = sample(jax.random.fold_in(key, s.k), probs)
             update = {"tokens": token, "kept": kept, "probs": probs}
+            after = token if forced is None else forced[:, s.k]
             confident = (jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0] >= threshold
                          if threshold else jnp.ones((batch,), bool))
             survive, within = s.survive, True
             if self.stop_risk:
                 survive = survive * accept(kept, probs, token)
                 within = 1 - survive <= self.stop_risk
-            return _State(k=s.k + 1, carry=carry, token=token,
+            return _State(k=s.k + 1, carry=carry, token=after,
                           chain={name: s.chain[name].at[s.k].set(update[name])
                                  for name in s.chain},
                           num_valid=s.num_valid + s.drafting, survive=survive,

@@ -150,12 +150,14 @@ def occurrences(text: jax.Array, ends: jax.Array, depth: int) -> tuple[jax.Array
 def next_counts(text: jax.Array, ends: jax.Array, matching: jax.Array, offset: int | jax.Array,
                 vocab: int) -> jax.Array:
     """[B, vocab]: how many of each row's `matching` positions s are followed, `offset`
-    tokens on, by each token (positions whose text ends before that do not count)."""
+    tokens on, by each token (positions whose text ends before that do not count). Added
+    up by token (a scatter over the R x W positions), not through a one-hot [R, W, vocab]
+    matrix: at 49,152 ids that made a K=6 proposal cost 19 ms on a 2-core CPU."""
     at = jnp.arange(text.shape[1]) + offset
-    following = shifted(text, offset)                                         # [R, W]
-    present = matching & (at[None, None, :] < ends[None, :, None])
-    onehot = jax.nn.one_hot(following, vocab, dtype=jnp.float32)              # [R, W, V]
-    return jnp.einsum("brw,rwv->bv", present.astype(jnp.float32), onehot)
+    following = shifted(text, offset).reshape(-1)                             # [R * W]
+    present = matching & (at[None, None, :] < ends[None, :, None])            # [B, R, W]
+    return jax.vmap(lambda row: jnp.zeros(vocab, jnp.float32).at[following].add(
+        row.reshape(-1).astype(jnp.float32)))(present)
 
 
 def shifted(text: jax.Array, offset: int | jax.Array) -> jax.Array:

@@ -2,8 +2,9 @@
 found unpinned: the teacher-forced pass past one batch of prompts, the loop's calibration by
 hand, the draft vocabulary's head (timed, scaled, handed on), the prompt counts of the end to
 end speed-up and of the table's check, the sampled report's continuations, acceptance and
-play handed on by mode, and the report's figures standing in a sampled tuning, within their
-kind too."""
+play handed on by mode, the report's figures standing in a sampled tuning, within their
+kind too, and the copying drafters' play: each prompt's rows and target p(y) past the first
+pass, each text played with its own target, and a right draft its drafter marks invalid."""
 
 import dataclasses
 import re
@@ -36,6 +37,7 @@ from specjax.tools.exit_workload import (
     ExitRuns,
     LoopCalibration,
     calibrate_loop,
+    copied_rounds,
     exit_runs,
     model_continuations,
 )
@@ -556,3 +558,70 @@ def test_a_kinds_best_is_its_highest_prediction_whatever_its_source(monkeypatch)
     assert probed == [unpredicted.label]
     assert [row.candidate for row in tuning.rows if row.confirmed] == [SELFSPEC_FOUND[1]]
     assert tuning.winner == SELFSPEC_FOUND[1]
+
+
+def test_sampled_runs_cut_each_prompts_rows_at_its_own_continuation_past_the_first_pass():
+    """Six prompts (two teacher-forced passes of ROWS_PER_PASS rows) whose continuations have
+    six distinct lengths, sampled: each prompt's acceptance and target hold one column per
+    token its rounds make, its own continuation's length less one. Catches a prompt's rows
+    cut at the length of the continuation in its row of the pass instead of its own (the
+    fifth prompt's at the first's), invisible when every continuation has the same length."""
+    prompts = [list(range(10, 10 + n)) for n in (3, 5, 7, 9, 11, 2)]
+    continuations = [list(range(60, 60 + n)) for n in (4, 9, 2, 6, 7, 3)]
+    assert len(prompts) > ROWS_PER_PASS
+    runs = exit_runs(PARAMS, CFG, prompts, continuations,
+                     sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
+    made = [len(c) - 1 for c in continuations]
+    assert [row.shape for row in runs.accept] == [(4, m) for m in made]
+    assert [row.shape for row in runs.target] == [(m,) for m in made]
+
+
+def test_the_runs_target_is_the_models_probability_of_each_of_its_tokens():
+    """At top-k 1 the target's p(y) is 1 where the text's token is the model's argmax and 0
+    elsewhere: over six prompts (two passes) continued by exit 1 alone (a text that leaves the
+    model's argmax here and there), each prompt's `target` equals the last exit's greedy
+    agreement along it. Catches p floored to 1 where it is 0 (a copy of a token the model
+    never emits then accepted with its q), p read a position off, and a prompt's p read from
+    another row of its pass."""
+    unstacked = unstack_layers(PARAMS, CFG)
+    shallow = dataclasses.replace(CFG, num_layers=1, layer_pattern=None, exit_layers=None)
+    prompts = [list(range(10, 10 + n)) for n in (3, 5, 7, 9, 11, 2)]
+    text = model_continuations(Generator({**unstacked, "layers": unstacked["layers"][:1]},
+                                         shallow), prompts, max_new_tokens=12)
+    greedy = exit_runs(PARAMS, CFG, prompts, text)
+    sampled = exit_runs(PARAMS, CFG, prompts, text,
+                        sampling=SamplingParams(temperature=1.0, top_k=1, top_p=1.0))
+    agree = [row[-1].astype(np.float32) for row in greedy.accept]
+    for p, model in zip(sampled.target, agree, strict=True):
+        np.testing.assert_array_equal(p, model)
+    assert 0 < np.concatenate(agree).mean() < 1  # the text leaves the model: teeth
+    assert len({row.tobytes() for row in agree}) == len(prompts)  # rows differ: teeth
+
+
+def test_each_sampled_text_is_played_with_its_own_target():
+    """Two copies of a repeating text played sampled by prompt lookup (K=2, its drafts point
+    masses): with the first copy's target p(y) 1 everywhere, a draft is accepted wherever it
+    is the text's token (3 rounds, as greedy); with the second's 0 everywhere, none is (7
+    rounds over its 7 positions). Catches every text played with the first text's target
+    (or another's): the rounds of a text then depend on another's probabilities."""
+    text = (5, 6, 7, 8) * 3
+    drafter = PromptLookup(shape=Chain(2))
+    runs = ExitRuns((), (text, text), (4, 4), SamplingParams(1.0, 0, 1.0),
+                    (np.ones(7), np.zeros(7)))
+    assert copied_rounds(drafter, CFG, runs).tolist() == [3.0, 7.0]
+    assert copied_rounds(drafter, CFG, ExitRuns((), (text,), (4,))).tolist() == [3.0]
+
+
+def test_a_right_draft_its_drafter_marks_invalid_is_not_played_accepted():
+    """Greedy suffix decoding (K=2, factor 1) over the prompt 1 2 3 5 9 and the continuation
+    1 2 3 6: the first round, after the pending 1 (matched by 1 token: one draft allowed),
+    drafts 2 and an invalid 3 that the text has next: it accepts the 2 and makes the 3; the
+    second drafts 5 against the text's 6: 2 rounds, not 1. Catches the greedy play ignoring
+    `valid` (the loop never verifies an invalid draft), which the played rounds' tests let
+    through: none of their invalid drafts was right."""
+    drafter = SuffixDecoding(depth=4, min_prob=0.1, factor=1.0, shape=Chain(2))
+    text = (1, 2, 3, 5, 9, 1, 2, 3, 6)
+    tokens, valid, _ = exit_workload_module._propose_at(
+        drafter, CFG, exit_workload_module._padded(text), jnp.int32(6))
+    assert (tokens.tolist(), valid.tolist()) == ([2, 3], [True, False])  # teeth
+    assert copied_rounds(drafter, CFG, ExitRuns((), (text,), (5,))).tolist() == [2.0]

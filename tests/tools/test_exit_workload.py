@@ -317,10 +317,10 @@ def test_a_copying_drafters_sampled_draft_is_read_along_the_text():
 def test_copied_acceptance_by_hand():
     """Text 5 6 7 8 0: greedy, a proposal knowing 2 tokens (5 6) of 7 9 8 has its first
     draft right; knowing 3, 8 0 6 its first two (nothing lies past the text's end, whatever
-    pads it); an invalid draft is never accepted, even when right. Sampled, a draft's chance
-    is min(1, q / p) of the text's token, 0 where p is 0 or the draft invalid or past the
-    end. Catches acceptance past the text's end, of invalid drafts, the ratio inverted or
-    uncapped (or 5% too permissive), and p read a position off."""
+    pads it); an invalid draft counts for nothing. Sampled, a draft's chance is
+    min(1, q / p) of the text's token, 0 where p is 0 or the draft invalid or past the end.
+    Catches acceptance past the text's end, a sampled invalid draft accepted, the ratio
+    inverted or uncapped (or 5% too permissive), and p read a position off."""
     tokens = np.array([[7, 9, 8], [8, 0, 6], [6, 7, 8]])
     valid = np.array([[1, 1, 1], [1, 1, 1], [1, 0, 1]], bool)
     ends, text = np.array([2, 3, 4]), [5, 6, 7, 8, 0]

@@ -106,16 +106,17 @@ def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
 
 
 def test_the_sampled_proposal_is_timed_with_its_sampling(monkeypatch):
-    """`play_copied` over sampled runs times the proposal drawn with their sampling (the
-    timed loop's program then holds the filters' branches, which the greedy one does not).
+    """`play_copied` over sampled runs times the proposal drawn with their sampling (suffix
+    decoding's timed loop then holds the filters' branches, which the greedy one does not).
     Catches the sampled proposal timed greedy."""
     timed_args = []
-    loop = exit_workload_module._proposal_loop(PromptLookup(shape=Chain(2)), CFG)
+    drafter = SuffixDecoding(shape=Chain(2))
+    loop = exit_workload_module._proposal_loop(drafter, CFG)
     monkeypatch.setattr(exit_workload_module, "_proposal_loop",
                         lambda drafter, cfg: lambda *a: timed_args.append(a) or loop(*a))
     sampling = SamplingParams(0.8, 0, 0.95)
     runs = ExitRuns((), ((5, 6, 5, 6, 5),), (2,), sampling, (np.full(2, 0.5),))
-    exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs, repeats=1)
+    exit_workload_module.play_copied(drafter, CFG, runs, repeats=1)
     assert all(args[-1] is sampling for args in timed_args) and timed_args
     text, end = timed_args[0][:2]
     branches = [str(jax.make_jaxpr(loop)(text, end, mode)).count("cond[")

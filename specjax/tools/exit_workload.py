@@ -160,8 +160,8 @@ def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
     continuations in their mode (`copied_rounds`), and its proposal's cost: the median of
     `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text (suffix decoding's
     counts over a 49,152-id vocabulary are not free), drawn with the runs' sampling as a
-    sampled loop draws them (a copy's draw still filters the whole vocabulary at every depth:
-    on SmolLM2, ngram's sampled K=4 was predicted 18% high with the greedy proposal timed)."""
+    sampled loop draws them (suffix decoding's sampled draft filters every id at every
+    depth; timed greedy, a sampled proposal's cost once put ngram's K=4 18% high)."""
     if not drafter.copies_text:
         raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")
     if not runs.texts:

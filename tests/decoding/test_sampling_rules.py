@@ -1,5 +1,9 @@
 """Logits processing against a plain reference, and the acceptance rules on hand-made cases."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,3 +132,22 @@ def test_the_loop_key_follows_the_seed_for_raw_and_typed_keys():
     np.testing.assert_array_equal(bits(jax.random.PRNGKey(3)), bits(jax.random.key(3)))
     assert not np.array_equal(bits(jax.random.PRNGKey(3)), bits(jax.random.PRNGKey(4)))
     assert str(jax.random.key_impl(bit_generator_key(jax.random.PRNGKey(0)))) == "rbg"
+
+
+def test_the_filters_compile_for_a_batch_under_xla_default_flags():
+    """Eight rows of logits, compiled fresh with XLA's default flags (as users run; the suite's
+    cheaper pipeline hid it): would catch a cut search whose steps each use the running cut
+    twice (`where(weight >= target, cut | bit, cut)`). XLA fuses the whole chain into every
+    step, and XLA:CPU's code for it grows with each use: sampled decoding of 8 or more rows
+    then compiled for over ten minutes, where it takes about a second."""
+    from tests.conftest import CHEAP_COMPILE
+
+    code = ("import jax; from specjax.decoding.sampling import SamplingParams, probabilities; "
+            "jax.jit(probabilities).lower(jax.numpy.zeros((8, 8)), "
+            "SamplingParams.create(0.8, 5, 0.9)).compile()")
+    env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false",
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(CHEAP_COMPILE, "").strip()}
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sampling filters did not compile for 8 rows within 120 s")

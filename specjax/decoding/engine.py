@@ -211,26 +211,37 @@ class Generator:
                 strategy: Drafter = AUTOREGRESSIVE, sampling: SamplingParams | None = None,
                 draft_params: Any = None) -> Callable[..., DecodeOutput]:
         """`run` compiled ahead of time for prompts padded like these. The returned
-        `decode(prompts, seed=0, eos_id=None)` keeps that one program whatever happens to jit
-        caches later, so a benchmark can hold programs traced under different settings (the
-        CPU kernel on or off) in one process."""
+        `decode(prompts, seed=0, eos_id=None, max_new_tokens=None)` keeps that one program
+        whatever happens to jit caches later, so a benchmark can hold programs traced under
+        different settings (the CPU kernel on or off) in one process; it generates up to
+        `max_new_tokens` (the budget is traced: fewer, such as the benchmark's one-token
+        prefill call, run the same program)."""
         args, static = self._inputs(prompts, max_new_tokens, strategy, sampling, 0, None,
                                     draft_params)
         with self._on_mesh():
             program = generate_tokens.lower(*args, **static).compile()
+        compiled_budget = max_new_tokens
 
         def decode(batch: Sequence[Sequence[int]], seed: int = 0,
-                   eos_id: int | Sequence[int] | None = None) -> DecodeOutput:
-            return real_rows(program(*self._inputs(batch, max_new_tokens, strategy, sampling,
-                                                   seed, eos_id, draft_params)[0]), len(batch))
+                   eos_id: int | Sequence[int] | None = None,
+                   max_new_tokens: int | None = None) -> DecodeOutput:
+            budget = compiled_budget if max_new_tokens is None else max_new_tokens
+            if not 1 <= budget <= compiled_budget:
+                raise ValueError(f"max_new_tokens={budget}: this program generates 1 to "
+                                 f"{compiled_budget} tokens")
+            return real_rows(program(*self._inputs(batch, compiled_budget, strategy, sampling,
+                                                   seed, eos_id, draft_params,
+                                                   budget=budget)[0]), len(batch))
         return decode
 
     def _inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, strategy: Drafter,
                 sampling: SamplingParams | None, seed: int, eos_id: int | Sequence[int] | None,
-                draft_params: Any, stop: StopStrings | None = None
+                draft_params: Any, stop: StopStrings | None = None, budget: int | None = None
                 ) -> tuple[tuple, dict[str, Any]]:
-        """`generate_tokens`' array arguments and static options, checked. Stop strings'
-        automaton is padded to a `bucket` of states: similar stop strings share a program."""
+        """`generate_tokens`' array arguments and static options, checked, for
+        `max_new_tokens` (`budget`, at most that, is the traced count generated: default all).
+        Stop strings' automaton is padded to a `bucket` of states: similar stop strings share
+        a program."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         strategy, draft_params = self.with_weights(strategy, draft_params)
@@ -244,7 +255,7 @@ class Generator:
         cache_len = self.cache_len(padded.shape[1], capacity, strategy.shape.num_nodes)
         args = (self.params, {} if draft_params is None else draft_params, padded, lengths,
                 jax.random.PRNGKey(seed), sampling, stop_ids(eos_id), self.draft_ids(strategy),
-                jnp.int32(max_new_tokens),
+                jnp.int32(max_new_tokens if budget is None else budget),
                 None if stop is None else stop.table(rows, self.cfg.vocab_size,
                                                      bucket(stop.num_states)),
                 jnp.int32(len(prompts)))

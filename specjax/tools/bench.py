@@ -1,14 +1,14 @@
 """Decoding benchmark: strategies x prompts on the same weights, cache code and process.
 
-Protocol: every strategy's programs (for every padded batch shape, full length and one token)
-are compiled ahead of time and run once (its compile time is the full program's), so that no
-compile lands in a timed call; then, for each repeat, every prompt batch is decoded by every
-strategy in turn (interleaved, so drift in machine speed hits all strategies alike). A
-strategy's time on a batch is the median over repeats; tokens/s is total tokens over the
-summed medians. XLA:CPU maps each compiled program in pieces, and a process past the machine's
-limit on memory mappings crashes (`mappings`): strategies are compiled in groups that fit, each
-group timed with the baseline and released before the next compiles, so a strategy's speed-up
-is always over the baseline timed in turn with it (`StrategyResult.speedup`).
+Protocol: every strategy's program (one for every padded batch shape) is compiled ahead of
+time and run once, so that no compile lands in a timed call; then, for each repeat, every
+prompt batch is decoded by every strategy in turn (interleaved, so drift in machine speed hits
+all strategies alike). A strategy's time on a batch is the median over repeats; tokens/s is
+total tokens over the summed medians. XLA:CPU maps each compiled program in pieces, and a
+process past the machine's limit on memory mappings crashes (`mappings`): strategies are
+compiled in groups that fit, each group timed with the baseline and released before the next
+compiles, so a strategy's speed-up is always over the baseline timed in turn with it
+(`StrategyResult.speedup`).
 
 The memory-bandwidth limit of batch-1 decoding is bandwidth / bytes read per token (weights plus
 the live KV cache); `read_bandwidth` measures the machine's bandwidth in the same process.
@@ -180,25 +180,26 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
     compile_seconds: dict[str, float] = {}
 
     def compile_programs(name: str) -> None:
-        """The strategy's programs for every padded batch shape, at full length and for one
-        token (the prefill call), compiled ahead of time and run once."""
+        """The strategy's program for every padded batch shape, compiled ahead of time and run
+        once, for all the tokens and for one (the prefill call)."""
         programs[name] = {}
         for index in sorted({shape: i for i, shape in reversed(list(enumerate(shapes)))}.values()):
             rows, seed = batches[index]
+            started = time.perf_counter()
+            program = generator.compile(rows, max_new_tokens=max_new_tokens,
+                                        strategy=strategies[name], sampling=sampling)
+            if index == 0:
+                compile_seconds.setdefault(name, time.perf_counter() - started)
             for new in (max_new_tokens, 1):
-                started = time.perf_counter()
-                program = generator.compile(rows, max_new_tokens=new,
-                                            strategy=strategies[name], sampling=sampling)
-                if index == 0 and new == max_new_tokens:
-                    compile_seconds.setdefault(name, time.perf_counter() - started)
-                jax.block_until_ready(program(rows, seed=seed))
-                programs[name][shapes[index], new] = program
+                jax.block_until_ready(program(rows, seed=seed, max_new_tokens=new))
+            programs[name][shapes[index]] = program
 
     def calls(group: list[str]) -> dict:
-        """Each strategy's one-token (prefill) call just before its full one."""
+        """Each strategy's one-token (prefill) call just before its full one, by the same
+        program (its budget is traced): the prefill the full call pays, on its cache."""
         def call(name: str, new: int) -> Callable[[int], Any]:
-            return lambda index: jax.block_until_ready(
-                programs[name][shapes[index], new](batches[index][0], seed=batches[index][1]))
+            return lambda index: jax.block_until_ready(programs[name][shapes[index]](
+                batches[index][0], seed=batches[index][1], max_new_tokens=new))
         return {key: function for name in group for key, function in
                 (((name, "prefill"), call(name, 1)), (name, call(name, max_new_tokens)))}
 

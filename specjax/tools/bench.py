@@ -181,7 +181,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
 
     def compile_programs(name: str) -> None:
         """The strategy's program for every padded batch shape, compiled ahead of time and run
-        once, for all the tokens and for one (the prefill call)."""
+        once (the prefill call runs the same program)."""
         programs[name] = {}
         for index in sorted({shape: i for i, shape in reversed(list(enumerate(shapes)))}.values()):
             rows, seed = batches[index]
@@ -190,8 +190,7 @@ def run_benchmark(generator: Generator, strategies: dict[str, Drafter],
                                         strategy=strategies[name], sampling=sampling)
             if index == 0:
                 compile_seconds.setdefault(name, time.perf_counter() - started)
-            for new in (max_new_tokens, 1):
-                jax.block_until_ready(program(rows, seed=seed, max_new_tokens=new))
+            jax.block_until_ready(program(rows, seed=seed))
             programs[name][shapes[index]] = program
 
     def calls(group: list[str]) -> dict:

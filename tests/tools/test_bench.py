@@ -371,4 +371,3 @@ def test_a_compiled_program_generates_any_budget_up_to_its_own(tiny_cfg, tiny_pa
         assert [len(row) for row in got] == [new, new]
     with pytest.raises(ValueError, match="this program generates 1 to 6 tokens"):
         program(prompts, max_new_tokens=7)
-

@@ -8,11 +8,12 @@ Each kernel's switch (`SPECJAX_CPU_MATMUL`, `SPECJAX_CPU_ATTENTION`) is one of
         machines with the kernel give the same bits;
   0     XLA's ops everywhere.
 The two paths may round differently, so `summary()` goes into bench reports and generated rows.
-A measurement runs when a shape class is first traced on a CPU (about a second each), goes to
-the log (one INFO line per process, each result at DEBUG: notebooks and terminals stay quiet),
-and is cached in a JSON file beside the kernel's library, whose name changes with its source,
-compiler, jax version and CPU signature, so a new CPU is measured afresh. The
-decision is made when a program is traced, so it costs nothing when it runs.
+A measurement runs when a shape class is first traced on a CPU (about a second each after
+compiling, however long its calls), goes to the log (one INFO line per process, each result at
+DEBUG: notebooks and terminals stay quiet), and is cached in a JSON file beside the kernel's
+library, whose name changes with its source, compiler, jax version and CPU signature, so a new
+CPU is measured afresh. The decision is made when a program is traced, so it costs nothing
+when it runs.
 
 Why measured: each kernel was tuned on one VM and lost to XLA on another (a Zen 2 VM: 0.84x
 under load). A shape class is a product's (rows rounded up to `cpu_matmul.ROW_CLASSES`, K, N)
@@ -40,6 +41,8 @@ MODES = ("auto", "1", "0")
 FASTER = 1.1  # auto: XLA's time over the kernel's, typical conditions, at least this
 NO_WORSE = 0.95  # auto: the same ratio in the kernel's worst measured condition, at least this
 LOOP_SECONDS, REPEATS = 5e-3, 9  # each timed loop's length; turns of every program (median)
+MIN_REPEATS = 3  # turns where calls are too long for `REPEATS` within `MEASURE_SECONDS`
+MEASURE_SECONDS = 1.0  # a shape class's timed loops, about, however long its calls
 MAX_COPIES = 32  # of a call's weights or cache, cycled through (`ratios_per_call`)
 
 Ratios = dict[str, float]  # {"typical": ..., "worst": ...}: XLA's seconds over the kernel's
@@ -123,32 +126,66 @@ def ratios_per_call(programs: dict[str, Callable], conditions: Sequence[tuple[np
     """For each tuple of operands in `conditions`, XLA's seconds per call over each other
     program's: programs["xla"] and the kernel's, each called in one jitted loop of about
     `LOOP_SECONDS`, compiled ahead of time on the CPU and timed in turns (the median over
-    `REPEATS` turns of each turn's ratio).
+    the turns of each turn's ratio).
     The first operand carries the loop (so no call is skipped); the others (weights, a cache)
     are cycled through enough copies (up to `MAX_COPIES`) to fill the CPU's last-level cache,
     as a model's many layers do: a product whose weights stay in a core's own caches is
     compute-bound, not the bandwidth-bound call decoding makes (measured: 1.03x XLA's speed
-    with one copy of a 256 x 1408 matrix, 1.22x with 3, 2.2x with 16)."""
+    with one copy of a 256 x 1408 matrix, 1.22x with 3, 2.2x with 16).
+    The whole takes about `MEASURE_SECONDS` after compiling, however long a call is
+    (`measurement_plan`): without that bound, attention over 2,000 rows measured for 285 s,
+    a stall on the first trace of a batch."""
     cpu = jax.devices("cpu")[0]
     size = sum(np.asarray(x).nbytes for x in conditions[0][1:])
     copies = int(np.clip(np.ceil(_last_level_cache_bytes() / max(size, 1)), 1, MAX_COPIES))
     placed = [(jax.device_put(carried, cpu),
                [tuple(jax.device_put(np.array(x), cpu) for x in rest) for _ in range(copies)])
               for carried, *rest in conditions]
-    loops = {name: jax.jit(_loop(fn)).lower(np.int32(1), *placed[0]).compile()
-             for name, fn in programs.items()}
+    loops = _compiled_loops(programs, placed[0])
+    # a first pass each (also the warm-up: its one-time costs can only lower the copies)
+    passes = {name: timed(_run, run, np.int32(1), placed[0]) for name, run in loops.items()}
+    fewer, _, _ = measurement_plan(passes, copies, len(conditions))
+    if fewer < copies:  # calls too long to cycle through every copy within the time
+        placed = [(carried, rest[:fewer]) for carried, rest in placed]
+        loops = _compiled_loops(programs, placed[0])
     results = []
     for operands in placed:
-        probe = 4
-        warm = max(timed(_run, run, probe, operands) for run in loops.values())  # also a warm-up
-        calls = np.int32(max(probe, LOOP_SECONDS * probe / warm))
+        passes = {name: timed(_run, run, np.int32(1), operands) for name, run in loops.items()}
+        _, calls, turns = measurement_plan(passes, fewer, len(conditions))
         ratios = {name: [] for name in loops if name != "xla"}
-        for _ in range(REPEATS):  # a ratio per turn: drift in machine speed hits both alike
+        for _ in range(turns):  # a ratio per turn: drift in machine speed hits both alike
             seconds = {name: timed(_run, run, calls, operands) for name, run in loops.items()}
             for name in ratios:
                 ratios[name].append(seconds["xla"] / seconds[name])
         results.append({name: statistics.median(values) for name, values in ratios.items()})
     return results
+
+
+def measurement_plan(passes: dict[str, float], copies: int, conditions: int
+                     ) -> tuple[int, np.int32, int]:
+    """(copies, calls, turns) for programs that take `passes` seconds each to call once on
+    each of `copies` copies of the operands, measured under `conditions` conditions within
+    `MEASURE_SECONDS`: each timed loop makes `calls` passes, about `LOOP_SECONDS` (at least
+    one), and each condition gets `REPEATS` turns where the budget allows, else fewer (at
+    least `MIN_REPEATS`). Where a pass per turn at that least would still overrun it, fewer
+    copies (at least one: a call that long is bound by its own work, and the copies only
+    keep its operands out of the cache)."""
+    budget = MEASURE_SECONDS / conditions  # per condition: a probe pass, then the turns
+    per_pass = sum(passes.values())
+    if (1 + MIN_REPEATS) * per_pass > budget:
+        fewer = max(1, min(copies, int(copies * budget / ((1 + MIN_REPEATS) * per_pass))))
+        passes = {name: seconds * fewer / copies for name, seconds in passes.items()}
+        copies, per_pass = fewer, per_pass * fewer / copies
+    calls = max(1, round(LOOP_SECONDS / max(max(passes.values()), 1e-9)))
+    turns = int(np.clip((budget - per_pass) // max(calls * per_pass, 1e-9), MIN_REPEATS,
+                        REPEATS))
+    return copies, np.int32(calls), turns
+
+
+def _compiled_loops(programs: dict[str, Callable], operands: tuple) -> dict[str, Callable]:
+    """Each program's timed loop (`_loop`), compiled for `operands` (carried, copies)."""
+    return {name: jax.jit(_loop(fn)).lower(np.int32(1), *operands).compile()
+            for name, fn in programs.items()}
 
 
 def _loop(fn: Callable) -> Callable:

@@ -5,6 +5,7 @@ skips it, and either choice decodes the same tokens."""
 
 import json
 import logging
+import time
 
 import jax
 import numpy as np
@@ -151,3 +152,51 @@ def test_a_real_measurement_inside_a_trace_decides_and_is_cached(auto):
     (ratios,) = entries.values()
     assert list(entries) == ["matmul 4x48x40"]
     assert ratios["worst"] <= ratios["typical"] and ratios["worst"] > 0
+
+
+def test_a_measurement_plan_keeps_the_turns_and_copies_of_quick_calls():
+    """Quick calls (a pass over 32 copies in 0.2 ms) keep every copy and `REPEATS` turns, each
+    loop about `LOOP_SECONDS`: catches a time bound that thins the measurement of the small
+    shapes decoding's decisions rest on."""
+    copies, calls, turns = decision.measurement_plan({"xla": 2e-4, "kernel": 1e-4}, 32, 4)
+    assert (copies, turns) == (32, decision.REPEATS)
+    assert calls == round(decision.LOOP_SECONDS / 2e-4)
+
+
+def test_a_measurement_plan_bounds_the_time_of_long_calls():
+    """Long calls (a pass over 32 copies in 0.1 s) get fewer copies, one call per loop and
+    `MIN_REPEATS` turns, within `MEASURE_SECONDS`; calls too long for even one copy within it
+    (a pass over 12 copies in 1.45 s, as attention over 2,000 rows) keep one. Catches the
+    unbounded plan (9 turns of at least 4 passes over every copy: 285 s for that attention)."""
+    passes = {"xla": 0.05, "kernel": 0.05}
+    copies, calls, turns = decision.measurement_plan(passes, 32, 4)
+    assert 1 < copies < 32 and (calls, turns) == (1, decision.MIN_REPEATS)
+    per_pass = sum(passes.values()) * copies / 32
+    assert 4 * (1 + turns) * per_pass <= decision.MEASURE_SECONDS * 1.001
+    assert decision.measurement_plan({"xla": 0.7, "kernel": 0.75}, 12, 4) == (
+        1, 1, decision.MIN_REPEATS)
+
+
+def test_a_measurement_of_long_calls_makes_few_of_them(monkeypatch):
+    """The real measurement of a program whose calls take 20 ms, over operands small enough
+    for 32 copies and under 4 conditions, makes a bounded number of calls (a first pass over
+    the copies, then a probe and `MIN_REPEATS` turns per condition on fewer copies): catches
+    a plan that ignores the calls' length (about 10,000 calls here, over 3 minutes). A call
+    past the bound fails at once rather than after minutes."""
+    made = []
+
+    def slow(x):
+        made.append(1)
+        if len(made) > 300:
+            raise RuntimeError("the measurement made over 300 calls of 20 ms")
+        time.sleep(0.02)
+        return x
+
+    def program(x, w):
+        return jax.pure_callback(slow, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + w[0, 0]
+
+    monkeypatch.setattr(decision, "_last_level_cache_bytes", lambda: 32 * 4096 * 4)
+    x, w = np.ones((4,), np.float32), np.ones((64, 64), np.float32)
+    ratios = decision.ratios_per_call({"xla": program, "kernel": program}, [(x, w)] * 4)
+    assert len(ratios) == 4 and all(0.5 < r["kernel"] < 2 for r in ratios)
+    assert len(made) <= 2 * 32 + 4 * 2 * (1 + decision.MIN_REPEATS) * 2

@@ -326,14 +326,20 @@ class Generator:
     def unpack(output: DecodeOutput) -> Generation:
         tokens, counts, stats, trace = jax.device_get((output.tokens, output.num_tokens,
                                                        output.stats, output.trace))
+        # Whole arrays to lists at once, then rows cut from them: a call per row and field
+        # took 70 ms of a 2,000-row call.
+        counts = counts.tolist()
+        columns = {name: values.tolist() for name, values in trace.items()}
+        extra = {name: values.astype(np.int64).tolist() for name, values in stats.extra.items()}
+        rounds, drafted, accepted, verified = (values.astype(np.int64).tolist() for values in (
+            stats.rounds, stats.drafted, stats.accepted, stats.verified))
         return Generation(
-            tokens=[tokens[i, :counts[i]].tolist() for i in range(len(counts))],
-            stats=[RowStats(int(stats.rounds[i]), int(stats.drafted[i]), int(stats.accepted[i]),
-                            int(stats.verified[i]),
-                            {name: int(values[i]) for name, values in stats.extra.items()})
+            tokens=[row[:count] for row, count in zip(tokens.tolist(), counts, strict=True)],
+            stats=[RowStats(rounds[i], drafted[i], accepted[i], verified[i],
+                            {name: values[i] for name, values in extra.items()})
                    for i in range(len(counts))],
-            trace=[{name: values[i, :counts[i]].tolist() for name, values in trace.items()}
-                   for i in range(len(counts))])
+            trace=[{name: values[i][:count] for name, values in columns.items()}
+                   for i, count in enumerate(counts)])
 
 
 def bucket(size: int, smallest: int = 16) -> int:

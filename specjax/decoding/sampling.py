@@ -1,7 +1,8 @@
 """Logits processing shared by the target (p) and draft (q) distributions.
 
-Speculative sampling is lossless only if p and q come from the same processing, so there is one
-function for both. Temperature, top-k and top-p are arrays: changing them never recompiles.
+Speculative sampling is lossless for any q the drafts are drawn from; a drafter that drafts
+from a model processes its logits as p's are processed (one function for both), so that q
+lies close to p. Temperature, top-k and top-p are arrays: changing them never recompiles.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def sampling_or_greedy(temperature: float, top_k: int = 0, top_p: float = 1.0, *
                          f"filter{'s' if len(filters) == 1 else ''} a sampling distribution: "
                          f"set {prefix}temperature > 0 (temperature 0 is greedy decoding)")
     return None
+
+
+def temperature_only(sampling: SamplingParams | None) -> SamplingParams | None:
+    """`sampling` without its top-k and top-p filters (constants: XLA drops the filters'
+    passes): for a draft distribution over a few ids, where filtering the whole vocabulary
+    would cost more than it changes."""
+    if sampling is None:
+        return None
+    return sampling.replace(top_k=jnp.int32(0), top_p=jnp.float32(1.0))
 
 
 def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:

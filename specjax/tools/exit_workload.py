@@ -160,7 +160,7 @@ def play_copied(drafter: Drafter, cfg: ModelConfig, runs: ExitRuns,
     continuations in their mode (`copied_rounds`), and its proposal's cost: the median of
     `repeats` timed loops of `TIMED_PROPOSALS` proposals on the first text (suffix decoding's
     counts over a 49,152-id vocabulary are not free), drawn with the runs' sampling as a
-    sampled loop draws them (suffix decoding's sampled draft filters every id at every
+    sampled loop draws them (a sampled draw costs a softmax over the vocabulary at every
     depth; timed greedy, a sampled proposal's cost once put ngram's K=4 18% high)."""
     if not drafter.copies_text:
         raise ValueError(f"strategy {drafter.name!r} does not copy its drafts from the text")

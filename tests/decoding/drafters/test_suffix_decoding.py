@@ -18,6 +18,7 @@ from specjax.decoding.drafter import DraftContext
 from specjax.decoding.drafters.suffix import SuffixDecoding, next_counts, occurrences
 from specjax.decoding.engine import Generator
 from specjax.decoding.registry import DecodingConfig, make_strategy
+from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.nn.cache import Cache
 from tests.support.decoding import check_eos_mid_draft, export_decode_loop, per_step_argmax
@@ -166,6 +167,28 @@ def test_min_prob_keeps_a_draft_whose_share_is_exactly_the_threshold():
         strategy = SuffixDecoding(8, min_prob, 4.0, Chain(4))
         assert walk(text, strategy) == [drafts]
         assert proposed(strategy, text) == [drafts], min_prob
+
+
+@pytest.mark.parametrize("temperature, share", [(1.0, 2 / 3), (0.5, 4 / 5)])
+def test_a_sampled_draft_is_drawn_from_the_counts_at_the_temperature_unfiltered(temperature,
+                                                                               share):
+    """The text 5 1 5 1 5 2, pending 5: the earlier 5s continue 1 twice and 2 once, so the
+    first draft's q is (2/3, 1/3) at temperature 1 and (4/5, 1/5) at 0.5 (counts ** (1 / T)),
+    under a top-k of 1 and a top-p of 0.5 that would leave all of q on 1. Catches the
+    sampling's filters applied to the draft (a pass over the whole vocabulary at every
+    depth) and the temperature dropped from it."""
+    sampling = SamplingParams.create(temperature, top_k=1, top_p=0.5)
+    strategy = SuffixDecoding(8, 0.1, 4.0, Chain(2))
+    text = jnp.asarray([[5, 1, 5, 1, 5, 2] + [0] * 10])
+
+    def first_q(text):
+        proposal, _, _ = strategy.propose(DraftContext(None, None, sampling, CFG), text,
+                                          Cache((), jnp.asarray([6]), 15), jnp.asarray([5]),
+                                          jax.random.PRNGKey(0))
+        return proposal.q[0, 0]
+    q = np.asarray(jax.jit(first_q)(text))
+    np.testing.assert_allclose(q[[1, 2]], [share, 1 - share], rtol=1e-5)
+    assert q.sum() == pytest.approx(1.0)
 
 
 @pytest.fixture(scope="module")

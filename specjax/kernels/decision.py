@@ -9,11 +9,11 @@ Each kernel's switch (`SPECJAX_CPU_MATMUL`, `SPECJAX_CPU_ATTENTION`) is one of
   0     XLA's ops everywhere.
 The two paths may round differently, so `summary()` goes into bench reports and generated rows.
 A measurement runs when a shape class is first traced on a CPU (about a second each after
-compiling, however long its calls), goes to the log (one INFO line per process, each result at
-DEBUG: notebooks and terminals stay quiet), and is cached in a JSON file beside the kernel's
-library, whose name changes with its source, compiler, jax version and CPU signature, so a new
-CPU is measured afresh. The decision is made when a program is traced, so it costs nothing
-when it runs.
+compiling, a few where calls are long: `ratios_per_call`), goes to the log (one INFO line per
+process, each result at DEBUG: notebooks and terminals stay quiet), and is cached in a JSON
+file beside the kernel's library, whose name changes with its source, compiler, jax version
+and CPU signature, so a new CPU is measured afresh. The decision is made when a program is
+traced, so it costs nothing when it runs.
 
 Why measured: each kernel was tuned on one VM and lost to XLA on another (a Zen 2 VM: 0.84x
 under load). A shape class is a product's (rows rounded up to `cpu_matmul.ROW_CLASSES`, K, N)
@@ -132,9 +132,10 @@ def ratios_per_call(programs: dict[str, Callable], conditions: Sequence[tuple[np
     as a model's many layers do: a product whose weights stay in a core's own caches is
     compute-bound, not the bandwidth-bound call decoding makes (measured: 1.03x XLA's speed
     with one copy of a 256 x 1408 matrix, 1.22x with 3, 2.2x with 16).
-    The whole takes about `MEASURE_SECONDS` after compiling, however long a call is
-    (`measurement_plan`): without that bound, attention over 2,000 rows measured for 285 s,
-    a stall on the first trace of a batch."""
+    After compiling and a first pass over every copy, the timed loops take about
+    `MEASURE_SECONDS` (`copies_within`, `loop_plan`), or where one copy's calls are too long
+    for that, a probe and `MIN_REPEATS` turns of one pass under each condition: unbounded,
+    attention over 2,000 rows measured for 285 s, a stall on the first trace of a batch."""
     cpu = jax.devices("cpu")[0]
     size = sum(np.asarray(x).nbytes for x in conditions[0][1:])
     copies = int(np.clip(np.ceil(_last_level_cache_bytes() / max(size, 1)), 1, MAX_COPIES))
@@ -144,14 +145,14 @@ def ratios_per_call(programs: dict[str, Callable], conditions: Sequence[tuple[np
     loops = _compiled_loops(programs, placed[0])
     # a first pass each (also the warm-up: its one-time costs can only lower the copies)
     passes = {name: timed(_run, run, np.int32(1), placed[0]) for name, run in loops.items()}
-    fewer, _, _ = measurement_plan(passes, copies, len(conditions))
+    fewer = copies_within(passes, copies, len(conditions))
     if fewer < copies:  # calls too long to cycle through every copy within the time
         placed = [(carried, rest[:fewer]) for carried, rest in placed]
         loops = _compiled_loops(programs, placed[0])
     results = []
     for operands in placed:
         passes = {name: timed(_run, run, np.int32(1), operands) for name, run in loops.items()}
-        _, calls, turns = measurement_plan(passes, fewer, len(conditions))
+        calls, turns = loop_plan(passes, len(conditions))
         ratios = {name: [] for name in loops if name != "xla"}
         for _ in range(turns):  # a ratio per turn: drift in machine speed hits both alike
             seconds = {name: timed(_run, run, calls, operands) for name, run in loops.items()}
@@ -161,25 +162,28 @@ def ratios_per_call(programs: dict[str, Callable], conditions: Sequence[tuple[np
     return results
 
 
-def measurement_plan(passes: dict[str, float], copies: int, conditions: int
-                     ) -> tuple[int, np.int32, int]:
-    """(copies, calls, turns) for programs that take `passes` seconds each to call once on
-    each of `copies` copies of the operands, measured under `conditions` conditions within
-    `MEASURE_SECONDS`: each timed loop makes `calls` passes, about `LOOP_SECONDS` (at least
-    one), and each condition gets `REPEATS` turns where the budget allows, else fewer (at
-    least `MIN_REPEATS`). Where a pass per turn at that least would still overrun it, fewer
-    copies (at least one: a call that long is bound by its own work, and the copies only
-    keep its operands out of the cache)."""
-    budget = MEASURE_SECONDS / conditions  # per condition: a probe pass, then the turns
+def copies_within(passes: dict[str, float], copies: int, conditions: int) -> int:
+    """How many of `copies` copies of the operands to cycle through, for programs that take
+    `passes` seconds each to call once on every copy, measured under `conditions` conditions:
+    all of them where a probe pass and `MIN_REPEATS` turns of one pass fit `MEASURE_SECONDS`,
+    else as many as fit (at least one: a call that long is bound by its own work, and the
+    copies only keep its operands out of the cache)."""
+    least = conditions * (1 + MIN_REPEATS) * sum(passes.values())
+    if least <= MEASURE_SECONDS:
+        return copies
+    return max(1, min(copies, int(copies * MEASURE_SECONDS / least)))
+
+
+def loop_plan(passes: dict[str, float], conditions: int) -> tuple[np.int32, int]:
+    """(calls, turns) for programs that take `passes` seconds each for one pass over their
+    copies, after a probe pass, within `MEASURE_SECONDS` over `conditions` conditions: each
+    timed loop makes `calls` passes, about `LOOP_SECONDS` (at least one), and a condition
+    gets `REPEATS` turns where the budget allows, else fewer (at least `MIN_REPEATS`)."""
     per_pass = sum(passes.values())
-    if (1 + MIN_REPEATS) * per_pass > budget:
-        fewer = max(1, min(copies, int(copies * budget / ((1 + MIN_REPEATS) * per_pass))))
-        passes = {name: seconds * fewer / copies for name, seconds in passes.items()}
-        copies, per_pass = fewer, per_pass * fewer / copies
     calls = max(1, round(LOOP_SECONDS / max(max(passes.values()), 1e-9)))
-    turns = int(np.clip((budget - per_pass) // max(calls * per_pass, 1e-9), MIN_REPEATS,
-                        REPEATS))
-    return copies, np.int32(calls), turns
+    budget = MEASURE_SECONDS / conditions - per_pass
+    turns = int(np.clip(budget // max(calls * per_pass, 1e-9), MIN_REPEATS, REPEATS))
+    return np.int32(calls), turns
 
 
 def _compiled_loops(programs: dict[str, Callable], operands: tuple) -> dict[str, Callable]:

@@ -37,7 +37,8 @@ text's own tokens (teacher forcing, as the loop drafts after accepted drafts), a
 recursion walks chances that depend on the start (`expected_rounds_from`). Sampled, a draft
 is accepted with a = min(1, q(y) / p(y)) as an exit's is, q the drafter's own distribution
 at that depth: a copy's is a point mass (ngram: a is 1 where the draft is the emitted token,
-0 elsewhere), suffix decoding's the share of each continuation among its matches.
+0 elsewhere), suffix decoding's the counts of the continuations among its matches at the
+sampling's temperature (each count to the power 1 / T, normalised).
 """
 
 from __future__ import annotations

@@ -155,12 +155,13 @@ def test_a_real_measurement_inside_a_trace_decides_and_is_cached(auto):
 
 
 def test_a_measurement_plan_keeps_the_turns_and_copies_of_quick_calls():
-    """Quick calls (a pass over 32 copies in 0.2 ms) keep every copy and `REPEATS` turns, each
+    """Quick calls (a pass over 32 copies in 0.3 ms) keep every copy and `REPEATS` turns, each
     loop about `LOOP_SECONDS`: catches a time bound that thins the measurement of the small
     shapes decoding's decisions rest on."""
-    copies, calls, turns = decision.measurement_plan({"xla": 2e-4, "kernel": 1e-4}, 32, 4)
-    assert (copies, turns) == (32, decision.REPEATS)
-    assert calls == round(decision.LOOP_SECONDS / 2e-4)
+    passes = {"xla": 2e-4, "kernel": 1e-4}
+    assert decision.copies_within(passes, 32, 4) == 32
+    calls, turns = decision.loop_plan(passes, 4)
+    assert (calls, turns) == (round(decision.LOOP_SECONDS / 2e-4), decision.REPEATS)
 
 
 def test_a_measurement_plan_bounds_the_time_of_long_calls():
@@ -169,18 +170,18 @@ def test_a_measurement_plan_bounds_the_time_of_long_calls():
     (a pass over 12 copies in 1.45 s, as attention over 2,000 rows) keep one. Catches the
     unbounded plan (9 turns of at least 4 passes over every copy: 285 s for that attention)."""
     passes = {"xla": 0.05, "kernel": 0.05}
-    copies, calls, turns = decision.measurement_plan(passes, 32, 4)
+    copies = decision.copies_within(passes, 32, 4)
+    fewer = {name: seconds * copies / 32 for name, seconds in passes.items()}
+    calls, turns = decision.loop_plan(fewer, 4)
     assert 1 < copies < 32 and (calls, turns) == (1, decision.MIN_REPEATS)
-    per_pass = sum(passes.values()) * copies / 32
-    assert 4 * (1 + turns) * per_pass <= decision.MEASURE_SECONDS * 1.001
-    assert decision.measurement_plan({"xla": 0.7, "kernel": 0.75}, 12, 4) == (
-        1, 1, decision.MIN_REPEATS)
+    assert 4 * (1 + turns) * sum(fewer.values()) <= decision.MEASURE_SECONDS * 1.001
+    assert decision.copies_within({"xla": 0.7, "kernel": 0.75}, 12, 4) == 1
 
 
 def test_a_measurement_of_long_calls_makes_few_of_them(monkeypatch):
     """The real measurement of a program whose calls take 20 ms, over operands small enough
     for 32 copies and under 4 conditions, makes a bounded number of calls (a first pass over
-    the copies, then a probe and `MIN_REPEATS` turns per condition on fewer copies): catches
+    the copies, then on fewer copies a probe and a few turns per condition): catches
     a plan that ignores the calls' length (about 10,000 calls here, over 3 minutes). A call
     past the bound fails at once rather than after minutes."""
     made = []

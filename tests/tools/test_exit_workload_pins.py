@@ -107,8 +107,8 @@ def test_the_draft_heads_measured_cost_is_scaled_like_the_others(monkeypatch):
 
 def test_the_sampled_proposal_is_timed_with_its_sampling(monkeypatch):
     """`play_copied` over sampled runs times the proposal drawn with their sampling (suffix
-    decoding's timed loop then holds the filters' branches, which the greedy one does not).
-    Catches the sampled proposal timed greedy."""
+    decoding's timed loop then traces the sampling's branches, which the greedy one does not
+    hold). Catches the sampled proposal timed greedy."""
     timed_args = []
     drafter = SuffixDecoding(shape=Chain(2))
     loop = exit_workload_module._proposal_loop(drafter, CFG)

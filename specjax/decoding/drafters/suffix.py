@@ -11,13 +11,13 @@ most `suffix_factor` tokens per matched token (longer matches speculate further)
 The draft distribution is the occurrences' empirical next-token distribution over the tokens
 whose share passes `suffix_min_prob`, at the sampling's temperature, so a sampled draft is
 drawn from it and accepted by the usual rule: lossless. Top-k and top-p do not filter it
-(`sampling.temperature_only`): at most 1 / suffix_min_prob ids have mass, and the filters
-pass over the whole vocabulary at every depth (at 49,152 ids, K=4, temperature 0.8, top-p
-0.95: 10.4 ms a proposal filtered, 7.7 ms not; top-k 50 besides: 13.7 ms). (Drawn from all
-the continuations and then dropped when its share falls short, a draft would not be
-lossless: the dropped draw emits a token from p, but the draws kept are accepted at
-min(1, p/q) with q's mass partly on tokens that are never kept, and the output leaves p;
-with the default 0.1, a chi-square test rejects it.) The whole text of every row
+(`sampling.temperature_only`): at most 1 / suffix_min_prob ids have mass (with a minimum
+above 0), and the filters pass over the whole vocabulary at every depth (at 49,152 ids, K=4,
+temperature 0.8, top-p 0.95: 10.4 ms a proposal filtered, 7.7 ms not; top-k 50 besides:
+13.7 ms). (Drawn from all the continuations and then dropped when its share falls short, a
+draft would not be lossless: the dropped draw emits a token from p, but the draws kept are
+accepted at min(1, p/q) with q's mass partly on tokens that are never kept, and the output
+leaves p; with the default 0.1, a chi-square test rejects it.) The whole text of every row
 is the drafter's state ([B, cache_len + 1] tokens, as for `ngram`), updated at commit inside
 the jitted loop; chains only.
 """

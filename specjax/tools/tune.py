@@ -10,9 +10,11 @@ the same prompts: played over the model's continuations of them (greedy, or samp
 figures are the benchmark's, so they compete with the probes as they are; so do the figures
 of the drafters that copy from the text (ngram, suffix: `played_speedup`), whose rounds are
 played over the same continuations, greedy or sampled, and costed by the same calibrated
-loop. The best of each kind (a strategy's chains, its trees), the few best kinds, are
-confirmed on all the prompts with the benchmark's interleaved measurement
-(`tools.bench.run_benchmark`); the fastest wins, plain decoding when none beats it. Probes
+loop; so do selfspec's static trees when greedy, played over the exit's ranks of the same
+continuations (`DraftExitReport.tree_speedup`). The best of each kind (a strategy's chains,
+its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
+interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
+none beats it. Probes
 decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
 benchmark beside one `ar` (`PROBE_BATCH`).
 
@@ -32,6 +34,7 @@ from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator
 from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy, options_read
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.exit_report import DraftExitReport
 from specjax.tools.exit_workload import play_copied
@@ -245,10 +248,16 @@ def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) 
     """The speed-up of a drafter that copies from the text, played over the report's
     continuations (`exit_workload.play_copied`) in their mode (greedy or sampled, its
     proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
-    proposal's measured seconds. None for any other drafter, or a report not on a
-    workload."""
+    proposal's measured seconds; greedy, of selfspec with a static tree, played over the
+    exit's ranks (`DraftExitReport.tree_speedup`). None for any other drafter, or a report
+    not on a workload."""
     runs = report.runs
-    if not drafter.copies_text or runs is None or report.loop is None:
+    if runs is None or report.loop is None:
+        return None
+    if (drafter.name == EXITS and isinstance(drafter.shape, StaticTree) and runs.ranks
+            and drafter.draft_vocab == report.costs.draft_vocab):
+        return report.tree_speedup(drafter.exit_layer, drafter.shape.parents)
+    if not drafter.copies_text:
         return None
     played = play_copied(drafter, cfg, runs)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)

@@ -14,6 +14,7 @@ import specjax
 import specjax.tools.exit_report as exit_report_module
 from specjax.config import ModelConfig, SsmConfig
 from specjax.data import DataConfig, is_validation_key, iter_documents
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.io.checkpoint import Checkpointer
 from specjax.model import embed, exit_logits, init_params, run_layers
 from specjax.tokenizer import ByteTokenizer
@@ -103,6 +104,39 @@ def test_speedup_from_fixed_costs_matches_a_hand_computation():
     assert record["exit"] == 2 and record["agreement"] == 0.5
     assert record["tau"] == {"2": pytest.approx(1.75), "3": pytest.approx(1.875)}
     assert record["speedup"]["3"] == pytest.approx(expected)
+
+
+def test_a_tree_round_is_priced_by_hand():
+    """The same hybrid at exit 2 drafting the tree 2,1 (parents -1, -1, 0, 1): draft passes
+    of layers [0, 2) and the head on the pending token, then on the 2 nodes of depth 1; the
+    2 leaves through layers [0, 2) in the verification, and layers 2, 3 and the head on 5
+    tokens; with a draft head, the draft passes' head scaled by it. A table measured at 1,
+    3 and 5 tokens prices the tree as the whole table does (lines between and past them).
+    A leaf above the last depth (-1, -1, 0: node 1) takes no draft pass. Catches a depth's
+    width counted over its leaves too, the leaves left out (or run twice), the verification
+    on N tokens instead of N + 1, sizes between the measured ones read as the nearest one,
+    and a line past the largest drawn through the first two sizes."""
+    kinds = ("mamba2", "attention", "mamba2", "mamba2")
+    shallow = {n: COSTS.layer["mamba2"][n] + COSTS.layer["attention"][n] for n in (1, 2)}
+    head = COSTS.head
+    drafts = shallow[1] + head[1] + shallow[2] + head[2]
+    verify = shallow[2] + 2 * COSTS.layer["mamba2"][5] + head[5]
+    parents = (-1, -1, 0, 1)
+    assert COSTS.tree_round(kinds, 2, parents) == pytest.approx(drafts + verify)
+    smaller = dataclasses.replace(COSTS, draft_head=0.2)
+    assert smaller.tree_round(kinds, 2, parents) == pytest.approx(
+        drafts - head[1] - head[2] + 0.2 + 0.2 * head[2] / head[1] + verify)
+    sparse = LayerCosts(layer={k: {n: t[n] for n in (1, 3, 5)} for k, t in COSTS.layer.items()},
+                        head={n: head[n] for n in (1, 3, 5)})
+    wide = StaticTree.from_branching((2, 2, 1)).parents  # drafts on 1, 2, 4 nodes; 11 verified
+    assert sparse.tree_round(kinds, 1, wide) == pytest.approx(COSTS.tree_round(kinds, 1, wide))
+    assert COSTS.tree_round(kinds, 2, (-1, 0, 1)) == pytest.approx(COSTS.round(kinds, 2, 3))
+    leaf_above = (shallow[1] + head[1]) * 2 + shallow[2] + 2 * COSTS.layer["mamba2"][4] + head[4]
+    assert COSTS.tree_round(kinds, 2, (-1, -1, 0)) == pytest.approx(leaf_above)
+    bent = LayerCosts(layer={"attention": {1: 1.0, 2: 1.5, 4: 4.0}}, head={1: 0.0, 2: 0.0, 4: 0.0})
+    # Verification of 5 and 7 tokens past the largest size (4): 4.0 + 1.25 per token.
+    assert bent.tree_round(("attention",), 0, (-1, -1, -1, -1)) == pytest.approx(5.25)
+    assert bent.tree_round(("attention",), 0, (-1,) * 6) == pytest.approx(7.75)
 
 
 def test_the_verification_line_is_a_whole_pass_over_one_token_passes():

@@ -20,6 +20,7 @@ from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
 from specjax.tools.exit_workload import (
     ExitRuns,
@@ -32,6 +33,7 @@ from specjax.tools.exit_workload import (
     fit_round,
     model_continuations,
     play_copied,
+    tree_rounds,
 )
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params
@@ -162,6 +164,81 @@ def test_played_rounds_are_the_real_loops_rounds(model, subset):
             real_all.append(real)
     assert len({tuple(p) for p in played_all}) > 2  # exits and K change the rounds: teeth
     assert 0 < runs.rate(1) < runs.rate(3) <= 1
+
+
+def test_a_tree_round_follows_the_texts_ranks_down_the_tree():
+    """Rounds of hand-walked trees over given ranks (an independent reference): 2,1 over
+    ranks [1, 0, 3, 0, 1, 0] takes 3 rounds (accepting nodes 1 and 3; node 0; node 0),
+    an irregular tree only where its node has that many children, and a chain's parents
+    give `expected_rounds` over rank 0. Catches a child picked by rank at the wrong depth,
+    a rank read from the round's start at every depth, and children counted over the
+    whole level instead of the node's own."""
+    two_one = StaticTree.from_branching((2, 1)).parents  # (-1, -1, 0, 1)
+    assert tree_rounds(np.array([1, 0, 3, 0, 1, 0]), two_one) == 3
+    assert tree_rounds(np.array([0, 0, 0]), two_one) == 1
+    assert tree_rounds(np.array([2, 0, 0]), two_one) == 2  # no third child: rounds at 0, 1
+    # Node 0 (rank 0) has two children, node 1 (rank 1) none: rank 1 below node 0 only.
+    irregular = (-1, -1, 0, 0)
+    assert tree_rounds(np.array([0, 1, 5]), irregular) == 1  # nodes 0 and 3
+    assert tree_rounds(np.array([1, 1, 5]), irregular) == 2  # node 1 is a leaf
+    ranks = np.random.default_rng(0).integers(0, 3, 200)
+    for num_draft in (1, 3, 5):
+        chain = [-1, *range(num_draft - 1)]
+        assert tree_rounds(ranks, chain) == expected_rounds(ranks == 0, num_draft)
+
+
+def test_a_rank_breaks_ties_as_the_drafters_top_tokens_do():
+    """Tied logits: each id's rank is its place in `lax.top_k`'s order (a tie to the smaller
+    id), the order a static tree's children take. Catches ties sent to the larger id, or not
+    broken at all (two ids of rank 0)."""
+    logits = jnp.array([[1.0, 3.0, 3.0, 0.0, 3.0]] * 5)
+    ranks = np.asarray(exit_workload_module._rank_of(logits, jnp.arange(5))).tolist()
+    order = np.asarray(jax.lax.top_k(logits[0], 5)[1]).tolist()
+    assert ranks == [order.index(token) for token in range(5)] == [3, 0, 1, 4, 2]
+
+
+def test_a_trees_tau_and_speed_up_by_hand():
+    """Ranks [1, 0, 3, 0, 1, 0] at exit 2 and all 0 at exit 1, the tree 2,1: tau 6 / 3 and
+    6 / 2; the speed-up is tau x the plain pass over the tree's round by hand (drafts on 1
+    and 2 nodes, 2 leaves, 2 deep layers and the head on 5 tokens), and a chain's parents
+    give the chain's. Catches the neighbouring exit's ranks, rounds counted one too many,
+    and a tree priced as a chain of its N nodes."""
+    ranks = np.array([[0] * 6, [1, 0, 3, 0, 1, 0], [0] * 6, [0] * 6])
+    runs = ExitRuns((ranks == 0,), ranks=(ranks,))
+    two_one = (-1, -1, 0, 1)
+    assert runs.tree_tau(2, two_one) == pytest.approx(6 / 3)
+    assert runs.tree_tau(1, two_one) == pytest.approx(6 / 2)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=runs)
+    attention, head = COSTS.layer["attention"], COSTS.head
+    tree_round = (2 * attention[1] + head[1] + 2 * attention[2] + head[2] + 2 * attention[2]
+                  + 2 * attention[5] + head[5])
+    assert report.tree_speedup(2, two_one) == pytest.approx(
+        2.0 * (4 * attention[1] + head[1]) / tree_round)
+    assert report.tree_speedup(2, (-1, 0, 1)) == pytest.approx(report.speedup(2, 3))
+
+
+def test_played_tree_rounds_are_the_real_loops_rounds(model):
+    """Greedy selfspec with static trees, 2,2,1,1 at exit 1 over the whole vocabulary and an
+    irregular one at exit 2 over N ids: the rounds played over the exits' ranks equal the
+    rounds the real loop takes, row by row (an independent reference). Catches ranks read
+    over the whole vocabulary where the drafter drafts over the subset, the ranks of the
+    neighbouring exit, and siblings taken in another order than the drafter's top tokens."""
+    params, generator, continuations, ranking, size = model
+    played_all = []
+    for exit_layer, tree, draft_vocab in (
+            (1, StaticTree.from_branching((2, 2, 1, 1)), 0),
+            (2, StaticTree.from_parents([-1, -1, -1, 0, 0, 1, 3]), size)):
+        ids = np.sort(ranking[:draft_vocab]) if draft_vocab else None
+        runs = exit_runs(params, CFG, PROMPTS, continuations, ids)
+        drafter = SelfSpeculative(exit_layer, tree, draft_vocab=draft_vocab)
+        out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
+        assert out.tokens == continuations
+        played = [tree_rounds(row[exit_layer - 1], tree.parents) for row in runs.ranks]
+        assert played == [stats.rounds for stats in out.stats], (exit_layer, tree)
+        chain = [expected_rounds(row[exit_layer - 1] == 0, 1) for row in runs.ranks]
+        assert played != chain  # the tree accepts beyond the argmax: teeth
+        played_all.append(played)
+    assert played_all[0] != played_all[1]
 
 
 def test_sampled_played_rounds_are_the_sampled_loops_in_expectation(model):

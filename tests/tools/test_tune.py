@@ -10,14 +10,19 @@ import time
 import types
 
 import jax
+import numpy as np
 import pytest
 
 import specjax
 from specjax import api
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.registry import DecodingConfig
 from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.medusa import init_medusa
 from specjax.io.calibrated_defaults import FILE, read_calibrated, write_calibrated
 from specjax.loading import load_model
@@ -229,6 +234,28 @@ def test_a_played_figure_is_not_probed(monkeypatch):
     assert [(row.source, row.predicted) for row in tuning.rows] == [("played", 1.7),
                                                                     ("probe", 1.1)]
     assert tuning.winner == found[0]
+
+
+def test_a_greedy_selfspec_tree_is_played_where_its_ranks_are_known():
+    """`played_speedup` prices selfspec's static trees from the report (`tree_speedup`, at
+    the drafter's exit and parents) when the runs are greedy (they hold ranks) and the
+    drafter drafts over the report's vocabulary; a sampled run (no ranks), a dynamic tree,
+    another draft vocabulary or a chain is left to the probe or the report. Catches a tree
+    still probed (two compilations each), or played over ranks of another vocabulary."""
+    calls = []
+    runs = types.SimpleNamespace(ranks=(np.zeros((2, 5), np.int32),), texts=())
+    report = types.SimpleNamespace(
+        runs=runs, loop=object(), costs=types.SimpleNamespace(draft_vocab=0),
+        tree_speedup=lambda exit_layer, parents: calls.append((exit_layer, parents)) or 1.4)
+    tree = StaticTree.from_branching((2, 1))
+    assert tuner.played_speedup(report, None, SelfSpeculative(2, tree)) == 1.4
+    assert calls == [(2, tree.parents)]
+    for drafter in (SelfSpeculative(2, tree, draft_vocab=100),
+                    SelfSpeculative(2, DynamicTree(4, 2, 2)), SelfSpeculative(2, Chain(3))):
+        assert tuner.played_speedup(report, None, drafter) is None
+    runs.ranks = ()
+    assert tuner.played_speedup(report, None, SelfSpeculative(2, tree)) is None
+    assert len(calls) == 1
 
 
 class _Report:

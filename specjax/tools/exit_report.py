@@ -41,7 +41,7 @@ from specjax.data import heldout_data, validation_texts, windows
 from specjax.decoding.drafter import Drafter
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
-from specjax.decoding.shapes.static_tree import node_depths
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
@@ -97,25 +97,21 @@ class LayerCosts:
     def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
         """Seconds of one self-speculative round drafting a chain of `num_draft` tokens from
         exit `exit_layer` (see the module docstring)."""
-        return self.tree_round(layer_kinds, exit_layer, [-1, *range(num_draft - 1)][:num_draft])
+        return self.tree_round(layer_kinds, exit_layer,
+                               StaticTree((-1, *range(num_draft - 1))[:num_draft]))
 
-    def tree_round(self, layer_kinds: Sequence[str], exit_layer: int,
-                   parents: Sequence[int]) -> float:
-        """Seconds of one self-speculative round drafting the static tree `parents` from exit
+    def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree) -> float:
+        """Seconds of one self-speculative round drafting the static tree `tree` from exit
         `exit_layer`: at each depth, the exit's layers and the draft head on that depth's
         nodes that have children (the pending token first), then the verification: the
         exit's layers on the leaves, which no draft pass ran, and every other layer and the
         head on the N nodes and the pending token. A chain of K is K one-token drafts and a
-        K + 1 token verification. Sizes between the measured ones are interpolated."""
+        K + 1 token verification (as `tree_search.Costs.tree_round` prices a round from its
+        own measurements). Sizes between the measured ones are interpolated."""
         shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
-        has_children = set(parents)
-        depth = node_depths(parents)
-        widths = [1] + [sum(1 for node, d in enumerate(depth) if d == level
-                            and node in has_children) for level in range(1, max(depth, default=0))]
-        leaves = len(parents) - len(has_children - {-1})
-        verified = len(parents) + 1
-        drafted = sum(sum(self._at(self.layer[kind], w) for kind in shallow)
-                      + self._draft_head(w) for w in widths if w)
+        leaves, verified = len(tree.leaves), tree.num_nodes + 1
+        drafted = sum(sum(self._at(self.layer[kind], len(positions)) for kind in shallow)
+                      + self._draft_head(len(positions)) for positions, _ in tree.expansions)
         return (drafted + sum(self._at(self.layer[kind], leaves) for kind in shallow)
                 + sum(self._at(self.layer[kind], verified) for kind in deep)
                 + self._at(self.head, verified))
@@ -187,16 +183,16 @@ class DraftExitReport:
         included), else decoding alone."""
         return self._end_to_end(self.decode_speedup(exit_layer, num_draft))
 
-    def tree_speedup(self, exit_layer: int, parents: Sequence[int]) -> float:
+    def tree_speedup(self, exit_layer: int, tree: StaticTree) -> float:
         """The predicted speed-up, as `speedup`'s, of greedy self-speculation from the exit
-        with the static tree `parents`: tau played over the runs' ranks
+        with the static tree `tree`: tau played over the runs' ranks
         (`ExitRuns.tree_tau`), its round priced by `LayerCosts.tree_round` and mapped by the
         calibrated line. Needs greedy runs."""
         if self.runs is None:
             raise ValueError("a tree's speed-up is played over a workload's runs")
-        tau = self.runs.tree_tau(exit_layer, parents)
+        tau = self.runs.tree_tau(exit_layer, tree)
         return self._end_to_end(self._decode_speedup(
-            tau, self.costs.tree_round(self.layer_kinds, exit_layer, parents)))
+            tau, self.costs.tree_round(self.layer_kinds, exit_layer, tree)))
 
     def copied_speedup(self, tau: float, num_draft: int, draft_seconds: float = 0.0) -> float:
         """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`

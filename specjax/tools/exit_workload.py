@@ -62,6 +62,7 @@ from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
 from specjax.decoding.sampling import SamplingParams, token_logprobs
+from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
 from specjax.nn.cache import Cache
@@ -123,35 +124,32 @@ class ExitRuns:
         rounds = float(self._rounds[num_draft][exit_layer - 1])
         return self.positions / rounds if rounds else 1.0
 
-    def tree_tau(self, exit_layer: int, parents: Sequence[int]) -> float:
-        """Tokens per round of greedy rounds drafting the static tree `parents` from the exit,
+    def tree_tau(self, exit_layer: int, tree: StaticTree) -> float:
+        """Tokens per round of greedy rounds drafting the static tree `tree` from the exit,
         played over the continuations (`tree_rounds`); needs the greedy `ranks`."""
         if not self.ranks:
             raise ValueError("a tree is played over greedy runs' ranks; these runs have none")
-        rounds = sum(tree_rounds(row[exit_layer - 1], parents) for row in self.ranks)
+        rounds = sum(tree_rounds(row[exit_layer - 1], tree) for row in self.ranks)
         return self.positions / rounds if rounds else 1.0
 
 
-def tree_rounds(ranks: np.ndarray, parents: Sequence[int]) -> int:
-    """The rounds greedy decoding with the static tree `parents` (level order, siblings in
-    the order of the draft's top tokens) takes over n positions whose next tokens have `ranks`
+def tree_rounds(ranks: np.ndarray, tree: StaticTree) -> int:
+    """The rounds greedy decoding with the static tree `tree` (siblings in the order of the
+    draft's top tokens) takes over n positions whose next tokens have `ranks`
     [n] among the drafter's tokens there. A drafted path is accepted while it follows the
     text: from the pending token, the child whose sibling index is the text's token's rank,
     while that child exists; a draft after accepted ones is the drafter's prediction with
     the text's tokens before it (teacher forcing, as for chains). A chain's parents give
     `expected_rounds` over rank == 0."""
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(parents):
-        children.setdefault(parent, []).append(node)
     rounds, start, n = 0, 0, len(ranks)
     while start < n:
-        node, accepted = -1, 0
+        position, accepted = 0, 0  # 0: the pending token
         while start + accepted < n:
-            kids = children.get(node, [])
+            kids = tree.child_lists[position]
             rank = int(ranks[start + accepted])
             if rank >= len(kids):
                 break
-            node, accepted = kids[rank], accepted + 1
+            position, accepted = kids[rank], accepted + 1
         rounds, start = rounds + 1, start + accepted + 1
     return rounds
 

@@ -14,9 +14,8 @@ loop; so do selfspec's static trees when greedy, played over the exit's ranks of
 continuations (`DraftExitReport.tree_speedup`). The best of each kind (a strategy's chains,
 its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
 interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
-none beats it. Probes
-decode as many tokens as the confirmation, whose programs they compile, a few candidates to a
-benchmark beside one `ar` (`PROBE_BATCH`).
+none beats it. Probes decode as many tokens as the confirmation, whose programs they compile,
+a few candidates to a benchmark beside one `ar` (`PROBE_BATCH`).
 
 A time budget stops the search: no batch of probes starts after it is spent, and then the best
 prediction so far wins unconfirmed (the table says so).
@@ -256,7 +255,7 @@ def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) 
         return None
     if (drafter.name == EXITS and isinstance(drafter.shape, StaticTree) and runs.ranks
             and drafter.draft_vocab == report.costs.draft_vocab):
-        return report.tree_speedup(drafter.exit_layer, drafter.shape.parents)
+        return report.tree_speedup(drafter.exit_layer, drafter.shape)
     if not drafter.copies_text:
         return None
     played = play_copied(drafter, cfg, runs)

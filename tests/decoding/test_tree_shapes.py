@@ -78,7 +78,7 @@ def test_static_tree_from_parents_renumbers_level_by_level():
     """Children keep their order among siblings (their rank) after renumbering."""
     tree = StaticTree.from_parents([-1, 0, -1, 1, 2, 2, 0])
     assert tree.parents == (-1, -1, 0, 1, 1, 0, 2)  # old nodes 0 2 | 1 4 5 6 | 3
-    assert tree._child_lists[1] == [3, 6]  # old node 0's children 1, 6 keep their order
+    assert tree.child_lists[1] == [3, 6]  # old node 0's children 1, 6 keep their order
     assert tree.label() == "tree T=7 D=3"
     tree.validate()
     with pytest.raises(ValueError, match="level order"):
@@ -189,4 +189,4 @@ def test_sequoia_finds_the_best_tree_by_brute_force():
 
 
 def _nested(tree, position):
-    return [_nested(tree, child) for child in tree._child_lists[position]]
+    return [_nested(tree, child) for child in tree.child_lists[position]]

@@ -121,22 +121,24 @@ def test_a_tree_round_is_priced_by_hand():
     head = COSTS.head
     drafts = shallow[1] + head[1] + shallow[2] + head[2]
     verify = shallow[2] + 2 * COSTS.layer["mamba2"][5] + head[5]
-    parents = (-1, -1, 0, 1)
+    parents = StaticTree.from_parents((-1, -1, 0, 1))
     assert COSTS.tree_round(kinds, 2, parents) == pytest.approx(drafts + verify)
     smaller = dataclasses.replace(COSTS, draft_head=0.2)
     assert smaller.tree_round(kinds, 2, parents) == pytest.approx(
         drafts - head[1] - head[2] + 0.2 + 0.2 * head[2] / head[1] + verify)
     sparse = LayerCosts(layer={k: {n: t[n] for n in (1, 3, 5)} for k, t in COSTS.layer.items()},
                         head={n: head[n] for n in (1, 3, 5)})
-    wide = StaticTree.from_branching((2, 2, 1)).parents  # drafts on 1, 2, 4 nodes; 11 verified
+    wide = StaticTree.from_branching((2, 2, 1))  # drafts on 1, 2, 4 nodes; 11 verified
     assert sparse.tree_round(kinds, 1, wide) == pytest.approx(COSTS.tree_round(kinds, 1, wide))
-    assert COSTS.tree_round(kinds, 2, (-1, 0, 1)) == pytest.approx(COSTS.round(kinds, 2, 3))
+    chain = StaticTree.from_parents((-1, 0, 1))
+    assert COSTS.tree_round(kinds, 2, chain) == pytest.approx(COSTS.round(kinds, 2, 3))
     leaf_above = (shallow[1] + head[1]) * 2 + shallow[2] + 2 * COSTS.layer["mamba2"][4] + head[4]
-    assert COSTS.tree_round(kinds, 2, (-1, -1, 0)) == pytest.approx(leaf_above)
+    assert COSTS.tree_round(kinds, 2, StaticTree.from_parents((-1, -1, 0))) == pytest.approx(
+        leaf_above)
     bent = LayerCosts(layer={"attention": {1: 1.0, 2: 1.5, 4: 4.0}}, head={1: 0.0, 2: 0.0, 4: 0.0})
     # Verification of 5 and 7 tokens past the largest size (4): 4.0 + 1.25 per token.
-    assert bent.tree_round(("attention",), 0, (-1, -1, -1, -1)) == pytest.approx(5.25)
-    assert bent.tree_round(("attention",), 0, (-1,) * 6) == pytest.approx(7.75)
+    assert bent.tree_round(("attention",), 0, StaticTree((-1,) * 4)) == pytest.approx(5.25)
+    assert bent.tree_round(("attention",), 0, StaticTree((-1,) * 6)) == pytest.approx(7.75)
 
 
 def test_the_verification_line_is_a_whole_pass_over_one_token_passes():

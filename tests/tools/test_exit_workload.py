@@ -173,17 +173,17 @@ def test_a_tree_round_follows_the_texts_ranks_down_the_tree():
     give `expected_rounds` over rank 0. Catches a child picked by rank at the wrong depth,
     a rank read from the round's start at every depth, and children counted over the
     whole level instead of the node's own."""
-    two_one = StaticTree.from_branching((2, 1)).parents  # (-1, -1, 0, 1)
+    two_one = StaticTree.from_branching((2, 1))  # parents -1, -1, 0, 1
     assert tree_rounds(np.array([1, 0, 3, 0, 1, 0]), two_one) == 3
     assert tree_rounds(np.array([0, 0, 0]), two_one) == 1
     assert tree_rounds(np.array([2, 0, 0]), two_one) == 2  # no third child: rounds at 0, 1
     # Node 0 (rank 0) has two children, node 1 (rank 1) none: rank 1 below node 0 only.
-    irregular = (-1, -1, 0, 0)
+    irregular = StaticTree.from_parents((-1, -1, 0, 0))
     assert tree_rounds(np.array([0, 1, 5]), irregular) == 1  # nodes 0 and 3
     assert tree_rounds(np.array([1, 1, 5]), irregular) == 2  # node 1 is a leaf
     ranks = np.random.default_rng(0).integers(0, 3, 200)
     for num_draft in (1, 3, 5):
-        chain = [-1, *range(num_draft - 1)]
+        chain = StaticTree.from_parents([-1, *range(num_draft - 1)])
         assert tree_rounds(ranks, chain) == expected_rounds(ranks == 0, num_draft)
 
 
@@ -205,7 +205,7 @@ def test_a_trees_tau_and_speed_up_by_hand():
     and a tree priced as a chain of its N nodes."""
     ranks = np.array([[0] * 6, [1, 0, 3, 0, 1, 0], [0] * 6, [0] * 6])
     runs = ExitRuns((ranks == 0,), ranks=(ranks,))
-    two_one = (-1, -1, 0, 1)
+    two_one = StaticTree.from_parents((-1, -1, 0, 1))
     assert runs.tree_tau(2, two_one) == pytest.approx(6 / 3)
     assert runs.tree_tau(1, two_one) == pytest.approx(6 / 2)
     report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=runs)
@@ -214,7 +214,8 @@ def test_a_trees_tau_and_speed_up_by_hand():
                   + 2 * attention[5] + head[5])
     assert report.tree_speedup(2, two_one) == pytest.approx(
         2.0 * (4 * attention[1] + head[1]) / tree_round)
-    assert report.tree_speedup(2, (-1, 0, 1)) == pytest.approx(report.speedup(2, 3))
+    chain = StaticTree.from_parents((-1, 0, 1))
+    assert report.tree_speedup(2, chain) == pytest.approx(report.speedup(2, 3))
 
 
 def test_played_tree_rounds_are_the_real_loops_rounds(model):
@@ -233,7 +234,7 @@ def test_played_tree_rounds_are_the_real_loops_rounds(model):
         drafter = SelfSpeculative(exit_layer, tree, draft_vocab=draft_vocab)
         out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
         assert out.tokens == continuations
-        played = [tree_rounds(row[exit_layer - 1], tree.parents) for row in runs.ranks]
+        played = [tree_rounds(row[exit_layer - 1], tree) for row in runs.ranks]
         assert played == [stats.rounds for stats in out.stats], (exit_layer, tree)
         chain = [expected_rounds(row[exit_layer - 1] == 0, 1) for row in runs.ranks]
         assert played != chain  # the tree accepts beyond the argmax: teeth

@@ -246,10 +246,10 @@ def test_a_greedy_selfspec_tree_is_played_where_its_ranks_are_known():
     runs = types.SimpleNamespace(ranks=(np.zeros((2, 5), np.int32),), texts=())
     report = types.SimpleNamespace(
         runs=runs, loop=object(), costs=types.SimpleNamespace(draft_vocab=0),
-        tree_speedup=lambda exit_layer, parents: calls.append((exit_layer, parents)) or 1.4)
+        tree_speedup=lambda exit_layer, tree: calls.append((exit_layer, tree)) or 1.4)
     tree = StaticTree.from_branching((2, 1))
     assert tuner.played_speedup(report, None, SelfSpeculative(2, tree)) == 1.4
-    assert calls == [(2, tree.parents)]
+    assert calls == [(2, tree)]
     for drafter in (SelfSpeculative(2, tree, draft_vocab=100),
                     SelfSpeculative(2, DynamicTree(4, 2, 2)), SelfSpeculative(2, Chain(3))):
         assert tuner.played_speedup(report, None, drafter) is None

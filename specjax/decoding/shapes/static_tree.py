@@ -118,8 +118,9 @@ class StaticTree:
         return max(self._node_depths)
 
     @functools.cached_property
-    def _child_lists(self) -> list[list[int]]:
-        """Child positions of every position (0: the pending token)."""
+    def child_lists(self) -> list[list[int]]:
+        """Child positions of every position (0: the pending token, node i at i + 1), siblings
+        in order (their rank among the draft's tokens)."""
         lists = [[] for _ in range(self.num_nodes + 1)]
         for node, parent in enumerate(self.parents):
             lists[parent + 1].append(node + 1)
@@ -127,7 +128,7 @@ class StaticTree:
 
     @property
     def max_children(self) -> int:
-        return max(len(c) for c in self._child_lists)
+        return max(len(c) for c in self.child_lists)
 
     @functools.cached_property
     def expansions(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -136,19 +137,19 @@ class StaticTree:
         depth_of = [0] + self._node_depths
         levels = []
         for level in range(self.depth):
-            positions = [p for p, kids in enumerate(self._child_lists)
+            positions = [p for p, kids in enumerate(self.child_lists)
                          if kids and depth_of[p] == level]
-            width = max(len(self._child_lists[p]) for p in positions)
+            width = max(len(self.child_lists[p]) for p in positions)
             table = np.full((len(positions), width), -1, np.int32)
             for row, p in enumerate(positions):
-                table[row, :len(self._child_lists[p])] = self._child_lists[p]
+                table[row, :len(self.child_lists[p])] = self.child_lists[p]
             levels.append((np.asarray(positions, np.int32), table))
         return levels
 
     @property
     def leaves(self) -> np.ndarray:
         """Positions of the nodes without children."""
-        return np.asarray([p for p, kids in enumerate(self._child_lists) if p and not kids],
+        return np.asarray([p for p, kids in enumerate(self.child_lists) if p and not kids],
                           np.int32)
 
     def validate(self) -> None:
@@ -162,7 +163,7 @@ class StaticTree:
 
     def label(self) -> str:
         depth_of = [0] + self._node_depths
-        branching = [len(self._child_lists[depth_of.index(d)]) for d in range(self.depth)]
+        branching = [len(self.child_lists[depth_of.index(d)]) for d in range(self.depth)]
         if StaticTree.from_branching(branching, self.children) == self:
             label = "tree " + ",".join(map(str, branching))
         else:

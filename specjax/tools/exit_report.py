@@ -184,10 +184,10 @@ class DraftExitReport:
         return self._end_to_end(self.decode_speedup(exit_layer, num_draft))
 
     def tree_speedup(self, exit_layer: int, tree: StaticTree) -> float:
-        """The predicted speed-up, as `speedup`'s, of greedy self-speculation from the exit
-        with the static tree `tree`: tau played over the runs' ranks
-        (`ExitRuns.tree_tau`), its round priced by `LayerCosts.tree_round` and mapped by the
-        calibrated line. Needs greedy runs."""
+        """The predicted speed-up, as `speedup`'s, of self-speculation from the exit with
+        the static tree `tree`: tau played over the runs (`ExitRuns.tree_tau`, greedy or
+        sampled), its round priced by `LayerCosts.tree_round` and mapped by the calibrated
+        line."""
         if self.runs is None:
             raise ValueError("a tree's speed-up is played over a workload's runs")
         tau = self.runs.tree_tau(exit_layer, tree)

@@ -20,11 +20,22 @@ expectation exactly: the rounds played over sampled continuations, with q and p 
 teacher-forced pass, are the sampled loop's in expectation, without assuming i.i.d.
 acceptance. Greedy is the case a in {0, 1}.
 
-Greedy, a static tree is played the same way: its nodes' children are the drafter's top
-tokens in order, so along the target's continuation a round follows, from the pending token,
-the child whose sibling index is the rank of the text's next token among the exit's drafts
-there, while that child exists (`tree_rounds`, over `ExitRuns.ranks`); the rank of the
-argmax is 0, so a chain is the case of one child per node.
+A static tree is played the same way. A round goes down from the pending token through the
+child accepted at each depth, so given the text what matters at each position is the chance
+that the node's child of sibling index j is the one accepted (`tree_rounds` walks them, in
+expectation; a chain is the case of one child per node). Greedy, the children are the
+drafter's top tokens in order, so that child is the one whose index is the rank of the text's
+next token among the exit's drafts (`ExitRuns.ranks`): a chance of 1 or 0. Sampled, with
+children drawn without replacement (`StaticTree`'s default), the loop tries the first child
+as a chain tries its draft and, on a rejection, the second against the residual
+p' = norm(max(0, p - q)), with q' the draft's q without the first child's token,
+renormalised. Given the emitted y, the first child is the accepted one with probability
+min(1, q(y) / p(y)), and the second with probability
+sum over x != y of max(0, q(x) - p(x)) min(p'(y), q(y) / (1 - q(x))), over p(y)
+(the first child drew x and was rejected, then the second drew y and was accepted), computed
+at every position from the same teacher-forced pass (`ExitRuns.second_child`). A third child
+would need a sum over pairs of earlier tokens, so trees with more than two children per node
+are not played sampled.
 
 Pieces timed in isolation miss what the compiled loop adds (acceptance, the cache commit, the
 draft loop, the while loop) and what it shares (a small model's layers fused into one
@@ -59,9 +70,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.decoding.acceptance import residual
 from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
-from specjax.decoding.sampling import SamplingParams, token_logprobs
+from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
@@ -92,7 +104,9 @@ class ExitRuns:
     target's probability p(y) of each of those positions' tokens (what a copying drafter's
     sampled acceptance min(1, q(y) / p(y)) divides by); greedy, per prompt [L, n], the rank
     of the next token among exit e's drafts at each position (0: its argmax; the order a
-    static tree's children take, `tree_rounds`)."""
+    static tree's children take, `tree_rounds`); sampled, per prompt [L, n], the chance that
+    a node's second child, drawn without replacement, is the one accepted at each position
+    (the module docstring; the first child's is `accept`)."""
 
     accept: tuple[np.ndarray, ...]
     texts: tuple[tuple[int, ...], ...] = ()
@@ -100,6 +114,7 @@ class ExitRuns:
     sampling: SamplingParams | None = None
     target: tuple[np.ndarray, ...] = ()
     ranks: tuple[np.ndarray, ...] = ()
+    second_child: tuple[np.ndarray, ...] = ()
     _rounds: dict[int, np.ndarray] = dataclasses.field(  # per K, every exit's: `tau` reads
         default_factory=dict, init=False, repr=False, compare=False)  # them 7 x 30 times
 
@@ -124,34 +139,67 @@ class ExitRuns:
         rounds = float(self._rounds[num_draft][exit_layer - 1])
         return self.positions / rounds if rounds else 1.0
 
+    def plays_tree(self, tree: StaticTree) -> bool:
+        """Whether rounds drafting `tree` can be played over these runs: greedy ones hold
+        their ranks; sampled ones play a tree whose children are drawn without replacement,
+        at most two per node (the module docstring)."""
+        if self.sampling is None:
+            return bool(self.ranks)
+        return (bool(self.second_child) and tree.children == "without_replacement"
+                and tree.max_children <= 2)
+
     def tree_tau(self, exit_layer: int, tree: StaticTree) -> float:
-        """Tokens per round of greedy rounds drafting the static tree `tree` from the exit,
-        played over the continuations (`tree_rounds`); needs the greedy `ranks`."""
-        if not self.ranks:
-            raise ValueError("a tree is played over greedy runs' ranks; these runs have none")
-        rounds = sum(tree_rounds(row[exit_layer - 1], tree) for row in self.ranks)
+        """Tokens per round of rounds drafting the static tree `tree` from the exit, played
+        over the continuations (`tree_rounds`; sampled, in expectation)."""
+        if not self.plays_tree(tree):
+            raise ValueError(f"the {tree.label()} cannot be played over these runs: greedy "
+                             "runs need their ranks, and sampled ones play at most two "
+                             "children per node, drawn without replacement")
+        rounds = sum(tree_rounds(self._siblings(index, exit_layer, tree.max_children), tree)
+                     for index in range(len(self.accept)))
         return self.positions / rounds if rounds else 1.0
 
+    def _siblings(self, index: int, exit_layer: int, width: int) -> np.ndarray:
+        """[n, width]: prompt `index`'s chance, at each position, that the child of each
+        sibling index is the one accepted there (greedy: 1 at the text's token's rank)."""
+        if self.sampling is None:
+            ranks = self.ranks[index][exit_layer - 1]
+            return (ranks[:, None] == np.arange(width)[None, :]).astype(np.float64)
+        return np.stack([self.accept[index][exit_layer - 1],
+                         self.second_child[index][exit_layer - 1]], axis=-1)[:, :width]
 
-def tree_rounds(ranks: np.ndarray, tree: StaticTree) -> int:
-    """The rounds greedy decoding with the static tree `tree` (siblings in the order of the
-    draft's top tokens) takes over n positions whose next tokens have `ranks`
-    [n] among the drafter's tokens there. A drafted path is accepted while it follows the
-    text: from the pending token, the child whose sibling index is the text's token's rank,
-    while that child exists; a draft after accepted ones is the drafter's prediction with
-    the text's tokens before it (teacher forcing, as for chains). A chain's parents give
-    `expected_rounds` over rank == 0."""
-    rounds, start, n = 0, 0, len(ranks)
-    while start < n:
-        position, accepted = 0, 0  # 0: the pending token
-        while start + accepted < n:
-            kids = tree.child_lists[position]
-            rank = int(ranks[start + accepted])
-            if rank >= len(kids):
-                break
-            position, accepted = kids[rank], accepted + 1
-        rounds, start = rounds + 1, start + accepted + 1
-    return rounds
+
+def tree_rounds(siblings: np.ndarray, tree: StaticTree) -> float:
+    """The expected rounds decoding with the static tree `tree` takes over n positions where
+    `siblings` [n, C] holds the chance, independently given the text, that the child of
+    sibling index c is the one accepted at each position (greedy: 1 at the rank of the
+    text's token among the drafter's tokens, 0 elsewhere; the rounds the loop takes). A
+    round starting at t goes down from the pending token through the accepted child
+    (position t at depth 1, t + 1 at depth 2, ...) and stops at a node none of whose
+    children is accepted (a leaf always), adding one token of its own; a draft after
+    accepted ones is the drafter's prediction with the text's tokens before it (teacher
+    forcing, as for chains). A chain's parents give `expected_rounds` over the first
+    child's chances."""
+    siblings = np.asarray(siblings, np.float64)
+    n, width = siblings.shape
+    depth, kids = tree.depth, tree.child_lists
+    padded = np.zeros((n + depth + 1, max(width, tree.max_children)))  # none past the end
+    padded[:n, :width] = siblings
+    # Per tree position (0: the pending token): its depth, and over the round's start, the
+    # chance that the round reaches it, then that it stops there.
+    depths, reach = [0] * len(kids), [np.ones(n)] * len(kids)
+    for position, children in enumerate(kids):
+        at = padded[depths[position]:depths[position] + n]
+        for index, child in enumerate(children):
+            depths[child] = depths[position] + 1
+            reach[child] = reach[position] * at[:, index]
+    stops = [chance * (1 - padded[d:d + n, :len(children)].sum(axis=1))
+             for chance, d, children in zip(reach, depths, kids, strict=True)]
+    rounds = np.zeros(n + depth + 1)  # from each position, the expected rounds to the end
+    for start in range(n - 1, -1, -1):
+        rounds[start] = 1 + sum(stop[start] * rounds[start + d + 1]
+                                for stop, d in zip(stops, depths, strict=True))
+    return float(rounds[0])
 
 
 def expected_rounds(accept: np.ndarray, num_draft: int) -> np.ndarray:
@@ -334,7 +382,7 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
     # Position t predicts token t + 1: rounds make each continuation's tokens 1..n-1.
     made = bucket(max(max(len(c) - 1 for c in continuations), 1))
     acceptance = _exit_acceptance(cfg)
-    accept, target, ranks = [], [], []
+    accept, target, ranks, second = [], [], [], []
     for start in range(0, len(rows), ROWS_PER_PASS):
         chunk = range(start, min(start + ROWS_PER_PASS, len(rows)))
         tokens = np.zeros((ROWS_PER_PASS, width), np.int32)
@@ -343,8 +391,8 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             tokens[i, :len(rows[index])] = rows[index]
             at[i] = np.minimum(len(prompts[index]) + np.arange(made), width - 2)
         nexts = np.take_along_axis(tokens, at + 1, axis=1)
-        chances, p, rank = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
-                                      jnp.asarray(nexts), vocab, sampling)  # [L, B, M]...
+        chances, p, rank, seconds = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
+                                               jnp.asarray(nexts), vocab, sampling)
         for i, index in enumerate(chunk):
             made_here = max(len(continuations[index]) - 1, 0)
             accept.append(np.asarray(chances)[:, i, :made_here])
@@ -352,17 +400,22 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
                 target.append(np.asarray(p)[i, :made_here])
             if rank is not None:
                 ranks.append(np.asarray(rank)[:, i, :made_here])
+            if seconds is not None:
+                second.append(np.asarray(seconds)[:, i, :made_here])
     return dataclasses.replace(texts, accept=tuple(accept), sampling=sampling,
-                               target=tuple(target), ranks=tuple(ranks))
+                               target=tuple(target), ranks=tuple(ranks),
+                               second_child=tuple(second))
 
 
 def _exit_acceptance(cfg: ModelConfig) -> Callable:
     """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) ->
-    ([L, B, M], p, ranks): the probability that each exit's draft at position `at` (over
-    `vocab`'s ids) is accepted when the text's next token is `nexts`: greedy whether its
-    argmax is that token, sampled min(1, q / p) there, q the exit's distribution and p the
-    last layer's (the module docstring); sampled, p [B, M] (None when greedy); greedy, the
-    rank [L, B, M] of `nexts` among each exit's drafts (None when sampled)."""
+    ([L, B, M], p, ranks, second): the probability that each exit's draft at position `at`
+    (over `vocab`'s ids) is accepted when the text's next token is `nexts`: greedy whether
+    its argmax is that token, sampled min(1, q / p) there, q the exit's distribution and p
+    the last layer's (the module docstring); sampled, p [B, M] (None when greedy); greedy,
+    the rank [L, B, M] of `nexts` among each exit's drafts (None when sampled); sampled,
+    the chance [L, B, M] that a second child drawn without replacement is the one accepted
+    (`second_child_chance`; None when greedy)."""
 
     @jax.jit
     def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
@@ -372,19 +425,33 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
         if sampling is None:
             ranks = jax.lax.map(lambda h: _rank_of(exit_head_logits(params, cfg, h, vocab),
                                                    nexts), hidden)
-            return (ranks == 0).astype(jnp.float32), None, ranks
-        def chance(h: jax.Array, vocab: DraftVocab | None) -> jax.Array:
-            logits = exit_head_logits(params, cfg, h, vocab)
-            return jnp.exp(token_logprobs(logits, nexts, sampling))
-
-        # The text was drawn from p, so p > 0 there but for rounding at a filter's edge,
-        # where the verification, which reads p as this pass does, would reject the draft.
-        target = chance(hidden[-1], None)
-        safe = jnp.where(target > 0, target, 1.0)
-        return jax.lax.map(lambda h: jnp.where(
-            target > 0, jnp.minimum(1.0, chance(h, vocab) / safe), 0.0), hidden), target, None
+            return (ranks == 0).astype(jnp.float32), None, ranks, None
+        p = probabilities(exit_head_logits(params, cfg, hidden[-1], None), sampling)
+        target = jnp.take_along_axis(p, nexts[..., None], axis=-1)[..., 0]
+        chances = jax.lax.map(lambda h: _child_chances(
+            p, probabilities(exit_head_logits(params, cfg, h, vocab), sampling), nexts), hidden)
+        return chances[0], target, None, chances[1]
 
     return acceptance
+
+
+def _child_chances(p: jax.Array, q: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Given the emitted tokens y [...] and the target's and the draft's distributions p, q
+    [..., V] there: the chance that a node's first child (drawn from q) is the one accepted,
+    min(1, q(y) / p(y)), and that its second, drawn without replacement, is (the module
+    docstring). The text was drawn from p, so p(y) > 0 but for rounding at a filter's edge,
+    where the verification, which reads p as this pass does, rejects every child."""
+    p_y = jnp.take_along_axis(p, y[..., None], axis=-1)
+    q_y = jnp.take_along_axis(q, y[..., None], axis=-1)
+    left_y = jnp.take_along_axis(residual(p, q), y[..., None], axis=-1)
+    # Over the first child's token x (x = y adds nothing: q(y) > p(y) leaves p'(y) = 0); a
+    # first child that took all of q leaves no second child.
+    rest = 1.0 - q
+    second = jnp.sum(jnp.where(rest > 0, jnp.maximum(q - p, 0.0) * jnp.minimum(
+        left_y, q_y / jnp.where(rest > 0, rest, 1.0)), 0.0), axis=-1)
+    safe = jnp.where(p_y > 0, p_y, 1.0)[..., 0]
+    first = jnp.where(p_y[..., 0] > 0, jnp.minimum(1.0, q_y[..., 0] / safe), 0.0)
+    return first, jnp.where(p_y[..., 0] > 0, second / safe, 0.0)
 
 
 def _rank_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -10,12 +10,13 @@ the same prompts: played over the model's continuations of them (greedy, or samp
 figures are the benchmark's, so they compete with the probes as they are; so do the figures
 of the drafters that copy from the text (ngram, suffix: `played_speedup`), whose rounds are
 played over the same continuations, greedy or sampled, and costed by the same calibrated
-loop; so do selfspec's static trees when greedy, played over the exit's ranks of the same
-continuations (`DraftExitReport.tree_speedup`). The best of each kind (a strategy's chains,
-its trees), the few best kinds, are confirmed on all the prompts with the benchmark's
-interleaved measurement (`tools.bench.run_benchmark`); the fastest wins, plain decoding when
-none beats it. Probes decode as many tokens as the confirmation, whose programs they compile,
-a few candidates to a benchmark beside one `ar` (`PROBE_BATCH`).
+loop; so do selfspec's static trees, played over the exits' chances along the same
+continuations (`DraftExitReport.tree_speedup`; sampled, at most two children per node).
+The best of each kind (a strategy's chains, its trees), the few best kinds, are confirmed
+on all the prompts with the benchmark's interleaved measurement (`tools.bench.run_benchmark`);
+the fastest wins, plain decoding when none beats it. Probes decode as many tokens as the
+confirmation, whose programs they compile, a few candidates to a benchmark beside one `ar`
+(`PROBE_BATCH`).
 
 A time budget stops the search: no batch of probes starts after it is spent, and then the best
 prediction so far wins unconfirmed (the table says so).
@@ -247,13 +248,15 @@ def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) 
     """The speed-up of a drafter that copies from the text, played over the report's
     continuations (`exit_workload.play_copied`) in their mode (greedy or sampled, its
     proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
-    proposal's measured seconds; greedy, of selfspec with a static tree, played over the
-    exit's ranks (`DraftExitReport.tree_speedup`). None for any other drafter, or a report
-    not on a workload."""
+    proposal's measured seconds; of selfspec with a static tree the runs can play
+    (`ExitRuns.plays_tree`: greedy, or sampled with at most two children per node), played
+    over the exit's chances there (`DraftExitReport.tree_speedup`). None for any other
+    drafter, or a report not on a workload."""
     runs = report.runs
     if runs is None or report.loop is None:
         return None
-    if (drafter.name == EXITS and isinstance(drafter.shape, StaticTree) and runs.ranks
+    if (drafter.name == EXITS and isinstance(drafter.shape, StaticTree)
+            and runs.plays_tree(drafter.shape)
             and drafter.draft_vocab == report.costs.draft_vocab):
         return report.tree_speedup(drafter.exit_layer, drafter.shape)
     if not drafter.copies_text:

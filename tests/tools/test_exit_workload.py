@@ -3,6 +3,7 @@ played over the exits' acceptance against the real decode loop's (greedy exactly
 expectation), the loop's calibration and the calibrated prediction by hand, the command line
 end to end."""
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Sequence
@@ -13,12 +14,13 @@ import numpy as np
 import pytest
 
 import specjax.tools.exit_workload as exit_workload_module
+from specjax import model as M
 from specjax.config import ModelConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
-from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
@@ -174,17 +176,24 @@ def test_a_tree_round_follows_the_texts_ranks_down_the_tree():
     a rank read from the round's start at every depth, and children counted over the
     whole level instead of the node's own."""
     two_one = StaticTree.from_branching((2, 1))  # parents -1, -1, 0, 1
-    assert tree_rounds(np.array([1, 0, 3, 0, 1, 0]), two_one) == 3
-    assert tree_rounds(np.array([0, 0, 0]), two_one) == 1
-    assert tree_rounds(np.array([2, 0, 0]), two_one) == 2  # no third child: rounds at 0, 1
+    assert _rounds_by_rank([1, 0, 3, 0, 1, 0], two_one) == 3
+    assert _rounds_by_rank([0, 0, 0], two_one) == 1
+    assert _rounds_by_rank([2, 0, 0], two_one) == 2  # no third child: rounds at 0, 1
     # Node 0 (rank 0) has two children, node 1 (rank 1) none: rank 1 below node 0 only.
     irregular = StaticTree.from_parents((-1, -1, 0, 0))
-    assert tree_rounds(np.array([0, 1, 5]), irregular) == 1  # nodes 0 and 3
-    assert tree_rounds(np.array([1, 1, 5]), irregular) == 2  # node 1 is a leaf
+    assert _rounds_by_rank([0, 1, 5], irregular) == 1  # nodes 0 and 3
+    assert _rounds_by_rank([1, 1, 5], irregular) == 2  # node 1 is a leaf
     ranks = np.random.default_rng(0).integers(0, 3, 200)
     for num_draft in (1, 3, 5):
         chain = StaticTree.from_parents([-1, *range(num_draft - 1)])
-        assert tree_rounds(ranks, chain) == expected_rounds(ranks == 0, num_draft)
+        assert _rounds_by_rank(ranks, chain) == expected_rounds(ranks == 0, num_draft)
+
+
+def _rounds_by_rank(ranks: Sequence[int], tree: StaticTree) -> float:
+    """`tree_rounds` over texts whose tokens have `ranks` among the drafter's (greedy: the
+    child of that sibling index is accepted, none past the node's children)."""
+    ranks = np.asarray(ranks)
+    return tree_rounds((ranks[:, None] == np.arange(tree.max_children)).astype(float), tree)
 
 
 def test_a_rank_breaks_ties_as_the_drafters_top_tokens_do():
@@ -218,6 +227,26 @@ def test_a_trees_tau_and_speed_up_by_hand():
     assert report.tree_speedup(2, chain) == pytest.approx(report.speedup(2, 3))
 
 
+def test_sampled_runs_play_trees_of_two_children_drawn_without_replacement():
+    """Sampled chances of the first child (0.5, 1, 0.2) and the second (0.3, 0, 0.4) at three
+    positions, a root with two leaf children: a round from t takes 2 tokens with chance
+    0.8, 1 and 0.6, so 2 rounds are expected (from 0: 1 + 0.8 x 1 + 0.2 x 1) and tau is
+    3 / 2; a third child, children drawn i.i.d. or greedy runs without ranks are not
+    played, in one line. Catches the second child's chance left out, and a tree played
+    sampled with a rule its chances do not describe."""
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    runs = ExitRuns((np.array([[0.5, 1.0, 0.2]]),), sampling=sampling,
+                    second_child=(np.array([[0.3, 0.0, 0.4]]),))
+    two = StaticTree.from_branching((2,))
+    assert runs.plays_tree(two) and runs.tree_tau(1, two) == pytest.approx(3 / 2)
+    for tree, unplayable in ((StaticTree.from_branching((3,)), runs),
+                             (StaticTree.from_branching((2,), children="iid"), runs),
+                             (two, ExitRuns((np.ones((1, 3)),)))):
+        assert not unplayable.plays_tree(tree)
+        with pytest.raises(ValueError, match="cannot be played over these runs"):
+            unplayable.tree_tau(1, tree)
+
+
 def test_played_tree_rounds_are_the_real_loops_rounds(model):
     """Greedy selfspec with static trees, 2,2,1,1 at exit 1 over the whole vocabulary and an
     irregular one at exit 2 over N ids: the rounds played over the exits' ranks equal the
@@ -234,12 +263,87 @@ def test_played_tree_rounds_are_the_real_loops_rounds(model):
         drafter = SelfSpeculative(exit_layer, tree, draft_vocab=draft_vocab)
         out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
         assert out.tokens == continuations
-        played = [tree_rounds(row[exit_layer - 1], tree) for row in runs.ranks]
+        played = [_rounds_by_rank(row[exit_layer - 1], tree) for row in runs.ranks]
         assert played == [stats.rounds for stats in out.stats], (exit_layer, tree)
         chain = [expected_rounds(row[exit_layer - 1] == 0, 1) for row in runs.ranks]
         assert played != chain  # the tree accepts beyond the argmax: teeth
         played_all.append(played)
     assert played_all[0] != played_all[1]
+
+
+def test_expected_tree_rounds_are_the_mean_over_every_outcome():
+    """Chances that the first or the second child is accepted at 6 positions (0 and 1 among
+    them), an irregular tree (the first child has two children, one of which has a child;
+    the second is a leaf): the expected rounds are the mean, weighted by each outcome's
+    probability, of the rounds a walk over every one of the 3^6 outcomes (first, second or
+    no child accepted at each position) takes, an independent reference; a chain's parents
+    give `expected_rounds` over the first child's chances. Catches a node's stop chance
+    counting children it does not have, the chances read at the round's start at every
+    depth, and a round's reach not multiplied down the path."""
+    siblings = np.array([[0.5, 0.3], [0.2, 0.7], [1.0, 0.0], [0.0, 0.0], [0.6, 0.25],
+                         [0.1, 0.85]])
+    tree = StaticTree.from_parents((-1, -1, 0, 0, 2))  # nodes 2, 3 below 0; 4 below 2
+    expected = 0.0
+    for outcome in itertools.product(range(3), repeat=len(siblings)):
+        chance = np.append(siblings, 1 - siblings.sum(axis=1, keepdims=True), axis=1)
+        weight = np.prod(chance[np.arange(len(siblings)), outcome])
+        expected += weight * _rounds_by_rank(outcome, tree)  # rank 2: no child accepted
+    assert tree_rounds(siblings, tree) == pytest.approx(expected, rel=1e-12)
+    for num_draft in (1, 3):
+        chain = StaticTree.from_parents([-1, *range(num_draft - 1)])
+        assert tree_rounds(siblings[:, :1], chain) == pytest.approx(
+            expected_rounds(siblings[:, 0], num_draft), rel=1e-12)
+
+
+def test_a_second_childs_chance_is_the_real_acceptances():
+    """Given the emitted token y, the chance that a node's first or second child (drawn
+    without replacement from q by the loop's own `draw_children`) is the one the loop's
+    `acceptance.accept` takes, measured over 400,000 rows, equals `_child_chances`' (within
+    4.5 standard errors), an independent reference. Catches the second child's q not
+    renormalised after the first's token is removed, its p not the first rejection's
+    residual, and the chances not divided by p(y)."""
+    from specjax.decoding.acceptance import accept
+    from specjax.decoding.proposal import Proposal
+    from specjax.decoding.sampling import draw_children
+
+    p = jnp.array([0.1, 0.3, 0.2, 0.2, 0.1, 0.1])
+    q = jnp.array([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    rows, sampling = 400_000, SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    tree = StaticTree.from_branching((2,))
+    key_draw, key_accept = jax.random.split(jax.random.PRNGKey(0))
+    tokens, probs = draw_children(key_draw, jnp.broadcast_to(jnp.log(q), (rows, 6)), sampling,
+                                  2, "without_replacement")
+    node_q = jnp.broadcast_to(probs[:, None], (rows, 2, 6))
+    proposal = Proposal(tokens=tokens, parents=jnp.full((rows, 2), -1, jnp.int32),
+                        valid=jnp.take_along_axis(probs, tokens, axis=1) > 0, q=node_q,
+                        reuse=None, stats={}, shape=tree)
+    taken = accept(key_accept, proposal, jnp.broadcast_to(jnp.log(p), (rows, 3, 6)), sampling)
+    count, emitted, path = (np.asarray(x) for x in (taken.num_accepted, taken.emitted, taken.path))
+    ids = jnp.arange(6)
+    first, second = (np.asarray(c) for c in exit_workload_module._child_chances(
+        jnp.broadcast_to(p, (6, 6)), jnp.broadcast_to(q, (6, 6)), ids))
+    for y in range(6):
+        emitted_y = emitted[:, 0] == y
+        for child, chance in ((0, first[y]), (1, second[y])):
+            measured = np.mean(emitted_y & (count == 1) & (path[:, 0] == child)) / p[y]
+            error = np.sqrt(chance * p[y] * (1 - chance * p[y]) / rows) / p[y]
+            assert abs(measured - chance) < 4.5 * error + 1e-9, (y, child, measured, chance)
+    assert second[1] > 0.1 and second[5] == 0  # the second child matters; q(5) = 0
+
+
+def _sampled_rounds(params, generator: Generator, drafter, sampling: SamplingParams,
+                    prompts: list[list[int]], seeds: int,
+                    draft_ids: np.ndarray | None = None) -> tuple[np.ndarray, ExitRuns]:
+    """The rounds [texts] the sampled loop takes on each text it makes from `prompts` at
+    seeds 0, 1, ..., and the sampled `exit_runs` of those texts (over `draft_ids`)."""
+    rounds, texts = [], []
+    for seed in range(seeds):
+        out = generator.generate(prompts, max_new_tokens=NEW, strategy=drafter,
+                                 sampling=sampling, seed=seed)
+        rounds += [stats.rounds for stats in out.stats]
+        texts += out.tokens
+    return np.asarray(rounds), exit_runs(params, CFG, prompts * seeds, texts, draft_ids,
+                                         sampling)
 
 
 def test_sampled_played_rounds_are_the_sampled_loops_in_expectation(model):
@@ -252,19 +356,71 @@ def test_sampled_played_rounds_are_the_sampled_loops_in_expectation(model):
     params, generator, _, ranking, _ = model
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
     drafter = SelfSpeculative(2, Chain(3), draft_vocab=200)
-    prompts, seeds = PROMPTS * 10, 30
-    rounds, texts = [], []
-    for seed in range(seeds):
-        out = generator.generate(prompts, max_new_tokens=NEW, strategy=drafter,
-                                 sampling=sampling, seed=seed)
-        rounds += [stats.rounds for stats in out.stats]
-        texts += out.tokens
-    runs = exit_runs(params, CFG, prompts * seeds, texts, np.sort(ranking[:200]), sampling)
+    rounds, runs = _sampled_rounds(params, generator, drafter, sampling, PROMPTS * 10, 30,
+                                   np.sort(ranking[:200]))
     assert runs.sampling is sampling
     expected = [expected_rounds(row[1], 3) for row in runs.accept]
     gap = np.asarray(rounds) - np.asarray(expected)
     assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
     assert 0.3 < runs.rate(2) < 0.7  # drafts are accepted and rejected: teeth
+
+
+def test_child_chances_are_read_at_each_exit_and_position(model):
+    """Sampled runs over 200 of the 259 ids, top-p 0.9: at every position of every text, the
+    first- and second-child chances of exits 1 and 2 are `_child_chances` of p and q from an
+    independent reference, `model.forward` of the whole model and of the model cut to the
+    exit's layers (the shared head over the 200 ids). Catches the second child's chances
+    read from the neighbouring exit or a position off, over the whole vocabulary where the
+    drafter drafts over the subset, or without the sampling's filters, which the loop's
+    rounds on a few hundred texts are too noisy to see."""
+    params, _, _, ranking, _ = model
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
+    texts = model_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW,
+                                sampling=sampling, seed=3)
+    ids = np.sort(ranking[:200])
+    runs = exit_runs(params, CFG, PROMPTS, texts, ids, sampling)
+    rows = [prompt + continuation for prompt, continuation in zip(PROMPTS, texts, strict=True)]
+    tokens = np.zeros((len(rows), max(map(len, rows))), np.int32)  # causal: the pad is after
+    for row, text in zip(tokens, rows, strict=True):
+        row[:len(text)] = text
+    forward = jax.jit(M.forward, static_argnames="cfg")
+    outside = ~np.isin(np.arange(CFG.vocab_size), ids)
+    p = probabilities(forward(params, CFG, tokens), sampling)
+    for exit_layer in (1, 2):
+        cut = {**params, "layers": jax.tree.map(lambda w, e=exit_layer: w[:e], params["layers"])}
+        logits = forward(cut, dataclasses.replace(CFG, num_layers=exit_layer), tokens)
+        q = probabilities(jnp.where(outside, -jnp.inf, logits), sampling)
+        for index, (prompt, continuation) in enumerate(zip(PROMPTS, texts, strict=True)):
+            at = len(prompt) + np.arange(len(continuation) - 1)  # position t predicts t + 1
+            first, second = exit_workload_module._child_chances(
+                p[index, at], q[index, at], jnp.asarray(tokens[index, at + 1]))
+            np.testing.assert_allclose(runs.accept[index][exit_layer - 1], first, atol=1e-5)
+            np.testing.assert_allclose(runs.second_child[index][exit_layer - 1], second,
+                                       atol=1e-5)
+    assert 0.05 < np.mean(np.concatenate([row[1] for row in runs.second_child])) < 0.5
+
+
+def test_sampled_played_tree_rounds_are_the_sampled_loops_in_expectation(model):
+    """Sampled selfspec drafting the static tree 2,2,1 (children without replacement) from
+    exit 2 over 200 of the 259 ids, top-p 0.9, over 180 texts the loop made (6 seeds of 30
+    prompts): its rounds on each text, less the rounds `tree_rounds` expects there from the
+    exit's first- and second-child chances (`exit_runs`), average zero (|z| < 3.5), an
+    independent reference of the whole play. Catches the second child left out (the
+    chain's rounds: z about 16 here) and the walk's depths read as a chain's."""
+    params, generator, _, ranking, _ = model
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
+    tree = StaticTree.from_branching((2, 2, 1))
+    drafter = SelfSpeculative(2, tree, draft_vocab=200)
+    rounds, runs = _sampled_rounds(params, generator, drafter, sampling, PROMPTS * 10, 6,
+                                   np.sort(ranking[:200]))
+    assert runs.plays_tree(tree)
+    expected = np.array([tree_rounds(runs._siblings(i, 2, 2), tree)
+                         for i in range(len(rounds))])
+    gap = np.asarray(rounds) - expected
+    assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
+    chain = np.array([expected_rounds(row[1], 3) for row in runs.accept])
+    assert chain.sum() > 1.05 * expected.sum()  # the second children add accepted drafts
+    assert runs.tree_tau(2, tree) == pytest.approx(runs.positions / expected.sum())
 
 
 @pytest.mark.parametrize("drafter", [
@@ -360,13 +516,10 @@ def test_sampled_suffix_rounds_are_the_sampled_loops_in_expectation():
     starts = [[0, 1, 2, 3, 0, 1], [1, 1, 0], [3, 2, 0, 0, 1, 2], [2, 2], [0, 3, 1],
               [1, 0, 1, 0], [3], [2, 1, 0, 3]]
     batch = [[10 * r + 5 + t for t in start] for r, start in enumerate(starts)]
-    generator, rounds, texts = Generator(params, CFG), [], []
-    for seed in range(SUFFIX_SEEDS):
-        out = generator.generate(batch, max_new_tokens=NEW, strategy=drafter,
-                                 sampling=sampling, seed=seed)
-        rounds += [stats.rounds for stats in out.stats]
-        texts += out.tokens
-    runs = exit_runs(params, CFG, batch * SUFFIX_SEEDS, texts, sampling=sampling)
+    rounds, runs = _sampled_rounds(params, Generator(params, CFG), drafter, sampling, batch,
+                                   SUFFIX_SEEDS)
+    texts = [text[len(prompt):] for text, prompt in zip(runs.texts, batch * SUFFIX_SEEDS,
+                                                        strict=True)]
     gap = np.asarray(rounds) - copied_rounds(drafter, CFG, runs)
     assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
     assert 1.3 < sum(len(t) - 1 for t in texts) / sum(rounds) < 2.5  # drafts accepted: teeth

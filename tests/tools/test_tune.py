@@ -10,7 +10,6 @@ import time
 import types
 
 import jax
-import numpy as np
 import pytest
 
 import specjax
@@ -236,14 +235,14 @@ def test_a_played_figure_is_not_probed(monkeypatch):
     assert tuning.winner == found[0]
 
 
-def test_a_greedy_selfspec_tree_is_played_where_its_ranks_are_known():
+def test_a_selfspec_tree_is_played_where_the_runs_can_play_it():
     """`played_speedup` prices selfspec's static trees from the report (`tree_speedup`, at
-    the drafter's exit and parents) when the runs are greedy (they hold ranks) and the
-    drafter drafts over the report's vocabulary; a sampled run (no ranks), a dynamic tree,
-    another draft vocabulary or a chain is left to the probe or the report. Catches a tree
-    still probed (two compilations each), or played over ranks of another vocabulary."""
+    the drafter's exit and parents) when the runs can play the tree (`plays_tree`) and the
+    drafter drafts over the report's vocabulary; runs that cannot, a dynamic tree, another
+    draft vocabulary or a chain are left to the probe or the report. Catches a tree still
+    probed (two compilations each), or played over chances of another vocabulary."""
     calls = []
-    runs = types.SimpleNamespace(ranks=(np.zeros((2, 5), np.int32),), texts=())
+    runs = types.SimpleNamespace(plays_tree=lambda tree: True, texts=())
     report = types.SimpleNamespace(
         runs=runs, loop=object(), costs=types.SimpleNamespace(draft_vocab=0),
         tree_speedup=lambda exit_layer, tree: calls.append((exit_layer, tree)) or 1.4)
@@ -253,7 +252,7 @@ def test_a_greedy_selfspec_tree_is_played_where_its_ranks_are_known():
     for drafter in (SelfSpeculative(2, tree, draft_vocab=100),
                     SelfSpeculative(2, DynamicTree(4, 2, 2)), SelfSpeculative(2, Chain(3))):
         assert tuner.played_speedup(report, None, drafter) is None
-    runs.ranks = ()
+    runs.plays_tree = lambda tree: False
     assert tuner.played_speedup(report, None, SelfSpeculative(2, tree)) is None
     assert len(calls) == 1
 

@@ -160,13 +160,14 @@ class ExitRuns:
         return self.positions / rounds if rounds else 1.0
 
     def _siblings(self, index: int, exit_layer: int, width: int) -> np.ndarray:
-        """[n, width]: prompt `index`'s chance, at each position, that the child of each
-        sibling index is the one accepted there (greedy: 1 at the text's token's rank)."""
+        """[n, C]: prompt `index`'s chance, at each position, that the child of each sibling
+        index is the one accepted there (greedy: 1 at the text's token's rank, over `width`
+        children; sampled: the first and the second child's)."""
         if self.sampling is None:
             ranks = self.ranks[index][exit_layer - 1]
             return (ranks[:, None] == np.arange(width)[None, :]).astype(np.float64)
         return np.stack([self.accept[index][exit_layer - 1],
-                         self.second_child[index][exit_layer - 1]], axis=-1)[:, :width]
+                         self.second_child[index][exit_layer - 1]], axis=-1)
 
 
 def tree_rounds(siblings: np.ndarray, tree: StaticTree) -> float:
@@ -183,7 +184,7 @@ def tree_rounds(siblings: np.ndarray, tree: StaticTree) -> float:
     siblings = np.asarray(siblings, np.float64)
     n, width = siblings.shape
     depth, kids = tree.depth, tree.child_lists
-    padded = np.zeros((n + depth + 1, max(width, tree.max_children)))  # none past the end
+    padded = np.zeros((n + depth, max(width, tree.max_children)))  # none past the end
     padded[:n, :width] = siblings
     # Per tree position (0: the pending token): its depth, and over the round's start, the
     # chance that the round reaches it, then that it stops there.
@@ -448,7 +449,7 @@ def _child_chances(p: jax.Array, q: jax.Array, y: jax.Array) -> tuple[jax.Array,
     # first child that took all of q leaves no second child.
     rest = 1.0 - q
     second = jnp.sum(jnp.where(rest > 0, jnp.maximum(q - p, 0.0) * jnp.minimum(
-        left_y, q_y / jnp.where(rest > 0, rest, 1.0)), 0.0), axis=-1)
+        left_y, q_y / rest), 0.0), axis=-1)
     safe = jnp.where(p_y > 0, p_y, 1.0)[..., 0]
     first = jnp.where(p_y[..., 0] > 0, jnp.minimum(1.0, q_y[..., 0] / safe), 0.0)
     return first, jnp.where(p_y[..., 0] > 0, second / safe, 0.0)

@@ -232,8 +232,9 @@ def test_sampled_runs_play_trees_of_two_children_drawn_without_replacement():
     positions, a root with two leaf children: a round from t takes 2 tokens with chance
     0.8, 1 and 0.6, so 2 rounds are expected (from 0: 1 + 0.8 x 1 + 0.2 x 1) and tau is
     3 / 2; a third child, children drawn i.i.d. or greedy runs without ranks are not
-    played, in one line. Catches the second child's chance left out, and a tree played
-    sampled with a rule its chances do not describe."""
+    played, in one line, nor are sampled runs without second-child chances. Catches the
+    second child's chance left out, and a tree played sampled with a rule its chances do
+    not describe or without the chances."""
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     runs = ExitRuns((np.array([[0.5, 1.0, 0.2]]),), sampling=sampling,
                     second_child=(np.array([[0.3, 0.0, 0.4]]),))
@@ -241,10 +242,51 @@ def test_sampled_runs_play_trees_of_two_children_drawn_without_replacement():
     assert runs.plays_tree(two) and runs.tree_tau(1, two) == pytest.approx(3 / 2)
     for tree, unplayable in ((StaticTree.from_branching((3,)), runs),
                              (StaticTree.from_branching((2,), children="iid"), runs),
-                             (two, ExitRuns((np.ones((1, 3)),)))):
+                             (two, ExitRuns((np.ones((1, 3)),))),
+                             (two, ExitRuns((np.ones((1, 3)),), sampling=sampling))):
         assert not unplayable.plays_tree(tree)
         with pytest.raises(ValueError, match="cannot be played over these runs"):
             unplayable.tree_tau(1, tree)
+
+
+def test_a_trees_chances_are_read_at_its_exit_and_every_child_counts():
+    """Sampled, two exits' chances (exit 1: the first test's; exit 2: first child 0.2, 0.5,
+    0.5, second 0.6, 0.1, 0): a root with two leaf children plays 3 / 2.08 tokens a round at
+    exit 2 (from 0: 1 + 0.8 x 1 + 0.2 x 1.4) and 3 / 2 at exit 1; the report prices it as
+    the greedy trees, and a chain's parents as the chain. Greedy, a node's third child
+    counts: ranks 2, 0, 1, 0 under a root of three take 2 rounds. Catches the second child
+    read from the neighbouring exit, the children's width capped at two, and a sampled
+    run's tree refused by the report."""
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    accept = np.array([[0.5, 1.0, 0.2], [0.2, 0.5, 0.5], [0.9] * 3, [0.9] * 3])
+    second = np.array([[0.3, 0.0, 0.4], [0.6, 0.1, 0.0], [0.05] * 3, [0.05] * 3])
+    runs = ExitRuns((accept,), sampling=sampling, second_child=(second,))
+    two = StaticTree.from_branching((2,))
+    assert runs.tree_tau(2, two) == pytest.approx(3 / 2.08)
+    assert runs.tree_tau(1, two) == pytest.approx(3 / 2)
+    report = DraftExitReport(METRICS, COSTS, CFG.layer_kinds, num_draft=(3,), runs=runs)
+    attention, head = COSTS.layer["attention"], COSTS.head
+    round_seconds = 2 * attention[1] + head[1] + 2 * attention[2] + 2 * attention[3] + head[3]
+    assert report.tree_speedup(2, two) == pytest.approx(
+        (3 / 2.08) * (4 * attention[1] + head[1]) / round_seconds)
+    assert report.tree_speedup(2, StaticTree.from_parents((-1, 0, 1))) == pytest.approx(
+        report.speedup(2, 3))
+    ranks = np.array([[2, 0, 1, 0]])
+    greedy = ExitRuns((ranks == 0,), ranks=(ranks,))
+    assert greedy.tree_tau(1, StaticTree.from_branching((3,))) == pytest.approx(4 / 2)
+
+
+def test_a_draft_that_is_one_token_leaves_no_second_child():
+    """A draft distribution on one token (top-k 1, or top-p at a confident exit) draws no
+    second child (`StaticTree.draft` drops a draw outside q): its second child's chance is 0
+    for every y, and its first child's 1 at its token. Catches the renormalisation
+    1 - q(x) dividing by zero there (NaN chances, a NaN tau)."""
+    p = jnp.array([0.1, 0.3, 0.2, 0.2, 0.1, 0.1])
+    q = jnp.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    first, second = (np.asarray(c) for c in exit_workload_module._child_chances(
+        jnp.broadcast_to(p, (6, 6)), jnp.broadcast_to(q, (6, 6)), jnp.arange(6)))
+    np.testing.assert_array_equal(first, [0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(second, np.zeros(6))
 
 
 def test_played_tree_rounds_are_the_real_loops_rounds(model):

@@ -102,19 +102,16 @@ class LayerCosts:
 
     def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree) -> float:
         """Seconds of one self-speculative round drafting the static tree `tree` from exit
-        `exit_layer`: at each depth, the exit's layers and the draft head on that depth's
-        nodes that have children (the pending token first), then the verification: the
-        exit's layers on the leaves, which no draft pass ran, and every other layer and the
-        head on the N nodes and the pending token. A chain of K is K one-token drafts and a
-        K + 1 token verification (as `tree_search.Costs.tree_round` prices a round from its
-        own measurements). Sizes between the measured ones are interpolated."""
+        `exit_layer` (`StaticTree.round_seconds`): a draft pass is the exit's layers and the
+        draft head, the leaves pass the exit's layers, and the rest of the verification every
+        other layer and the head. Sizes between the measured ones are interpolated."""
+        def layers(kinds: Sequence[str], num_tokens: int) -> float:
+            return sum(self._at(self.layer[kind], num_tokens) for kind in kinds)
+
         shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
-        leaves, verified = len(tree.leaves), tree.num_nodes + 1
-        drafted = sum(sum(self._at(self.layer[kind], len(positions)) for kind in shallow)
-                      + self._draft_head(len(positions)) for positions, _ in tree.expansions)
-        return (drafted + sum(self._at(self.layer[kind], leaves) for kind in shallow)
-                + sum(self._at(self.layer[kind], verified) for kind in deep)
-                + self._at(self.head, verified))
+        return tree.round_seconds(lambda n: layers(shallow, n) + self._draft_head(n),
+                                  lambda n: layers(shallow, n),
+                                  lambda n: layers(deep, n) + self._at(self.head, n))
 
     def _draft_head(self, num_tokens: int) -> float:
         if self.draft_head is None:

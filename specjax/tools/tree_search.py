@@ -115,12 +115,11 @@ class Costs:
     ar_step: float
 
     def tree_round(self, tree: StaticTree) -> float:
-        """Modelled time of one round: a drafter pass per depth over the nodes with children,
-        the leaves' drafter-layer pass in verification, the verifier's pass over all
-        positions, the loop's overhead."""
-        drafting = sum(self.shallow[len(positions)] for positions, _ in tree.expansions)
-        return (drafting + self.shallow[len(tree.leaves)] + self.deep[tree.num_nodes + 1]
-                + self.overhead)
+        """Modelled time of one round (`StaticTree.round_seconds`): the drafter's passes
+        (the leaves' in verification too) and the verifier's, as measured, and the loop's
+        overhead."""
+        return tree.round_seconds(self.shallow.__getitem__, self.shallow.__getitem__,
+                                  self.deep.__getitem__) + self.overhead
 
 
 class Sequoia:

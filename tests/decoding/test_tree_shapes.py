@@ -74,6 +74,23 @@ def test_static_tree_from_branching_and_properties():
     assert [len(p) for p, _ in tree.expansions] == [1, 2, 4, 4]
 
 
+def test_a_rounds_seconds_add_its_passes_and_sequoias_costs_price_them():
+    """2,2,1,1 drafts on 1, 2, 4 and 4 nodes, runs the drafter's layers on its 4 leaves in
+    verification and verifies 15 tokens: with passes costing 1, 10 and 100 s a token, its
+    round is 11 x 11 + 10 x 4 + 100 x 15; Sequoia's `Costs` add the loop's overhead to the
+    same round, its drafter's passes measured on n tokens. Catches the leaves left out of
+    the verification, the pending token left out of it, and a draft pass run on the
+    leaves too."""
+    from specjax.tools.tree_search import Costs
+
+    tree = StaticTree.from_branching((2, 2, 1, 1))
+    assert tree.round_seconds(lambda n: 11.0 * n, lambda n: 10.0 * n,
+                              lambda n: 100.0 * n) == 11 * 11 + 10 * 4 + 100 * 15
+    costs = Costs(shallow=np.arange(20.0), deep=100 * np.arange(20.0), overhead=0.5,
+                  ar_step=1.0)
+    assert costs.tree_round(tree) == (1 + 2 + 4 + 4) + 4 + 100 * 15 + 0.5
+
+
 def test_static_tree_from_parents_renumbers_level_by_level():
     """Children keep their order among siblings (their rank) after renumbering."""
     tree = StaticTree.from_parents([-1, 0, -1, 1, 2, 2, 0])

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -151,6 +151,16 @@ class StaticTree:
         """Positions of the nodes without children."""
         return np.asarray([p for p, kids in enumerate(self.child_lists) if p and not kids],
                           np.int32)
+
+    def round_seconds(self, draft: Callable[[int], float], leaves: Callable[[int], float],
+                      verify: Callable[[int], float]) -> float:
+        """A round's seconds from the seconds of its passes on n tokens, as `draft` runs it:
+        `draft(n)`, a draft pass at each depth on the n nodes with children (the pending
+        token first); `leaves(n)`, the drafter's layers on the leaves, which verification
+        runs (`missing`); `verify(n)`, the rest of the verification, on the N nodes and the
+        pending token. A chain of K is K one-token drafts and a K + 1 token verification."""
+        return (sum(draft(len(positions)) for positions, _ in self.expansions)
+                + leaves(len(self.leaves)) + verify(self.num_nodes + 1))
 
     def validate(self) -> None:
         if not self.parents:

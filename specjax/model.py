@@ -19,6 +19,7 @@ head (`exit_logits`: final norm + unembedding) reads any exit.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -39,9 +40,11 @@ Params = dict[str, Any]
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable, "full": None}
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     """Random parameters, each kind's layers stacked on a leading axis (layer i drawn from the
-    i-th of `num_layers` keys, whatever its kind)."""
+    i-th of `num_layers` keys, whatever its kind). One program per config: run op by op, the
+    tiny test model's init compiled 180 small programs (2.1 s on a CPU, against 0.5 s)."""
     check_layer_kinds(cfg)
     k_embed, k_layers, k_unembed = jax.random.split(key, 3)
     layer_keys = jax.random.split(k_layers, cfg.num_layers)

@@ -193,7 +193,7 @@ class DrafterBase:
     others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
     so far (`drafters.text_history`) and its proposal a function of it alone (its chain drafts
     after `ctx.forced` when given), so its rounds, greedy and sampled, can be played without
-    the loop (`tools.exit_workload.play_copied`)."""
+    the loop (`tools.copied_play.play_copied`)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()

@@ -18,9 +18,9 @@ On held-out text both predictions are estimates: acceptance is not i.i.d. (draft
 runs), another text's agreement is not the workload's, and isolated layers timed on their own
 miss what the compiled decode loop adds (accept, commit, sampling). On a workload
 (`on_workload`: prompts the model continues, greedy or sampled) tau comes from the exits'
-acceptance along those continuations, played round by round, and each round's cost from
-pieces calibrated on the real loop (`tools/exit_workload.py`); the speed-up is then the
-benchmark's, prefill included.
+acceptance along those continuations, played round by round (`tools/exit_workload.py`), and
+each round's cost from pieces calibrated on the real loop (`tools/loop_calibration.py`); the
+speed-up is then the benchmark's, prefill included.
 `bench/bench.py --exit_layer=E --num_draft=K` measures the real speed-up.
 """
 
@@ -55,14 +55,8 @@ from specjax.model import (
 from specjax.nn.cache import Cache
 from specjax.timing import time_interleaved
 from specjax.tokenizer import Tokenizer
-from specjax.tools.exit_workload import (
-    SAMPLED_PLAYS,
-    ExitRuns,
-    LoopCalibration,
-    calibrate_loop,
-    exit_runs,
-    model_continuations,
-)
+from specjax.tools.exit_workload import SAMPLED_PLAYS, ExitRuns, exit_runs, model_continuations
+from specjax.tools.loop_calibration import LoopCalibration, calibrate_loop
 from specjax.training.evaluate import ExitReport, evaluate, make_eval_step
 
 NUM_DRAFTS = (2, 3, 4, 5, 6, 7, 8)
@@ -193,7 +187,7 @@ class DraftExitReport:
 
     def copied_speedup(self, tau: float, num_draft: int, draft_seconds: float = 0.0) -> float:
         """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`
-        drafts from the text at `tau` tokens per round (`exit_workload.play_copied`): its
+        drafts from the text at `tau` tokens per round (`copied_play.play_copied`): its
         round is the verification of K + 1 tokens (mapped as a round's pieces are) plus
         `draft_seconds`, its proposal's own measured cost."""
         pieces = self.costs.whole_pass(self.layer_kinds, num_draft + 1)

@@ -36,8 +36,8 @@ from specjax.decoding.registry import STRATEGIES, DecodingConfig, make_strategy,
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.bench import StrategyResult, run_benchmark
+from specjax.tools.copied_play import play_copied
 from specjax.tools.exit_report import DraftExitReport
-from specjax.tools.exit_workload import play_copied
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
@@ -246,7 +246,7 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 
 def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) -> float | None:
     """The speed-up of a drafter that copies from the text, played over the report's
-    continuations (`exit_workload.play_copied`) in their mode (greedy or sampled, its
+    continuations (`copied_play.play_copied`) in their mode (greedy or sampled, its
     proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
     proposal's measured seconds; of selfspec with a static tree the runs can play
     (`ExitRuns.plays_tree`: greedy, or sampled with at most two children per node), played

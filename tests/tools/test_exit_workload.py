@@ -1,7 +1,7 @@
-"""The exit report on a workload (specjax/tools/exit_workload.py, exit_report.on_workload): rounds
-played over the exits' acceptance against the real decode loop's (greedy exactly, sampled in
-expectation), the loop's calibration and the calibrated prediction by hand, the command line
-end to end."""
+"""The exit report on a workload (exit_report.on_workload; specjax/tools/exit_workload.py,
+copied_play.py, loop_calibration.py): rounds played over the exits' and the copying drafters'
+acceptance against the real decode loop's (greedy exactly, sampled in expectation), the
+loop's calibration and the calibrated prediction by hand, the command line end to end."""
 
 import dataclasses
 import itertools
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import specjax.tools.copied_play as copied_play_module
 import specjax.tools.exit_workload as exit_workload_module
 from specjax import model as M
 from specjax.config import ModelConfig
@@ -23,20 +24,17 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.tools.copied_play import copied_acceptance, copied_rounds, play_copied
 from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
 from specjax.tools.exit_workload import (
     ExitRuns,
-    LoopCalibration,
-    copied_acceptance,
-    copied_rounds,
     exit_runs,
     expected_rounds,
     expected_rounds_from,
-    fit_round,
     model_continuations,
-    play_copied,
     tree_rounds,
 )
+from specjax.tools.loop_calibration import LoopCalibration, fit_round
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params
 from tests.support.scripts import run_script
@@ -577,13 +575,13 @@ def test_a_copying_drafters_sampled_draft_is_read_along_the_text():
     3, 8. Catches the play drafting depth 2 after its own draw (2, then 7: the text's 8 would
     get no chance) rather than after the text's token."""
     drafter = SuffixDecoding(depth=4, min_prob=0.2, factor=2.0, shape=Chain(2))
-    text = exit_workload_module._padded([1, 2, 7, 1, 2, 7, 1, 2, 7, 1, 3, 8, 1, 3, 8])
+    text = copied_play_module._padded([1, 2, 7, 1, 2, 7, 1, 2, 7, 1, 3, 8, 1, 3, 8])
     end = jnp.int32(13)  # 1 2 7 ... 1 known, the last 1 pending
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
-    _, valid, chance = exit_workload_module._propose_at(drafter, CFG, text, end, sampling)
+    _, valid, chance = copied_play_module._propose_at(drafter, CFG, text, end, sampling)
     np.testing.assert_allclose(chance, [0.25, 1.0], rtol=1e-6)
     assert valid.tolist() == [True, True]
-    tokens, _, _ = exit_workload_module._propose_at(drafter, CFG, text, end)
+    tokens, _, _ = copied_play_module._propose_at(drafter, CFG, text, end)
     assert tokens.tolist() == [2, 8]
 
 
@@ -618,10 +616,10 @@ def test_a_copying_drafters_proposal_is_timed(monkeypatch):
     for drafter in (PromptLookup(shape=Chain(4)), SuffixDecoding(shape=Chain(4))):
         assert 0 < play_copied(drafter, CFG, runs).draft_seconds < 0.1
     scripted, ran = iter([0.8, 0.2, 0.4, 0.8, 0.8]), []
-    monkeypatch.setattr(exit_workload_module, "timed",
+    monkeypatch.setattr(copied_play_module, "timed",
                         lambda run: ran.append(run()) or next(scripted))
     seconds = play_copied(SuffixDecoding(shape=Chain(4)), CFG, runs).draft_seconds
-    assert exit_workload_module.TIMED_PROPOSALS == 8 and len(ran) == 5
+    assert copied_play_module.TIMED_PROPOSALS == 8 and len(ran) == 5
     assert seconds == pytest.approx(0.8 / 8)
 
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import specjax
+import specjax.tools.copied_play as copied_play_module
 import specjax.tools.exit_report as exit_report_module
-import specjax.tools.exit_workload as exit_workload_module
+import specjax.tools.loop_calibration as loop_calibration_module
 import specjax.tools.tune as tune_module
 from specjax import api
 from specjax.decoding.drafters.layerskip import SelfSpeculative
@@ -29,18 +30,16 @@ from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import unstack_layers
+from specjax.tools.copied_play import CopiedPlay, copied_rounds
 from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
 from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
     SAMPLED_PLAYS,
-    CopiedPlay,
     ExitRuns,
-    LoopCalibration,
-    calibrate_loop,
-    copied_rounds,
     exit_runs,
     model_continuations,
 )
+from specjax.tools.loop_calibration import LoopCalibration, calibrate_loop
 from tests.tools.test_exit_report import PARAMS, fake_timings
 from tests.tools.test_exit_workload import CFG, COSTS, METRICS, PROMPTS
 from tests.tools.test_tune import SELFSPEC_FOUND, _scripted_bench
@@ -81,7 +80,7 @@ def test_the_loop_calibration_by_hand(monkeypatch):
                                                                   tau=timed[name][3]))
                 for name in strategies]
 
-    monkeypatch.setattr(exit_workload_module, "run_benchmark", bench)
+    monkeypatch.setattr(loop_calibration_module, "run_benchmark", bench)
     loop = calibrate_loop(None, lambda e, k: (e, k), [[1], [2]], lambda e, k: 0.1 * k,
                           max_new_tokens=8, exit_layer=2, num_draft=(4, 2, 3))
     assert asked[0] == {"ar": asked[0]["ar"], "K=2": (2, 2), "K=4": (2, 4)}
@@ -111,12 +110,12 @@ def test_the_sampled_proposal_is_timed_with_its_sampling(monkeypatch):
     hold). Catches the sampled proposal timed greedy."""
     timed_args = []
     drafter = SuffixDecoding(shape=Chain(2))
-    loop = exit_workload_module._proposal_loop(drafter, CFG)
-    monkeypatch.setattr(exit_workload_module, "_proposal_loop",
+    loop = copied_play_module._proposal_loop(drafter, CFG)
+    monkeypatch.setattr(copied_play_module, "_proposal_loop",
                         lambda drafter, cfg: lambda *a: timed_args.append(a) or loop(*a))
     sampling = SamplingParams(0.8, 0, 0.95)
     runs = ExitRuns((), ((5, 6, 5, 6, 5),), (2,), sampling, (np.full(2, 0.5),))
-    exit_workload_module.play_copied(drafter, CFG, runs, repeats=1)
+    copied_play_module.play_copied(drafter, CFG, runs, repeats=1)
     assert all(args[-1] is sampling for args in timed_args) and timed_args
     text, end = timed_args[0][:2]
     branches = [str(jax.make_jaxpr(loop)(text, end, mode)).count("cond[")
@@ -328,11 +327,11 @@ def test_a_copied_proposals_seconds_are_one_proposals(monkeypatch):
     """With every timed loop scripted at 8 s, the drafter's `draft_seconds` is 8 s over the
     loop's TIMED_PROPOSALS proposals. Catches the proposal's time not divided by the loop's
     count (each round charged a whole loop of proposals)."""
-    monkeypatch.setattr(exit_workload_module, "timed", lambda f: (f(), 8.0)[1])
+    monkeypatch.setattr(copied_play_module, "timed", lambda f: (f(), 8.0)[1])
     runs = ExitRuns((), (tuple(range(1, 13)),), (4,))
-    played = exit_workload_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs,
+    played = copied_play_module.play_copied(PromptLookup(shape=Chain(2)), CFG, runs,
                                               repeats=3)
-    assert played.draft_seconds == pytest.approx(8.0 / exit_workload_module.TIMED_PROPOSALS)
+    assert played.draft_seconds == pytest.approx(8.0 / copied_play_module.TIMED_PROPOSALS)
 
 
 def test_the_timed_proposal_loop_alternates_its_end():
@@ -340,17 +339,17 @@ def test_the_timed_proposal_loop_alternates_its_end():
     one token earlier, by `_propose_at` directly. Catches every timed proposal made at the same
     end (a loop XLA may hoist the proposal out of: its time then counted once for eight)."""
     drafter = PromptLookup(shape=Chain(2))
-    text = exit_workload_module._padded([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
+    text = copied_play_module._padded([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
     end = 10
 
     def checksum(at):
-        tokens, valid, _ = jax.jit(lambda t, e: exit_workload_module._propose_at(
+        tokens, valid, _ = jax.jit(lambda t, e: copied_play_module._propose_at(
             drafter, CFG, t, e))(text, jnp.int32(at))
         return int(jnp.sum(jnp.where(valid, tokens, 0)))
 
     assert checksum(end) != checksum(end - 1)  # the two ends propose differently: teeth
-    loop = exit_workload_module._proposal_loop(drafter, CFG)
-    half = exit_workload_module.TIMED_PROPOSALS // 2
+    loop = copied_play_module._proposal_loop(drafter, CFG)
+    half = copied_play_module.TIMED_PROPOSALS // 2
     assert int(loop(text, jnp.int32(end), None)) == half * (checksum(end) + checksum(end - 1))
 
 
@@ -494,7 +493,7 @@ def test_the_loop_is_calibrated_in_its_mode(monkeypatch):
                                                                   tau=1.5))
                 for name in strategies]
 
-    monkeypatch.setattr(exit_workload_module, "run_benchmark", bench)
+    monkeypatch.setattr(loop_calibration_module, "run_benchmark", bench)
     sampling = SamplingParams(0.8, 0, 0.95)
     for mode in (sampling, None):
         calibrate_loop(None, lambda e, k: (e, k), [[1]], lambda e, k: 0.1 * k,
@@ -622,7 +621,7 @@ def test_a_right_draft_its_drafter_marks_invalid_is_not_played_accepted():
     through: none of their invalid drafts was right."""
     drafter = SuffixDecoding(depth=4, min_prob=0.1, factor=1.0, shape=Chain(2))
     text = (1, 2, 3, 5, 9, 1, 2, 3, 6)
-    tokens, valid, _ = exit_workload_module._propose_at(
-        drafter, CFG, exit_workload_module._padded(text), jnp.int32(6))
+    tokens, valid, _ = copied_play_module._propose_at(
+        drafter, CFG, copied_play_module._padded(text), jnp.int32(6))
     assert (tokens.tolist(), valid.tolist()) == ([2, 3], [True, False])  # teeth
     assert copied_rounds(drafter, CFG, ExitRuns((), (text,), (5,))).tolist() == [2.0]

@@ -86,7 +86,7 @@ class Chain:
         [B, K] (teacher forcing): the tokens each depth drafts after, in place of the
         drafts before it; the proposal still holds each depth's own draft and q. Along a
         known text, q at depth d is then the q the loop draws from when the d drafts before
-        it were that text's tokens (`tools.exit_workload` plays sampled rounds from it)."""
+        it were that text's tokens (`tools.copied_play` plays sampled rounds from it)."""
         batch, num_draft, threshold = pending.shape[0], self.num_draft, self.stop_below
         if self.stop_risk and accept is None:
             raise ValueError("draft_risk (SpecDec++'s stop) needs an acceptance head: use "

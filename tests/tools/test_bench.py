@@ -341,7 +341,7 @@ def test_measuring_programs_take_the_weights_as_arguments(tiny_params, tiny_cfg)
     `measure_costs`, the matrix-product ceiling) take the weights as arguments. Catches a
     jitted closure over the params: XLA then bakes every weight into each program as a constant
     (on SmolLM2, minutes of constant folding and cache compression after the timed runs)."""
-    from specjax.tools.exit_report import measure_costs
+    from specjax.tools.layer_costs import measure_costs
     from specjax.tools.tree_search import pass_seconds
 
     weights = sum(leaf.nbytes for leaf in jax.tree.leaves(tiny_params))

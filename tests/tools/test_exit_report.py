@@ -12,6 +12,7 @@ import pytest
 
 import specjax
 import specjax.tools.exit_report as exit_report_module
+import specjax.tools.layer_costs as layer_costs_module
 from specjax.config import ModelConfig, SsmConfig
 from specjax.data import DataConfig, is_validation_key, iter_documents
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -20,14 +21,12 @@ from specjax.model import embed, exit_logits, init_params, run_layers
 from specjax.tokenizer import ByteTokenizer
 from specjax.tools.exit_report import (
     DraftExitReport,
-    LayerCosts,
     exit_report,
-    measure_costs,
     model_exit_report,
-    monotone,
     predicted_tau,
     token_windows,
 )
+from specjax.tools.layer_costs import LayerCosts, measure_costs, monotone
 from specjax.training.evaluate import ExitReport
 from tests.support import ROOT
 from tests.support.models import TINY_MODEL, damped_params
@@ -213,8 +212,8 @@ def fake_timings(monkeypatch, alone: dict, repeats: dict | None = None) -> list[
 
     for name, piece in (("_layer_loop", "layer"), ("_head_loop", "head"),
                         ("_model_loop", "model")):
-        monkeypatch.setattr(exit_report_module, name, loop(piece))
-    monkeypatch.setattr(exit_report_module, "time_interleaved", interleaved)
+        monkeypatch.setattr(layer_costs_module, name, loop(piece))
+    monkeypatch.setattr(layer_costs_module, "time_interleaved", interleaved)
     return asked
 
 

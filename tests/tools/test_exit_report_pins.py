@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from specjax.tokenizer import ByteTokenizer
-from specjax.tools.exit_report import LayerCosts, exit_report, token_windows
+from specjax.tools.exit_report import exit_report, token_windows
+from specjax.tools.layer_costs import LayerCosts
 
 TEXT = ["abcdefghijklmnopqrstuvwxyz" * 4]  # 104 bytes: several windows of 8
 

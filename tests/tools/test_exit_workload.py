@@ -25,7 +25,7 @@ from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.copied_play import copied_acceptance, copied_rounds, play_copied
-from specjax.tools.exit_report import DraftExitReport, LayerCosts, on_workload
+from specjax.tools.exit_report import DraftExitReport, on_workload
 from specjax.tools.exit_workload import (
     ExitRuns,
     exit_runs,
@@ -34,6 +34,7 @@ from specjax.tools.exit_workload import (
     model_continuations,
     tree_rounds,
 )
+from specjax.tools.layer_costs import LayerCosts
 from specjax.tools.loop_calibration import LoopCalibration, fit_round
 from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params

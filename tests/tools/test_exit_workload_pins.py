@@ -19,6 +19,7 @@ import pytest
 import specjax
 import specjax.tools.copied_play as copied_play_module
 import specjax.tools.exit_report as exit_report_module
+import specjax.tools.layer_costs as layer_costs_module
 import specjax.tools.loop_calibration as loop_calibration_module
 import specjax.tools.tune as tune_module
 from specjax import api
@@ -29,9 +30,9 @@ from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
 from specjax.heads.vocab_subset import DraftVocab
-from specjax.model import unstack_layers
+from specjax.model import allocate_cache, unstack_layers
 from specjax.tools.copied_play import CopiedPlay, copied_rounds
-from specjax.tools.exit_report import DraftExitReport, measure_costs, on_workload
+from specjax.tools.exit_report import DraftExitReport, on_workload
 from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
     SAMPLED_PLAYS,
@@ -39,6 +40,7 @@ from specjax.tools.exit_workload import (
     exit_runs,
     model_continuations,
 )
+from specjax.tools.layer_costs import measure_costs
 from specjax.tools.loop_calibration import LoopCalibration, calibrate_loop
 from tests.tools.test_exit_report import PARAMS, fake_timings
 from tests.tools.test_exit_workload import CFG, COSTS, METRICS, PROMPTS
@@ -133,13 +135,13 @@ def test_sampled_pieces_time_the_heads_sampled_distribution(monkeypatch):
     head = {k: PARAMS[k] for k in ("embed", "final_norm", "unembed") if k in PARAMS}
     hidden = jnp.ones((1, 2, CFG.d_model), CFG.compute_dtype)
     sampling = SamplingParams(0.8, 0, 0.95)
-    heads = [str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(mode, head, None,
+    heads = [str(jax.make_jaxpr(layer_costs_module._head_loop(CFG, 1))(mode, head, None,
                                                                        hidden)).count("cond[")
              for mode in (sampling, None)]
     assert heads[0] > heads[1]
-    model = exit_report_module.unstack_layers(PARAMS, CFG)
-    cache = exit_report_module.allocate_cache(CFG, 1, 8, window=2)
-    passes = [str(jax.make_jaxpr(exit_report_module._model_loop(CFG, 1))(
+    model = unstack_layers(PARAMS, CFG)
+    cache = allocate_cache(CFG, 1, 8, window=2)
+    passes = [str(jax.make_jaxpr(layer_costs_module._model_loop(CFG, 1))(
         mode, model, hidden, cache)).count("cond[") for mode in (sampling, None)]
     assert passes[0] > passes[1]
     seen = {}
@@ -160,7 +162,7 @@ def test_the_timed_draft_head_multiplies_only_its_rows():
     head = {k: PARAMS[k] for k in ("embed", "final_norm", "unembed") if k in PARAMS}
     vocab = DraftVocab.gather(PARAMS, CFG, jnp.arange(16, dtype=jnp.int32))
     hidden = jnp.ones((1, 1, CFG.d_model), CFG.compute_dtype)
-    jaxpr = str(jax.make_jaxpr(exit_report_module._head_loop(CFG, 1))(None, head, vocab,
+    jaxpr = str(jax.make_jaxpr(layer_costs_module._head_loop(CFG, 1))(None, head, vocab,
                                                                        hidden))
     products = {shape.split(",")[-1] for shape in
                 re.findall(r"f32\[([\d,]+)\] = (?:dot_general|ffi_call)", jaxpr)}

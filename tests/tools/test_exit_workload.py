@@ -16,7 +16,7 @@ import pytest
 import specjax.tools.copied_play as copied_play_module
 import specjax.tools.exit_workload as exit_workload_module
 from specjax import model as M
-from specjax.config import ModelConfig
+from specjax.config import ModelConfig, SsmConfig
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.suffix import SuffixDecoding
@@ -385,6 +385,27 @@ def _sampled_rounds(params, generator: Generator, drafter, sampling: SamplingPar
         texts += out.tokens
     return np.asarray(rounds), exit_runs(params, CFG, prompts * seeds, texts, draft_ids,
                                          sampling)
+
+
+def test_played_tree_rounds_are_the_loops_on_a_hybrid():
+    """A Mamba-2 / attention hybrid, greedy, the tree 2,2,1,1 drafted through its first (SSM)
+    layer: the rounds played over the exit's ranks equal the real loop's, row by row.
+    Catches the teacher-forced pass reading the exits in each layer kind's stack order
+    rather than the layers' (the same on a model of one kind: there exit 1 played exit 3's
+    ranks, 11 rounds against the loop's 14)."""
+    cfg = ModelConfig(**{**TINY_MODEL, "init_std": 0.3,
+                         "layer_pattern": ("mamba2", "attention", "mamba2", "attention"),
+                         "ssm": SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2,
+                                          chunk_size=4)})
+    params = damped_params(cfg, jax.random.PRNGKey(0), 0.5)
+    generator, tree = Generator(params, cfg), StaticTree.from_branching((2, 2, 1, 1))
+    continuations = model_continuations(generator, PROMPTS, max_new_tokens=NEW)
+    runs = exit_runs(params, cfg, PROMPTS, continuations)
+    out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=SelfSpeculative(1, tree))
+    assert out.tokens == continuations
+    played = [_rounds_by_rank(row[0], tree) for row in runs.ranks]
+    assert played == [stats.rounds for stats in out.stats]
+    assert played != [expected_rounds(row[0] == 0, 4) for row in runs.ranks]  # teeth
 
 
 def test_sampled_played_rounds_are_the_sampled_loops_in_expectation(model):

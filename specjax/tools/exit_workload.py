@@ -255,11 +255,11 @@ def _exit_acceptance(cfg: ModelConfig) -> Callable:
     the last layer's (the module docstring); sampled, p [B, M] (None when greedy); greedy,
     the rank [L, B, M] of `nexts` among each exit's drafts (None when sampled); sampled,
     the chance [L, B, M] that a second child drawn without replacement is the one accepted
-    (`second_child_chance`; None when greedy)."""
+    (`_child_chances`; None when greedy)."""
 
     @jax.jit
     def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
-                   vocab: DraftVocab | None, sampling: SamplingParams | None) -> jax.Array:
+                   vocab: DraftVocab | None, sampling: SamplingParams | None) -> tuple:
         per_layer = run_layers(params, cfg, embed(params, cfg, tokens))  # [L, B, T, D]
         hidden = jnp.take_along_axis(per_layer, at[None, :, :, None], axis=2)
         if sampling is None:
@@ -284,9 +284,13 @@ def _child_chances(p: jax.Array, q: jax.Array, y: jax.Array) -> tuple[jax.Array,
     p_y = jnp.take_along_axis(p, y[..., None], axis=-1)
     q_y = jnp.take_along_axis(q, y[..., None], axis=-1)
     left_y = jnp.take_along_axis(residual(p, q), y[..., None], axis=-1)
-    # Over the first child's token x (x = y adds nothing: q(y) > p(y) leaves p'(y) = 0); a
-    # first child that took all of q leaves no second child.
-    rest = 1.0 - q
+    # Over the first child's token x (x = y adds nothing: q(y) > p(y) leaves p'(y) = 0). What
+    # x leaves of q is summed, as the loop renormalises, for the one token that may hold more
+    # than half of it: 1 - q(x) rounds to 0 in float32 where q(x) is within 6e-8 of 1, and
+    # the loop still draws and tries a second child there. A first child that took all of q
+    # leaves none.
+    top = q > 0.5
+    rest = jnp.where(top, jnp.sum(jnp.where(top, 0.0, q), axis=-1, keepdims=True), 1.0 - q)
     second = jnp.sum(jnp.where(rest > 0, jnp.maximum(q - p, 0.0) * jnp.minimum(
         left_y, q_y / rest), 0.0), axis=-1)
     safe = jnp.where(p_y > 0, p_y, 1.0)[..., 0]

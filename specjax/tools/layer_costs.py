@@ -5,7 +5,7 @@ report's predictions (`exit_report`).
 A round drafting a chain of K tokens from exit E runs layers [0, E) and the head K times on one
 token, then verification runs the last draft (which drafting never ran) through [0, E) and
 all K + 1 positions through [E, L) and the head (`layerskip`'s reuse); a static tree's round
-is priced the same way at its widths (`StaticTree.round_seconds`).
+is priced the same way at its widths (`StaticTree.round_from_passes`).
 """
 
 from __future__ import annotations
@@ -68,14 +68,14 @@ class LayerCosts:
 
     def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree) -> float:
         """Seconds of one self-speculative round drafting the static tree `tree` from exit
-        `exit_layer` (`StaticTree.round_seconds`): a draft pass is the exit's layers and the
+        `exit_layer` (`StaticTree.round_from_passes`): a draft pass is the exit's layers and the
         draft head, the leaves pass the exit's layers, and the rest of the verification every
         other layer and the head. Sizes between the measured ones are interpolated."""
         def layers(kinds: Sequence[str], num_tokens: int) -> float:
             return sum(self._at(self.layer[kind], num_tokens) for kind in kinds)
 
         shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
-        return tree.round_seconds(lambda n: layers(shallow, n) + self._draft_head(n),
+        return tree.round_from_passes(lambda n: layers(shallow, n) + self._draft_head(n),
                                   lambda n: layers(shallow, n),
                                   lambda n: layers(deep, n) + self._at(self.head, n))
 

@@ -1,5 +1,5 @@
 """The real decode loop's costs, for the exit report's predictions on a workload
-(`exit_workload`).
+(`exit_report.on_workload`).
 
 Pieces timed in isolation miss what the compiled loop adds (acceptance, the cache commit, the
 draft loop, the while loop) and what it shares (a small model's layers fused into one

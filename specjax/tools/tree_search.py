@@ -115,10 +115,10 @@ class Costs:
     ar_step: float
 
     def tree_round(self, tree: StaticTree) -> float:
-        """Modelled time of one round (`StaticTree.round_seconds`): the drafter's passes
+        """Modelled time of one round (`StaticTree.round_from_passes`): the drafter's passes
         (the leaves' in verification too) and the verifier's, as measured, and the loop's
         overhead."""
-        return tree.round_seconds(self.shallow.__getitem__, self.shallow.__getitem__,
+        return tree.round_from_passes(self.shallow.__getitem__, self.shallow.__getitem__,
                                   self.deep.__getitem__) + self.overhead
 
 

@@ -84,7 +84,7 @@ def test_a_rounds_seconds_add_its_passes_and_sequoias_costs_price_them():
     from specjax.tools.tree_search import Costs
 
     tree = StaticTree.from_branching((2, 2, 1, 1))
-    assert tree.round_seconds(lambda n: 11.0 * n, lambda n: 10.0 * n,
+    assert tree.round_from_passes(lambda n: 11.0 * n, lambda n: 10.0 * n,
                               lambda n: 100.0 * n) == 11 * 11 + 10 * 4 + 100 * 15
     costs = Costs(shallow=np.arange(20.0), deep=100 * np.arange(20.0), overhead=0.5,
                   ar_step=1.0)

@@ -152,13 +152,14 @@ class StaticTree:
         return np.asarray([p for p, kids in enumerate(self.child_lists) if p and not kids],
                           np.int32)
 
-    def round_seconds(self, draft: Callable[[int], float], leaves: Callable[[int], float],
+    def round_from_passes(self, draft: Callable[[int], float], leaves: Callable[[int], float],
                       verify: Callable[[int], float]) -> float:
-        """A round's seconds from the seconds of its passes on n tokens, as `draft` runs it:
-        `draft(n)`, a draft pass at each depth on the n nodes with children (the pending
-        token first); `leaves(n)`, the drafter's layers on the leaves, which verification
-        runs (`missing`); `verify(n)`, the rest of the verification, on the N nodes and the
-        pending token. A chain of K is K one-token drafts and a K + 1 token verification."""
+        """A round's seconds from the seconds of its passes on n tokens, as `StaticTree.draft`
+        and verification run them: `draft(n)`, a draft pass at each depth on the n nodes with
+        children (the pending token first); `leaves(n)`, the drafter's layers on the leaves,
+        which verification runs (`missing`); `verify(n)`, the rest of the verification, on
+        the N nodes and the pending token. A chain of K is K one-token drafts, the last
+        draft's drafter layers and a K + 1 token verification."""
         return (sum(draft(len(positions)) for positions, _ in self.expansions)
                 + leaves(len(self.leaves)) + verify(self.num_nodes + 1))
 

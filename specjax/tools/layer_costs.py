@@ -63,8 +63,7 @@ class LayerCosts:
     def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
         """Seconds of one self-speculative round drafting a chain of `num_draft` tokens from
         exit `exit_layer` (see the module docstring)."""
-        return self.tree_round(layer_kinds, exit_layer,
-                               StaticTree((-1, *range(num_draft - 1))[:num_draft]))
+        return self.tree_round(layer_kinds, exit_layer, StaticTree.from_branching((1,) * num_draft))
 
     def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree) -> float:
         """Seconds of one self-speculative round drafting the static tree `tree` from exit
@@ -76,8 +75,8 @@ class LayerCosts:
 
         shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
         return tree.round_from_passes(lambda n: layers(shallow, n) + self._draft_head(n),
-                                  lambda n: layers(shallow, n),
-                                  lambda n: layers(deep, n) + self._at(self.head, n))
+                                      lambda n: layers(shallow, n),
+                                      lambda n: layers(deep, n) + self._at(self.head, n))
 
     def _draft_head(self, num_tokens: int) -> float:
         if self.draft_head is None:

@@ -119,7 +119,7 @@ class Costs:
         (the leaves' in verification too) and the verifier's, as measured, and the loop's
         overhead."""
         return tree.round_from_passes(self.shallow.__getitem__, self.shallow.__getitem__,
-                                  self.deep.__getitem__) + self.overhead
+                                      self.deep.__getitem__) + self.overhead
 
 
 class Sequoia:

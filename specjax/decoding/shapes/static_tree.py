@@ -153,7 +153,7 @@ class StaticTree:
                           np.int32)
 
     def round_from_passes(self, draft: Callable[[int], float], leaves: Callable[[int], float],
-                      verify: Callable[[int], float]) -> float:
+                          verify: Callable[[int], float]) -> float:
         """A round's seconds from the seconds of its passes on n tokens, as `StaticTree.draft`
         and verification run them: `draft(n)`, a draft pass at each depth on the n nodes with
         children (the pending token first); `leaves(n)`, the drafter's layers on the leaves,

@@ -64,6 +64,7 @@ from specjax.prompt_sets import (
 from specjax.tokenizer import Tokenizer, workdir_tokenizer
 from specjax.tools.bench import run_benchmark
 from specjax.tools.exit_report import DraftExitReport, model_exit_report, on_workload
+from specjax.tools.exit_workload import ForcedPlays
 from specjax.tools.tree_search import TreePlan
 from specjax.tools.tune import (
     EXITS,
@@ -423,15 +424,18 @@ class LanguageModel:
         report = None
         if EXITS in names and self.config.num_layers > 1:
             progress("exit report: ranking the exits ...")
-            report = self._tune_report(encoded, num_draft, max_new_tokens, progress, sampling)
+            kangaroo = self._loaded.draft_weights.get("kangaroo") if "kangaroo" in names else None
+            report = self._tune_report(encoded, num_draft, max_new_tokens, progress, sampling,
+                                       adapter=None if kangaroo is None else kangaroo.params)
         found = candidates(names, self.decoding_defaults, report, exits=exits,
                            num_draft=num_draft, trees=trees)
         tuning = tune(
             self.generator, lambda c: self._tunable_drafter(c, sampling, encoded), found,
             encoded, max_new_tokens=max_new_tokens, budget_s=budget_s, started=started,
             sampling=sampling,
-            played=None if report is None else functools.partial(played_speedup, report,
-                                                                  self.config),
+            played=None if report is None else functools.partial(
+                played_speedup, report, self.config,
+                forced=ForcedPlays(self.generator, self._loaded.params)),
             confirm=confirm, progress=progress)
         if write:
             mode = decoding_mode(sampling)
@@ -454,12 +458,14 @@ class LanguageModel:
 
     def _tune_report(self, encoded: Sequence[Any], num_draft: Sequence[int],
                      max_new_tokens: int, progress: Callable[[str], None],
-                     sampling: SamplingParams | None) -> DraftExitReport:
+                     sampling: SamplingParams | None,
+                     adapter: Any = None) -> DraftExitReport:
         """The exit report ranking `tune`'s exits on its own prompts (the workload, which alone
         makes its predictions): its held-out metrics, which only the table shows, on one batch
         of windows of the workdir's documents, or for an import (no data recorded) of the
         prompts themselves (the default 32,768 tokens would pass through every exit's head:
-        49,152-way on SmolLM2)."""
+        49,152-way on SmolLM2); its costs include a Kangaroo `adapter`'s block, when given,
+        which the tuner prices Kangaroo's rounds with."""
         texts = seq_len = None
         if not self.meta.get("config", {}).get("data"):
             texts = [self.tokenizer.decode(list(ids)) for ids in encoded]
@@ -467,7 +473,8 @@ class LanguageModel:
         seq_len = seq_len or heldout_data(self.meta).seq_len
         return self._workload_report(encoded, max_new_tokens, progress, texts, sampling,
                                      seq_len=seq_len, max_tokens=TUNE_REPORT_WINDOWS * seq_len,
-                                     batch_size=TUNE_REPORT_WINDOWS, num_draft=num_draft)
+                                     batch_size=TUNE_REPORT_WINDOWS, num_draft=num_draft,
+                                     adapter=adapter)
 
     def _workload_report(self, encoded: Sequence[Any] | None, max_new_tokens: int,
                          progress: Callable[[str], None], texts: Sequence[str] | None,

@@ -154,6 +154,10 @@ class Drafter(Protocol):
     def restrict_vocab(self, draft_params: Any, ids: jax.Array) -> Any:
         """Its params with its own vocabulary head cut to `ids` [N] (`draft_vocab`)."""
 
+    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+        """Where `plays_forced`: the logits [B, M, V] of its drafts at positions `at` [B, M]
+        of texts whose target hidden states after each layer are `hidden` [L, B, T, D]."""
+
     def hf_options(self) -> dict[str, Any] | None:
         """`generate()` options of the equivalent Hugging Face decoding (None: none exists)."""
 
@@ -193,7 +197,11 @@ class DrafterBase:
     others is a `Strategy(..., composite=True)`. `copies_text`: the drafter's state is the text
     so far (`drafters.text_history`) and its proposal a function of it alone (its chain drafts
     after `ctx.forced` when given), so its rounds, greedy and sampled, can be played without
-    the loop (`tools.copied_play.play_copied`)."""
+    the loop (`tools.copied_play.play_copied`). `plays_forced`: its draft at a position is a
+    function of the text before it alone, not of where the round started (the loop drafts
+    after accepted drafts, which are the text's tokens), so one teacher-forced pass over a
+    text gives every draft a round can make there (`forced_logits`), and its rounds are
+    played as an exit's are (`tools.exit_workload.exit_runs`)."""
 
     prefill_exits: ClassVar[tuple[int, ...]] = ()
     feature_exits: ClassVar[tuple[int, ...]] = ()
@@ -203,6 +211,7 @@ class DrafterBase:
     weights_hint: ClassVar[str] = ""
     verify_from: ClassVar[int] = 0
     copies_text: ClassVar[bool] = False
+    plays_forced: ClassVar[bool] = False
 
     def bind(self, weights: DraftWeights) -> Drafter:
         return self
@@ -227,6 +236,10 @@ class DrafterBase:
 
     def hf_options(self) -> dict[str, Any] | None:
         return None
+
+    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+        raise NotImplementedError(f"strategy {self.name!r} drafts from where its round starts, "
+                                  "not from a teacher-forced pass")
 
     def prefill(self, ctx: DraftContext, prefilled: Prefilled) -> Any:
         """No state: `()`."""

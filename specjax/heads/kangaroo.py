@@ -67,10 +67,16 @@ def adapter_logits(params: Params, adapter: Params, cfg: ModelConfig,
                    hidden: jax.Array) -> jax.Array:
     """Draft logits [B, T, V] (float32) from exit hidden states [B, T, D] of whole sequences
     (causal, positions 0..T-1: training and evaluation)."""
+    return unembed(params, cfg, adapter_output(adapter, cfg, hidden))
+
+
+def adapter_output(adapter: Params, cfg: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """The adapter's output [B, T, D] (normalised, as `run_adapter_cached`'s) on exit hidden
+    states [B, T, D] of whole sequences (causal, positions 0..T-1)."""
     batch, steps, _ = hidden.shape
     rope = rope_tables(cfg, jnp.broadcast_to(jnp.arange(steps), (batch, steps)))
     out, _ = KangarooAdapter(cfg).apply({"params": adapter}, hidden, rope, causal_mask(steps))
-    return unembed(params, cfg, out)
+    return out
 
 
 def run_adapter_cached(adapter: Params, cfg: ModelConfig, hidden: jax.Array, kv: LayerKV,

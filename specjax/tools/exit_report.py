@@ -104,9 +104,13 @@ class DraftExitReport:
         line."""
         if self.runs is None:
             raise ValueError("a tree's speed-up is played over a workload's runs")
-        tau = self.runs.tree_tau(exit_layer, tree)
-        return self._end_to_end(self._decode_speedup(
-            tau, self.costs.tree_round(self.layer_kinds, exit_layer, tree)))
+        return self.round_speedup(self.runs.tree_tau(exit_layer, tree),
+                                  self.costs.tree_round(self.layer_kinds, exit_layer, tree))
+
+    def round_speedup(self, tau: float, pieces: float) -> float:
+        """The predicted speed-up, as `speedup`'s, of rounds of `tau` tokens whose pieces take
+        `pieces` seconds (mapped by the calibrated line when there is one)."""
+        return self._end_to_end(self._decode_speedup(tau, pieces))
 
     def copied_speedup(self, tau: float, num_draft: int, draft_seconds: float = 0.0) -> float:
         """The predicted speed-up, as `speedup`'s, of a drafter that copies its `num_draft`
@@ -209,6 +213,8 @@ class DraftExitReport:
         parts = [f"{kind} layer {span(self.costs.layer[kind])}"
                  for kind in dict.fromkeys(self.layer_kinds)]
         parts.append(f"head {span(self.costs.head)}")
+        if self.costs.adapter:
+            parts.append(f"kangaroo adapter {span(self.costs.adapter)}")
         if self.costs.draft_head is not None:
             parts.append(f"draft head over {self.costs.draft_vocab} ids "
                          f"{1e3 * self.costs.draft_head:.3f} ms (1 token)")
@@ -273,12 +279,13 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
                       num_draft: Sequence[int] = NUM_DRAFTS, batch_size: int = 4,
                       context: int = 256, repeats: int = 7, draft_vocab: int = 0,
                       costs: LayerCosts | None = None,
-                      sampling: SamplingParams | None = None) -> DraftExitReport:
+                      sampling: SamplingParams | None = None,
+                      adapter: Params | None = None) -> DraftExitReport:
     """The report of a loaded model (its stacked params, its checkpoint metadata `meta`)
     over `texts`, or by default its run's validation documents (`heldout_data`); `seq_len`
     defaults to that data config's. Costs are measured (`measure_costs` with `context`,
     `repeats`, the drafts' head over `draft_vocab` ids, the head's sampled distribution with
-    `sampling`) unless given."""
+    `sampling`, a Kangaroo `adapter`'s block) unless given."""
     _check_drafts(num_draft)
     data = heldout_data(meta) if texts is None or seq_len is None else None  # read if needed
     seq_len = data.seq_len if seq_len is None else seq_len
@@ -291,7 +298,8 @@ def model_exit_report(params: Params, cfg: ModelConfig, tokenizer: Tokenizer,
     windows = token_windows(texts, tokenizer, seq_len, max_tokens)
     if costs is None:
         costs = measure_costs(params, cfg, [1] + [k + 1 for k in num_draft], context=context,
-                              repeats=repeats, draft_vocab=draft_vocab, sampling=sampling)
+                              repeats=repeats, draft_vocab=draft_vocab, sampling=sampling,
+                              adapter=adapter)
     return exit_report(params, cfg, windows, costs, num_draft=num_draft,
                        batch_size=batch_size, source=source)
 

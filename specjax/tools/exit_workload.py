@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.decoding.acceptance import residual
+from specjax.decoding.drafter import DraftContext, Drafter
 from specjax.decoding.engine import AUTOREGRESSIVE, Generator, bucket
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.static_tree import StaticTree
@@ -210,18 +212,25 @@ def expected_rounds_from(accept: np.ndarray) -> np.ndarray:
 def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
               continuations: Sequence[Sequence[int]],
               draft_ids: jax.Array | np.ndarray | None = None,
-              sampling: SamplingParams | None = None) -> ExitRuns:
+              sampling: SamplingParams | None = None,
+              drafter: tuple[Drafter, Any] | None = None) -> ExitRuns:
     """`ExitRuns` of the prompts' continuations: one teacher-forced pass through every exit,
     each exit's drafts over `draft_ids` (ascending; None: the whole vocabulary), greedy or
-    drawn with `sampling` (the continuations then drawn with it too)."""
+    drawn with `sampling` (the continuations then drawn with it too). With `drafter` (a
+    drafter that `plays_forced`, bound to its weights, and their params), its drafts in place
+    of the exits': the runs' one row (exit 1 in `ExitRuns`' methods) is the drafter's."""
     texts = text_runs(prompts, continuations)
+    if drafter is not None and not drafter[0].plays_forced:
+        raise ValueError(f"strategy {drafter[0].name!r} drafts from where its round starts: "
+                         "its rounds cannot be played from one teacher-forced pass")
     vocab = None if draft_ids is None else DraftVocab.gather(
         params, cfg, jnp.asarray(draft_ids, jnp.int32))
     rows = texts.texts
     width = bucket(max(len(row) for row in rows))
     # Position t predicts token t + 1: rounds make each continuation's tokens 1..n-1.
     made = bucket(max(max(len(c) - 1 for c in continuations), 1))
-    acceptance = _exit_acceptance(cfg)
+    acceptance = _exit_acceptance(cfg, None if drafter is None else drafter[0])
+    own = None if drafter is None else drafter[1]
     accept, target, ranks, second = [], [], [], []
     for start in range(0, len(rows), ROWS_PER_PASS):
         chunk = range(start, min(start + ROWS_PER_PASS, len(rows)))
@@ -231,8 +240,9 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
             tokens[i, :len(rows[index])] = rows[index]
             at[i] = np.minimum(len(prompts[index]) + np.arange(made), width - 2)
         nexts = np.take_along_axis(tokens, at + 1, axis=1)
-        chances, p, rank, seconds = acceptance(params, jnp.asarray(tokens), jnp.asarray(at),
-                                               jnp.asarray(nexts), vocab, sampling)
+        chances, p, rank, seconds = acceptance(params, own, jnp.asarray(tokens),
+                                               jnp.asarray(at), jnp.asarray(nexts), vocab,
+                                               sampling)
         for i, index in enumerate(chunk):
             made_here = max(len(continuations[index]) - 1, 0)
             accept.append(np.asarray(chances)[:, i, :made_here])
@@ -247,30 +257,65 @@ def exit_runs(params: Params, cfg: ModelConfig, prompts: Sequence[Sequence[int]]
                                second_child=tuple(second))
 
 
-def _exit_acceptance(cfg: ModelConfig) -> Callable:
-    """A jitted (params, tokens [B, T], at [B, M], nexts [B, M], vocab, sampling) ->
-    ([L, B, M], p, ranks, second): the probability that each exit's draft at position `at`
-    (over `vocab`'s ids) is accepted when the text's next token is `nexts`: greedy whether
-    its argmax is that token, sampled min(1, q / p) there, q the exit's distribution and p
-    the last layer's (the module docstring); sampled, p [B, M] (None when greedy); greedy,
-    the rank [L, B, M] of `nexts` among each exit's drafts (None when sampled); sampled,
-    the chance [L, B, M] that a second child drawn without replacement is the one accepted
-    (`_child_chances`; None when greedy)."""
+class ForcedPlays:
+    """Drafters that `plays_forced` played over a workload's continuations (`exit_runs` with
+    the drafter): the runs of each, in the workload's mode and over the drafter's draft
+    vocabulary, from one teacher-forced pass per drafter (its shape, which does not change
+    its drafts, aside: a tuner's chains and trees share it)."""
+
+    def __init__(self, generator: Generator, params: Params):
+        self.generator, self.params = generator, params  # params stacked (`run_layers`)
+        self._played: dict[tuple[Drafter, int], tuple[ExitRuns, ExitRuns]] = {}
+
+    def __call__(self, drafter: Drafter, runs: ExitRuns) -> ExitRuns:
+        key = dataclasses.replace(drafter, shape=None), id(runs)
+        if key not in self._played or self._played[key][0] is not runs:
+            lengths = runs.prompt_lengths
+            self._played[key] = runs, exit_runs(
+                self.params, self.generator.cfg,
+                [text[:n] for text, n in zip(runs.texts, lengths, strict=True)],
+                [text[n:] for text, n in zip(runs.texts, lengths, strict=True)],
+                self.generator.draft_ids(drafter), runs.sampling,
+                self.generator.with_weights(drafter, None))
+        return self._played[key][1]
+
+
+def _exit_acceptance(cfg: ModelConfig, drafter: Drafter | None) -> Callable:
+    """A jitted (params, draft params, tokens [B, T], at [B, M], nexts [B, M], vocab,
+    sampling) -> ([R, B, M], p, ranks, second): the probability that each exit's draft
+    (R = L rows; with `drafter`, its own draft: one row) at position `at` (over `vocab`'s
+    ids) is accepted when the text's next token is `nexts`: greedy whether its argmax is that
+    token, sampled min(1, q / p) there, q the draft's distribution and p the last layer's
+    (the module docstring); sampled, p [B, M] (None when greedy); greedy, the rank [R, B, M]
+    of `nexts` among each row's drafts (None when sampled); sampled, the chance [R, B, M]
+    that a second child drawn without replacement is the one accepted (`_child_chances`;
+    None when greedy)."""
 
     @jax.jit
-    def acceptance(params: Params, tokens: jax.Array, at: jax.Array, nexts: jax.Array,
-                   vocab: DraftVocab | None, sampling: SamplingParams | None) -> tuple:
+    def acceptance(params: Params, draft_params: Any, tokens: jax.Array, at: jax.Array,
+                   nexts: jax.Array, vocab: DraftVocab | None,
+                   sampling: SamplingParams | None) -> tuple:
         per_layer = run_layers(params, cfg, embed(params, cfg, tokens))  # [L, B, T, D]
         hidden = jnp.take_along_axis(per_layer, at[None, :, :, None], axis=2)
-        if sampling is None:
-            ranks = jax.lax.map(lambda h: _rank_of(exit_head_logits(params, cfg, h, vocab),
-                                                   nexts), hidden)
-            return (ranks == 0).astype(jnp.float32), None, ranks, None
-        p = probabilities(exit_head_logits(params, cfg, hidden[-1], None), sampling)
-        target = jnp.take_along_axis(p, nexts[..., None], axis=-1)[..., 0]
-        chances = jax.lax.map(lambda h: _child_chances(
-            p, probabilities(exit_head_logits(params, cfg, h, vocab), sampling), nexts), hidden)
-        return chances[0], target, None, chances[1]
+        p = None if sampling is None else probabilities(
+            exit_head_logits(params, cfg, hidden[-1], None), sampling)
+
+        def chances(logits: jax.Array) -> tuple:
+            if sampling is None:
+                ranks = _rank_of(logits, nexts)
+                return (ranks == 0).astype(jnp.float32), ranks, None
+            first, second = _child_chances(p, probabilities(logits, sampling), nexts)
+            return first, None, second
+
+        if drafter is None:
+            first, ranks, second = jax.lax.map(
+                lambda h: chances(exit_head_logits(params, cfg, h, vocab)), hidden)
+        else:
+            ctx = DraftContext(params, draft_params, sampling, cfg, vocab)
+            first, ranks, second = jax.tree.map(lambda x: x[None], chances(
+                drafter.forced_logits(ctx, per_layer, at)))
+        target = None if p is None else jnp.take_along_axis(p, nexts[..., None], -1)[..., 0]
+        return first, target, ranks, second
 
     return acceptance
 

@@ -23,6 +23,7 @@ from specjax.config import ModelConfig
 from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.decoding.shapes.tree import chain_layout
+from specjax.heads.kangaroo import run_adapter_cached
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import (
     Params,
@@ -32,7 +33,7 @@ from specjax.model import (
     run_layers_cached,
     unstack_layers,
 )
-from specjax.nn.cache import Cache
+from specjax.nn.cache import Cache, LayerKV
 from specjax.timing import time_interleaved
 
 
@@ -41,7 +42,8 @@ class LayerCosts:
     """Seconds, batch 1, on n new tokens: one cached layer of each kind (`layer[kind][n]`,
     after `context` cached tokens) and the shared head (`head[n]`); `draft_head`, the head on
     one token over the draft vocabulary of `draft_vocab` ids that drafts use (None: the full
-    head). Tests build it by hand; `measure_costs` measures it."""
+    head); `adapter`, a Kangaroo adapter's block on n tokens (empty: none measured). Tests
+    build it by hand; `measure_costs` measures it."""
 
     layer: Mapping[str, Mapping[int, float]]
     head: Mapping[int, float]
@@ -49,6 +51,7 @@ class LayerCosts:
     spread: float = 0.0  # the largest interquartile range / median of a piece's repeats
     draft_head: float | None = None
     draft_vocab: int = 0
+    adapter: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     def plain(self, layer_kinds: Sequence[str]) -> float:
         """Seconds per token of plain (autoregressive) decoding: every layer and the head on
@@ -65,17 +68,26 @@ class LayerCosts:
         exit `exit_layer` (see the module docstring)."""
         return self.tree_round(layer_kinds, exit_layer, StaticTree.from_branching((1,) * num_draft))
 
-    def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree) -> float:
+    def tree_round(self, layer_kinds: Sequence[str], exit_layer: int, tree: StaticTree, *,
+                   adapter: bool = False) -> float:
         """Seconds of one self-speculative round drafting the static tree `tree` from exit
         `exit_layer` (`StaticTree.round_from_passes`): a draft pass is the exit's layers and the
         draft head, the leaves pass the exit's layers, and the rest of the verification every
-        other layer and the head. Sizes between the measured ones are interpolated."""
+        other layer and the head. With `adapter` (Kangaroo's round), the adapter's block runs
+        in each draft pass and, at the commit, on the leaves (which drafting never ran).
+        Sizes between the measured ones are interpolated."""
+        if adapter and not self.adapter:
+            raise ValueError("no adapter was timed (measure_costs with adapter=)")
+
         def layers(kinds: Sequence[str], num_tokens: int) -> float:
             return sum(self._at(self.layer[kind], num_tokens) for kind in kinds)
 
-        shallow, deep = layer_kinds[:exit_layer], layer_kinds[exit_layer:]
-        return tree.round_from_passes(lambda n: layers(shallow, n) + self._draft_head(n),
-                                      lambda n: layers(shallow, n),
+        def shallow(num_tokens: int) -> float:
+            return (layers(layer_kinds[:exit_layer], num_tokens)
+                    + (self._at(self.adapter, num_tokens) if adapter else 0.0))
+
+        deep = layer_kinds[exit_layer:]
+        return tree.round_from_passes(lambda n: shallow(n) + self._draft_head(n), shallow,
                                       lambda n: layers(deep, n) + self._at(self.head, n))
 
     def _draft_head(self, num_tokens: int) -> float:
@@ -102,7 +114,8 @@ class LayerCosts:
 
 def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
                   context: int = 256, repeats: int = 7, inner: int = 8,
-                  draft_vocab: int = 0, sampling: SamplingParams | None = None) -> LayerCosts:
+                  draft_vocab: int = 0, sampling: SamplingParams | None = None,
+                  adapter: Params | None = None) -> LayerCosts:
     """Per-piece costs on n new tokens after `context` cached ones, for each n in `sizes`;
     batch 1, jitted, after a warm-up call, each call running the piece `inner` times in one
     compiled loop (so per-call dispatch, which the decode loop does not pay per layer, is
@@ -123,7 +136,8 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
     `sampling`, the head (and the whole pass's) includes turning its logits into the sampled
     distribution (temperature, top-k, top-p: a sort of the vocabulary at every position),
     which a sampled round pays at every position it drafts or verifies: on SmolLM2 the
-    pieces without it priced ngram's sampled K=4 round 27% too cheap."""
+    pieces without it priced ngram's sampled K=4 round 27% too cheap. With `adapter`, a
+    Kangaroo adapter's block (`heads.kangaroo`) is timed at every size too, as a layer is."""
     sizes = sorted(set(sizes) | {1})
     layers = {kind: layer_params(params, cfg, cfg.layer_kinds.index(kind))
               for kind in dict.fromkeys(cfg.layer_kinds)}
@@ -157,6 +171,11 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
     if draft_vocab:
         vocab = DraftVocab.gather(params, cfg, jnp.arange(draft_vocab, dtype=jnp.int32))
         calls["draft head", 1] = call(run, sampling, head, vocab, hidden(1))
+    if adapter is not None:
+        run = _adapter_loop(cfg, context, inner)
+        calls.update({("adapter", n): call(run, adapter, hidden(n),
+                                           LayerKV.allocate(cfg, 1, context + n))
+                      for n in sizes})
     run = _model_loop(cfg, inner)
     calls.update({("model", n): call(run, sampling, model, hidden(n), cache(cfg, n))
                   for n in sizes})
@@ -171,6 +190,8 @@ def measure_costs(params: Params, cfg: ModelConfig, sizes: Iterable[int], *,
         head=monotone({n: median["head", n] * scale[n] for n in sizes}), context=context,
         draft_head=(median["draft head", 1] * scale[1]) if draft_vocab else None,
         draft_vocab=draft_vocab,
+        adapter={} if adapter is None else monotone({n: median["adapter", n] * scale[n]
+                                                     for n in sizes}),
         spread=max(_spread(times) for times in samples.values()))
 
 
@@ -210,6 +231,22 @@ def _layer_loop(cfg: ModelConfig, inner: int) -> Callable:
                                      positions=layout.positions, mask=layout.mask)
 
         return jax.lax.fori_loop(0, inner, body, (hidden, cache))
+
+    return run
+
+
+def _adapter_loop(cfg: ModelConfig, context: int, inner: int) -> Callable:
+    """(adapter, hidden [1, n, D], kv) -> (hidden, kv): a Kangaroo adapter's cached pass on n
+    tokens after `context` ones `inner` times, each on the previous output."""
+
+    @functools.partial(jax.jit, donate_argnums=2)
+    def run(adapter, hidden, kv):
+        layout = chain_layout(jnp.asarray([context], jnp.int32), hidden.shape[1], kv.k.shape[1])
+
+        def body(_, carry):
+            return run_adapter_cached(adapter, cfg, *carry, *layout)
+
+        return jax.lax.fori_loop(0, inner, body, (hidden, kv))
 
     return run
 

@@ -38,6 +38,7 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.copied_play import play_copied
 from specjax.tools.exit_report import DraftExitReport
+from specjax.tools.exit_workload import ExitRuns
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
@@ -45,6 +46,7 @@ TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
 # budget is read between such batches.
 PROBE_BATCH = 4
 EXITS = "selfspec"  # the strategy that drafts from the model's own exits
+FORCED_ROW = 1  # a drafter's own runs (`exit_workload.exit_runs` with it): their one row
 # The baseline, a lossy early exit, a drafter that needs its own search (skip_layers) or its
 # own classifier, and a composite of the others: not candidates.
 LEFT_OUT = ("ar", "calm", "calmdraft", "skip", "mixed")
@@ -244,25 +246,54 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
     return Tuning(rows, winner, True, time.perf_counter() - started, len(prompts))
 
 
-def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter) -> float | None:
+def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
+                   forced: Callable[[Drafter, ExitRuns], ExitRuns] | None = None) -> float | None:
     """The speed-up of a drafter that copies from the text, played over the report's
     continuations (`copied_play.play_copied`) in their mode (greedy or sampled, its
     proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
     proposal's measured seconds; of selfspec with a static tree the runs can play
     (`ExitRuns.plays_tree`: greedy, or sampled with at most two children per node), played
-    over the exit's chances there (`DraftExitReport.tree_speedup`). None for any other
-    drafter, or a report not on a workload."""
+    over the exit's chances there (`DraftExitReport.tree_speedup`); of Kangaroo (a drafter
+    that `plays_forced`), played over its own runs (`forced`: `exit_workload.ForcedPlays`)
+    as selfspec's chains and trees are, its round selfspec's plus the adapter's block in
+    each draft pass and on the leaves (`LayerCosts.tree_round`, when the report timed the
+    adapter). None for any other drafter or shape (a chain that stops early), or a report
+    not on a workload."""
     runs = report.runs
     if runs is None or report.loop is None:
         return None
-    if (drafter.name == EXITS and isinstance(drafter.shape, StaticTree)
-            and runs.plays_tree(drafter.shape)
-            and drafter.draft_vocab == report.costs.draft_vocab):
-        return report.tree_speedup(drafter.exit_layer, drafter.shape)
+    if drafter.name == EXITS:
+        if (isinstance(drafter.shape, StaticTree) and runs.plays_tree(drafter.shape)
+                and drafter.draft_vocab == report.costs.draft_vocab):
+            return report.tree_speedup(drafter.exit_layer, drafter.shape)
+        return None
+    if drafter.plays_forced:
+        return None if forced is None else _forced_speedup(report, drafter, forced)
     if not drafter.copies_text:
         return None
     played = play_copied(drafter, cfg, runs)
     return report.copied_speedup(played.tau, drafter.shape.num_draft, played.draft_seconds)
+
+
+def _forced_speedup(report: DraftExitReport, drafter: Drafter,
+                    forced: Callable[[Drafter, ExitRuns], ExitRuns]) -> float | None:
+    """Kangaroo's speed-up played over its own runs (`played_speedup`); None for a chain
+    that stops early, a tree its runs cannot play, or a report that did not time the adapter
+    or drafts over another vocabulary."""
+    shape = drafter.shape
+    if not report.costs.adapter or drafter.draft_vocab != report.costs.draft_vocab:
+        return None
+    if shape.is_chain and not (shape.stop_below or shape.stop_risk):
+        tree = StaticTree.from_branching((1,) * shape.num_draft)
+    elif isinstance(shape, StaticTree):
+        tree = shape
+    else:
+        return None
+    own = forced(drafter, report.runs)
+    if not own.plays_tree(tree):
+        return None
+    return report.round_speedup(own.tree_tau(FORCED_ROW, tree), report.costs.tree_round(
+        report.layer_kinds, drafter.exit_layer, tree, adapter=True))
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:

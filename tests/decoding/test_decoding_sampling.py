@@ -43,6 +43,7 @@ from specjax.heads.medusa import init_medusa
 from specjax.heads.mtp import MTP
 from specjax.heads.specdec import init_acceptance_head
 from tests.support.drafter import PerDepthDrafter
+from tests.support.models import noisy
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -71,13 +72,6 @@ def exact_joint(params, sampling, cfg=CFG):
     return joint / joint.sum()
 
 
-def _noisy(tree, scale):
-    leaves, structure = jax.tree.flatten(tree)
-    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    return jax.tree.unflatten(structure, [w + scale * jax.random.normal(k, w.shape)
-                                          for w, k in zip(leaves, keys, strict=True)])
-
-
 def generator_with_drafters(params):
     """A generator whose Kangaroo adapter (exit 1) is the shared head plus noise, whose draft
     model is the target's first two layers plus noise, whose acceptance head is random and
@@ -87,13 +81,13 @@ def generator_with_drafters(params):
     draft = M.unstack_layers({**params, "layers": jax.tree.map(lambda w: w[:2],
                                                                params["layers"])}, draft_cfg)
     return Generator(params, CFG, draft_vocab=RANKING, min_prompt_width=SHORT, draft_weights={
-        "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
-        "draft": DraftWeights(_noisy(draft, 0.1), cfg=draft_cfg),
-        "specdec": DraftWeights(_noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
+        "kangaroo": DraftWeights(noisy(init_adapter(params, CFG, 1), 0.3), exit_layer=1),
+        "draft": DraftWeights(noisy(draft, 0.1), cfg=draft_cfg),
+        "specdec": DraftWeights(noisy(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)), 1.0),
                                 exit_layer=1),
-        "medusa": DraftWeights(_noisy(init_medusa(params, CFG, 2), 0.3),
+        "medusa": DraftWeights(noisy(init_medusa(params, CFG, 2), 0.3),
                                exit_layer=CFG.num_layers, settings={"num_heads": 2}),
-        **{kind.name: DraftWeights(_noisy(kind.init(params, CFG, settings), 0.3),
+        **{kind.name: DraftWeights(noisy(kind.init(params, CFG, settings), 0.3),
                                    settings={"exits": kind.exits(CFG, settings)})
            for kind, settings in ((EAGLE, {"layers": ""}), (MTP, {"depth": 2}))}})
 

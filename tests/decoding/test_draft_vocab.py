@@ -45,20 +45,13 @@ from specjax.io.checkpoint import (
 )
 from specjax.io.draft_vocab import rank_ids, read_ranking, within, write_ranking
 from tests.support.decoding import export_decode_loop, per_step_argmax
-from tests.support.models import TINY_MODEL, damped_params
+from tests.support.models import TINY_MODEL, damped_params, noisy
 from tests.support.scripts import run_script
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
 NEW = 16
 RANKING = np.random.default_rng(0).permutation(CFG.vocab_size)  # a ranking unrelated to the text
-
-
-def _noisy(tree, scale):
-    leaves, structure = jax.tree.flatten(tree)
-    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
-    return jax.tree.unflatten(structure, [w + scale * jax.random.normal(k, w.shape)
-                                          for w, k in zip(leaves, keys, strict=True)])
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +64,12 @@ def generator(params):
     """The model with a Kangaroo adapter and a SpecDec++ head at exit 1, fresh EAGLE-3, MTP and
     Medusa heads (plus noise), and the random ranking."""
     return Generator(params, CFG, draft_vocab=RANKING, draft_weights={
-        "kangaroo": DraftWeights(_noisy(init_adapter(params, CFG, 1), 0.1), exit_layer=1),
+        "kangaroo": DraftWeights(noisy(init_adapter(params, CFG, 1), 0.1), exit_layer=1),
         "specdec": DraftWeights(init_acceptance_head(CFG, 8, jax.random.PRNGKey(5)),
                                 exit_layer=1),
-        "medusa": DraftWeights(_noisy(init_medusa(params, CFG, 2), 0.05),
+        "medusa": DraftWeights(noisy(init_medusa(params, CFG, 2), 0.05),
                                exit_layer=CFG.num_layers, settings={"num_heads": 2}),
-        **{kind.name: DraftWeights(_noisy(kind.init(params, CFG, settings), 0.05),
+        **{kind.name: DraftWeights(noisy(kind.init(params, CFG, settings), 0.05),
                                    settings={"exits": kind.exits(CFG, settings)})
            for kind, settings in ((EAGLE, {"layers": "1,2,3"}), (MTP, {"depth": 2}))}})
 
@@ -205,7 +198,7 @@ def test_eagles_own_head_is_cut_to_the_subset(params):
     """EAGLE-3's `lm_head` columns and `vocab_bias` are gathered at the ids once
     (`restrict_vocab`), and its draft logits there equal the full head's. Catches rows taken
     from the target's head instead of the EAGLE head's own."""
-    head = _noisy(EAGLE.init(params, CFG, {"layers": "1,2,3"}), 0.05)
+    head = noisy(EAGLE.init(params, CFG, {"layers": "1,2,3"}), 0.05)
     ids = jnp.asarray(np.sort(RANKING[:N]), jnp.int32)
     vocab = DraftVocab.gather(params, CFG, ids)
     cut = Eagle(Chain(2)).restrict_vocab(head, ids)

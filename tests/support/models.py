@@ -73,3 +73,12 @@ def model_workdir(path: str, params, cfg: ModelConfig, **meta) -> str:
                                        "tokenizer": "bytes", **meta})
     checkpoints.close()
     return path
+
+
+def noisy(tree, scale: float, seed: int = 3):
+    """`tree` with Gaussian noise of std `scale` added to every leaf (a key per leaf from
+    `seed`): a drafter's weights that agree with the target only in part."""
+    leaves, structure = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return jax.tree.unflatten(structure, [w + scale * jax.random.normal(k, w.shape)
+                                          for w, k in zip(leaves, keys, strict=True)])

@@ -23,12 +23,14 @@ import specjax.tools.layer_costs as layer_costs_module
 import specjax.tools.loop_calibration as loop_calibration_module
 import specjax.tools.tune as tune_module
 from specjax import api
+from specjax.decoding.drafter import DraftWeights
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.drafters.ngram import PromptLookup
 from specjax.decoding.drafters.suffix import SuffixDecoding
 from specjax.decoding.engine import Generator
 from specjax.decoding.sampling import SamplingParams
 from specjax.decoding.shapes.chain import Chain
+from specjax.heads.kangaroo import init_adapter
 from specjax.heads.vocab_subset import DraftVocab
 from specjax.model import allocate_cache, unstack_layers
 from specjax.tools.copied_play import CopiedPlay, copied_rounds
@@ -37,6 +39,7 @@ from specjax.tools.exit_workload import (
     ROWS_PER_PASS,
     SAMPLED_PLAYS,
     ExitRuns,
+    ForcedPlays,
     exit_runs,
     model_continuations,
 )
@@ -288,13 +291,36 @@ def test_tuning_plays_the_copying_drafters_over_the_reports_runs(base_workdir, m
     drafter probed: 13% of noise in tau where the play over 16 continuations has 5%) or bound
     to another report."""
     seen, report = {}, _Report()
-    monkeypatch.setattr(api.LanguageModel, "_tune_report", lambda self, *a: report)
+    monkeypatch.setattr(api.LanguageModel, "_tune_report",
+                        lambda self, *a, **k: seen.update(report=k) or report)
     monkeypatch.setattr(api, "tune", lambda *a, **k: seen.update(k) or "tuned")
     model = specjax.load(base_workdir)
     assert model.tune(["def f("], strategies=["selfspec"], num_draft=[2], trees=[], exits=1,
                       temperature=temperature, write=False) == "tuned"
     assert seen["played"].func is tune_module.played_speedup
     assert seen["played"].args == (report, model.config)
+    forced = seen["played"].keywords["forced"]
+    assert isinstance(forced, ForcedPlays) and forced.generator is model.generator
+    assert seen["report"] == {"adapter": None}  # no Kangaroo loaded: no adapter timed
+
+
+def test_tuning_times_a_loaded_kangaroos_adapter(base_workdir, monkeypatch):
+    """With Kangaroo's weights loaded and Kangaroo among the strategies, `model.tune` has its
+    report time the adapter (which prices Kangaroo's played rounds); without Kangaroo among
+    them, not. Catches Kangaroo left to the probe (four compiled loops) for want of the
+    adapter's cost."""
+    seen = []
+    monkeypatch.setattr(api.LanguageModel, "_tune_report",
+                        lambda self, *a, **k: seen.append(k["adapter"]) or _Report())
+    monkeypatch.setattr(api, "tune", lambda *a, **k: "tuned")
+    model = specjax.load(base_workdir)
+    adapter = init_adapter(model._loaded.params, CFG, 1)
+    model._loaded = dataclasses.replace(model._loaded, draft_weights={
+        "kangaroo": DraftWeights(adapter, exit_layer=1)})
+    for strategies in (["selfspec", "kangaroo"], ["selfspec"]):
+        model.tune(["def f("], strategies=strategies, num_draft=[2], trees=[], exits=1,
+                   write=False)
+    assert seen == [adapter, None]
 
 
 def test_the_workload_report_drafts_over_the_workdirs_draft_vocabulary(base_workdir,
@@ -414,7 +440,7 @@ def test_sampled_tuning_calibrates_its_report_in_its_mode(base_workdir, monkeypa
     predicted 1.20x where sampled costs give 1.02x)."""
     asked = []
     monkeypatch.setattr(api.LanguageModel, "_tune_report",
-                        lambda self, *a: asked.append(a[-1]) or _Report())
+                        lambda self, *a, **k: asked.append(a[-1]) or _Report())
     monkeypatch.setattr(api, "tune", lambda *a, **k: "tuned")
     model = specjax.load(base_workdir)
     for temperature in (0.5, 0.0):

@@ -26,7 +26,7 @@ from specjax.decoding.proposal import Proposal
 from specjax.decoding.shapes.shape_options import ShapeOptions, shape_for
 from specjax.decoding.shapes.tree import Layout, chain_layout
 from specjax.decoding.verify import proposal_layout
-from specjax.heads.kangaroo import run_adapter_cached
+from specjax.heads.kangaroo import adapter_output, run_adapter_cached
 from specjax.heads.vocab_subset import head_logits
 from specjax.nn.cache import Cache, LayerKV
 from specjax.sharding import constrain_cache
@@ -40,6 +40,7 @@ class Kangaroo(HeadDrafter):
     name: ClassVar[str] = "kangaroo"
     mixable: ClassVar[bool] = False  # its commit reads the layers verification reused
     head_kind: ClassVar[str] = "an adapter"
+    plays_forced: ClassVar[bool] = True  # the adapter's K/V is the text's after each commit
 
     @property
     def prefill_exits(self) -> tuple[int, ...]:
@@ -62,6 +63,12 @@ class Kangaroo(HeadDrafter):
 
         return draft_with_layers(ctx, self.shape, cache, pending, key, ((0, self.exit_layer),),
                                  head, state)
+
+    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+        """The adapter on the exit's hidden states of the whole text, read at `at`."""
+        out = adapter_output(ctx.draft_params, ctx.cfg, hidden[self.exit_layer - 1])
+        return head_logits(ctx.params, ctx.cfg, jnp.take_along_axis(out, at[..., None], axis=1),
+                           ctx.vocab)
 
     def commit(self, ctx: DraftContext, state: LayerKV, done: Round) -> LayerKV:
         missing = done.proposal.reuse.missing

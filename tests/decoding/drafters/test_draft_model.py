@@ -15,7 +15,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.model import allocate_cache, embed, run_layers_cached
 from tests.support.decoding import check_eos_mid_draft, decode_rounds
-from tests.support.models import TINY_MODEL, damped_params, first_layers
+from tests.support.models import TINY_MODEL, damped_params, first_layers, noisy
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -33,10 +33,7 @@ def draft_of(params, noise=0.0):
     the target's damped deeper layers), plus noise."""
     draft, cfg = first_layers(params, CFG, 2)
     assert cfg == DRAFT_CFG
-    leaves, tree = jax.tree.flatten(draft)
-    keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
-    return jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
-                                     for w, k in zip(leaves, keys, strict=True)])
+    return noisy(draft, noise, seed=7)
 
 
 PARAMS = damped_params(CFG, jax.random.PRNGKey(0), 0.5)

@@ -23,7 +23,7 @@ from specjax.decoding.shapes.tree import chain_layout
 from specjax.heads.kangaroo import init_adapter, run_adapter_cached
 from specjax.nn.cache import LayerKV
 from tests.support.decoding import check_eos_mid_draft, decode_rounds, export_decode_loop
-from tests.support.models import TINY_MODEL, damped_params
+from tests.support.models import TINY_MODEL, damped_params, noisy
 
 pytestmark = pytest.mark.slow  # the fast subset (-m 'not slow') leaves this file out
 
@@ -49,11 +49,7 @@ PARAMS = _with_random_norms(damped_params(CFG, jax.random.PRNGKey(0), 0.5))
 
 
 def noisy_adapter(exit_layer: int, noise: float, params=PARAMS):
-    adapter = init_adapter(params, CFG, exit_layer)
-    leaves, tree = jax.tree.flatten(adapter)
-    keys = jax.random.split(jax.random.PRNGKey(exit_layer), len(leaves))
-    return jax.tree.unflatten(tree, [w + noise * jax.random.normal(k, w.shape)
-                                     for w, k in zip(leaves, keys, strict=True)])
+    return noisy(init_adapter(params, CFG, exit_layer), noise, seed=exit_layer)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,223 @@
+"""Kangaroo played from one teacher-forced pass (`Drafter.plays_forced`,
+`exit_workload.exit_runs` with a drafter, `ForcedPlays`) against its real decode loop
+(greedy row by row, sampled in expectation), and its round priced with the adapter's block
+(`LayerCosts.tree_round`, `tune.played_speedup`)."""
+
+import dataclasses
+import types
+
+import jax
+import numpy as np
+import pytest
+
+import specjax.tools.exit_workload as exit_workload_module
+import specjax.tools.layer_costs as layer_costs_module
+from specjax.config import ModelConfig
+from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.kangaroo import Kangaroo
+from specjax.decoding.drafters.layerskip import SelfSpeculative
+from specjax.decoding.engine import Generator
+from specjax.decoding.sampling import SamplingParams
+from specjax.decoding.shapes.chain import Chain
+from specjax.decoding.shapes.dynamic_tree import DynamicTree
+from specjax.decoding.shapes.static_tree import StaticTree
+from specjax.heads.kangaroo import init_adapter
+from specjax.tools import tune as tuner
+from specjax.tools.exit_workload import (
+    ExitRuns,
+    ForcedPlays,
+    exit_runs,
+    model_continuations,
+    tree_rounds,
+)
+from specjax.tools.layer_costs import LayerCosts, measure_costs
+from tests.support.models import TINY_MODEL, damped_params, noisy
+
+CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
+PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
+NEW = 24
+EXIT = 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The params, a generator holding a noisy adapter at exit 2 (its drafts are neither the
+    exit's nor the target's) whose ranking puts the continuations' ids first, the
+    continuations, and a draft vocabulary size that leaves 3 of their ids out."""
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    weights = {"kangaroo": DraftWeights(noisy(init_adapter(params, CFG, EXIT), 0.1),
+                                        exit_layer=EXIT)}
+    continuations = model_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW)
+    counts = np.bincount(np.concatenate(continuations), minlength=CFG.vocab_size)
+    ranking = np.argsort(-counts, kind="stable")
+    generator = Generator(params, CFG, draft_weights=weights, draft_vocab=ranking)
+    return params, generator, continuations, int((counts > 0).sum()) - 3
+
+
+def _played(runs: ExitRuns, index: int, shape, row: int = tuner.FORCED_ROW) -> float:
+    """The rounds played over text `index` of runs' row `row` (a drafter's own: their one)."""
+    tree = shape if isinstance(shape, StaticTree) else StaticTree.from_branching(
+        (1,) * shape.num_draft)
+    return tree_rounds(runs._siblings(index, row, tree.max_children), tree)
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_kangaroos_played_rounds_are_its_real_loops_rounds(model, subset):
+    """Greedy Kangaroo at exit 2, chains of 1 and 3 and the tree 2,2,1, over the whole
+    vocabulary and over N ids: the rounds played over its own runs (one teacher-forced
+    pass of the adapter, `ForcedPlays`) equal the rounds its real loop takes, row by row, an
+    independent reference. Catches the adapter read at the neighbouring exit, its drafts
+    read one position off, the exit's shared head in place of the adapter, and drafts over
+    the whole vocabulary where the drafter drafts over N ids."""
+    params, generator, continuations, size = model
+    draft_vocab = size if subset else 0
+    forced = ForcedPlays(generator, params)
+    runs = exit_runs(params, CFG, PROMPTS, continuations)
+    played_all = []
+    for shape in (Chain(1), Chain(3), StaticTree.from_branching((2, 2, 1))):
+        drafter = Kangaroo(EXIT, shape, draft_vocab=draft_vocab)
+        out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
+        assert out.tokens == continuations
+        own = forced(drafter, runs)
+        played = [_played(own, i, shape) for i in range(len(PROMPTS))]
+        assert played == [stats.rounds for stats in out.stats], shape
+        played_all.append(played)
+        exits = [_played(runs, i, shape, EXIT) for i in range(len(PROMPTS))]
+        assert played != exits  # the adapter's drafts are not the exit's: teeth
+    assert len({tuple(p) for p in played_all}) == 3
+
+
+def test_kangaroos_sampled_played_rounds_are_its_loops_in_expectation(model):
+    """Sampled Kangaroo (top-p 0.9, over 200 of the 259 ids) drafting the tree 2,2,1 with children
+    without replacement, over 180 texts its loop made (6 seeds of 30 prompts): its rounds on
+    each text, less those played over its own sampled runs there, average zero
+    (|z| < 3.5). Catches q read over the whole vocabulary or without the sampling's
+    filters, the target's p in place of the adapter's q, and the second child left out."""
+    params, generator, _, size = model
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
+    tree = StaticTree.from_branching((2, 2, 1))
+    drafter = Kangaroo(EXIT, tree, draft_vocab=200)
+    prompts, rounds, texts = PROMPTS * 10, [], []
+    for seed in range(6):
+        out = generator.generate(prompts, max_new_tokens=NEW, strategy=drafter,
+                                 sampling=sampling, seed=seed)
+        rounds += [stats.rounds for stats in out.stats]
+        texts += out.tokens
+    runs = exit_runs(params, CFG, prompts * 6, texts, sampling=sampling)
+    own = ForcedPlays(generator, params)(drafter, runs)
+    assert own.sampling is sampling and own.plays_tree(tree)
+    expected = np.array([_played(own, i, tree) for i in range(len(rounds))])
+    gap = np.asarray(rounds) - expected
+    assert abs(gap.mean()) < 3.5 * gap.std() / np.sqrt(len(gap)), (gap.mean(), gap.std())
+    assert 0.2 < own.rate(1) < 0.8  # drafts are accepted and rejected: teeth
+
+
+def test_one_pass_per_drafter_whatever_its_shape(model, monkeypatch):
+    """`ForcedPlays` runs one teacher-forced pass per drafter and set of runs: a tuner's
+    chains and trees share it, other runs get their own. Catches a pass (and a compile) per
+    candidate, and runs of other continuations served from the cache."""
+    params, generator, continuations, _ = model
+    passes = []
+    real = exit_workload_module.exit_runs
+    monkeypatch.setattr(exit_workload_module, "exit_runs",
+                        lambda *a, **k: passes.append(a[6][0]) or real(*a, **k))
+    forced = ForcedPlays(generator, params)
+    runs = exit_runs(params, CFG, PROMPTS, continuations)
+    first = forced(Kangaroo(EXIT, Chain(2)), runs)
+    assert forced(Kangaroo(EXIT, StaticTree.from_branching((2, 1))), runs) is first
+    other = exit_runs(params, CFG, PROMPTS[:2], continuations[:2])
+    assert len(forced(Kangaroo(EXIT, Chain(2)), other).accept) == 2
+    assert len(passes) == 2
+
+
+def test_a_drafter_whose_drafts_depend_on_the_rounds_start_is_not_played_forced(model):
+    """`exit_runs` refuses a drafter that does not play forced (selfspec's exits are its
+    own rows; a Medusa head drafts from the round's start). Catches its rounds played over
+    drafts the loop never makes."""
+    params, _, continuations, _ = model
+    with pytest.raises(ValueError, match="selfspec.*teacher-forced"):
+        exit_runs(params, CFG, PROMPTS, continuations,
+                  drafter=(SelfSpeculative(1, Chain(2)), None))
+
+
+ADAPTER_COSTS = LayerCosts(layer={"attention": {n: 2.0 + 0.25 * (n - 1) for n in range(1, 10)}},
+                           head={n: 0.5 + 0.1 * (n - 1) for n in range(1, 10)},
+                           adapter={n: 1.0 + 0.5 * (n - 1) for n in range(1, 10)})
+
+
+def test_kangaroos_round_by_hand():
+    """Kangaroo's round drafting K=2 from exit 1 of 4 attention layers: two draft passes of
+    layer 1, the adapter and the head on one token; the last draft's layer 1 and adapter
+    (the commit's) on one; three layers and the head on 3 tokens. A tree 2,1 pays the
+    adapter on its widths and on its 2 leaves. Catches the adapter left out of the draft
+    passes or of the commit, or priced on the wrong widths."""
+    kinds = ("attention",) * 4
+    chain = StaticTree.from_branching((1, 1))
+    assert ADAPTER_COSTS.tree_round(kinds, 1, chain, adapter=True) == pytest.approx(
+        2 * (2.0 + 1.0 + 0.5) + (2.0 + 1.0) + 3 * 2.5 + 0.7)
+    assert ADAPTER_COSTS.tree_round(kinds, 1, chain) == pytest.approx(
+        2 * (2.0 + 0.5) + 2.0 + 3 * 2.5 + 0.7)
+    tree = StaticTree.from_branching((2, 1))  # drafts from 1 token, then 2; 2 leaves; 5 verified
+    assert ADAPTER_COSTS.tree_round(kinds, 1, tree, adapter=True) == pytest.approx(
+        (2.0 + 1.0 + 0.5) + (2.25 + 1.5 + 0.6) + (2.25 + 1.5) + 3 * 3.0 + 0.9)
+    with pytest.raises(ValueError, match="no adapter was timed"):
+        dataclasses.replace(ADAPTER_COSTS, adapter={}).tree_round(kinds, 1, chain, adapter=True)
+
+
+def test_kangaroo_is_played_and_priced_with_its_adapter():
+    """`played_speedup` plays Kangaroo's chains and static trees over its own runs
+    (`forced`) and prices them with the adapter (`round_speedup` of the played tau and
+    `tree_round(..., adapter=True)` at its exit); a chain that stops early, a dynamic tree,
+    another draft vocabulary, a report that timed no adapter or no `forced` are left to the
+    probe. Catches Kangaroo priced as selfspec (no adapter), played at the exit's runs, or
+    a stopping chain played as a full one."""
+    kinds = ("attention",) * 4
+    runs = types.SimpleNamespace(tag="exits")
+    own = types.SimpleNamespace(tree_tau=lambda row, tree: 2.0 + tree.num_nodes / 10 + row,
+                                plays_tree=lambda tree: tree.max_children <= 2)
+    seen = []
+    report = types.SimpleNamespace(
+        runs=runs, loop=object(), costs=ADAPTER_COSTS, layer_kinds=kinds,
+        round_speedup=lambda tau, pieces: (tau, pieces))
+
+    def forced(drafter, played):
+        seen.append(played)
+        return own
+
+    tree = StaticTree.from_branching((2, 1))
+    assert tuner.played_speedup(report, CFG, Kangaroo(1, Chain(2)), forced) == (
+        3.2, ADAPTER_COSTS.tree_round(kinds, 1, StaticTree.from_branching((1, 1)), adapter=True))
+    assert tuner.played_speedup(report, CFG, Kangaroo(1, tree), forced) == (
+        3.4, ADAPTER_COSTS.tree_round(kinds, 1, tree, adapter=True))
+    assert seen == [runs, runs]
+    for drafter in (Kangaroo(1, Chain(2, stop_below=0.5)), Kangaroo(1, DynamicTree(4, 2, 2)),
+                    Kangaroo(1, StaticTree.from_branching((3, 1))),
+                    Kangaroo(1, Chain(2), draft_vocab=100)):
+        assert tuner.played_speedup(report, CFG, drafter, forced) is None, drafter
+    assert tuner.played_speedup(report, CFG, Kangaroo(1, Chain(2))) is None
+    report.costs = dataclasses.replace(ADAPTER_COSTS, adapter={})
+    assert tuner.played_speedup(report, CFG, Kangaroo(1, Chain(2)), forced) is None
+
+
+def test_the_adapters_block_is_timed_beside_the_pieces_and_scaled(monkeypatch):
+    """`measure_costs` with an adapter runs its cached block at every size (compiled, as the
+    loop runs it) beside the other pieces, its time scaled as theirs by the whole pass (here
+    24 / (4 x 2 + 4) = 2 on one token, 54 / (4 x 3 + 6) = 3 on three). Catches the adapter
+    left untimed, timed apart from the pieces, or kept at its raw (cache-resident) time."""
+    alone = {"attention": {1: 2.0, 3: 3.0}, "head": {1: 4.0, 3: 6.0},
+             "model": {1: 24.0, 3: 54.0}, "adapter": {1: 1.5, 3: 2.0}}
+    asked = []
+
+    def interleaved(calls, items, count):
+        asked.append(set(calls))
+        for call in calls.values():
+            call(0)  # each piece runs: the adapter's cached block compiles and runs
+        return {key: [[alone[key[0]][key[1]] * 2] * count] for key in calls}, {}
+
+    monkeypatch.setattr(layer_costs_module, "time_interleaved", interleaved)
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    costs = measure_costs(params, CFG, [3], context=4, repeats=3, inner=2,
+                          adapter=init_adapter(params, CFG, 1))
+    assert asked == [{(piece, n) for piece in alone for n in (1, 3)}]
+    assert costs.adapter == {1: pytest.approx(3.0), 3: pytest.approx(6.0)}
+    assert measure_costs(params, CFG, [3], context=4, repeats=3, inner=2).adapter == {}

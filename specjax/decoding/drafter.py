@@ -154,9 +154,11 @@ class Drafter(Protocol):
     def restrict_vocab(self, draft_params: Any, ids: jax.Array) -> Any:
         """Its params with its own vocabulary head cut to `ids` [N] (`draft_vocab`)."""
 
-    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+    def forced_logits(self, ctx: DraftContext, tokens: jax.Array, hidden: jax.Array,
+                      at: jax.Array) -> jax.Array:
         """Where `plays_forced`: the logits [B, M, V] of its drafts at positions `at` [B, M]
-        of texts whose target hidden states after each layer are `hidden` [L, B, T, D]."""
+        of texts `tokens` [B, T], whose target hidden states after each layer are `hidden`
+        [L, B, T, D]."""
 
     def hf_options(self) -> dict[str, Any] | None:
         """`generate()` options of the equivalent Hugging Face decoding (None: none exists)."""
@@ -237,7 +239,8 @@ class DrafterBase:
     def hf_options(self) -> dict[str, Any] | None:
         return None
 
-    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+    def forced_logits(self, ctx: DraftContext, tokens: jax.Array, hidden: jax.Array,
+                      at: jax.Array) -> jax.Array:
         raise NotImplementedError(f"strategy {self.name!r} drafts from where its round starts, "
                                   "not from a teacher-forced pass")
 

@@ -37,8 +37,11 @@ at every position from the same teacher-forced pass (`ExitRuns.second_child`). A
 would need a sum over pairs of earlier tokens, so trees with more than two children per node
 are not played sampled.
 
-The real loop's costs come from `loop_calibration`, and the drafters that copy from the text
-are played over the same runs by `copied_play`.
+A drafter whose draft at a position depends on the text before it alone (`plays_forced`:
+Kangaroo's adapter, a draft model) is played as an exit is, over runs of its own drafts from
+one teacher-forced pass (`exit_runs` with the drafter, `ForcedPlays`). The real loop's costs
+come from `loop_calibration`, and the drafters that copy from the text are played over the
+same runs by `copied_play`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from specjax.decoding.sampling import SamplingParams, probabilities
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.vocab_subset import DraftVocab, exit_head_logits
 from specjax.model import Params, embed, run_layers
+from specjax.tools.layer_costs import LayerCosts, measure_costs
 
 # Windows of the teacher-forced pass over prompts + continuations: one compile per bucket.
 ROWS_PER_PASS = 4
@@ -261,11 +265,27 @@ class ForcedPlays:
     """Drafters that `plays_forced` played over a workload's continuations (`exit_runs` with
     the drafter): the runs of each, in the workload's mode and over the drafter's draft
     vocabulary, from one teacher-forced pass per drafter (its shape, which does not change
-    its drafts, aside: a tuner's chains and trees share it)."""
+    its drafts, aside: a tuner's chains and trees share it); and a draft model's own pieces
+    (`draft_costs`), which price its rounds."""
 
     def __init__(self, generator: Generator, params: Params):
         self.generator, self.params = generator, params  # params stacked (`run_layers`)
         self._played: dict[tuple[Drafter, int], tuple[ExitRuns, ExitRuns]] = {}
+        self._costs: dict[ModelConfig, tuple[LayerCosts, SamplingParams | None,
+                                             LayerCosts]] = {}
+
+    def draft_costs(self, drafter: Drafter, like: LayerCosts,
+                    sampling: SamplingParams | None) -> tuple[LayerCosts, tuple[str, ...]]:
+        """A draft model's own pieces (`layer_costs.measure_costs` on its weights) at the
+        sizes and context of `like` (the target's), its head's distribution with `sampling`
+        as a sampled round draws it, timed once per draft model and mode; and its layers'
+        kinds."""
+        bound, params = self.generator.with_weights(drafter, None)
+        found = self._costs.get(bound.cfg)
+        if found is None or found[0] is not like or found[1] is not sampling:
+            found = self._costs[bound.cfg] = like, sampling, measure_costs(
+                params, bound.cfg, like.head, context=like.context, sampling=sampling)
+        return found[2], bound.cfg.layer_kinds
 
     def __call__(self, drafter: Drafter, runs: ExitRuns) -> ExitRuns:
         key = dataclasses.replace(drafter, shape=None), id(runs)
@@ -313,7 +333,7 @@ def _exit_acceptance(cfg: ModelConfig, drafter: Drafter | None) -> Callable:
         else:
             ctx = DraftContext(params, draft_params, sampling, cfg, vocab)
             first, ranks, second = jax.tree.map(lambda x: x[None], chances(
-                drafter.forced_logits(ctx, per_layer, at)))
+                drafter.forced_logits(ctx, tokens, per_layer, at)))
         target = None if p is None else jnp.take_along_axis(p, nexts[..., None], -1)[..., 0]
         return first, target, ranks, second
 

@@ -79,16 +79,27 @@ class LayerCosts:
         if adapter and not self.adapter:
             raise ValueError("no adapter was timed (measure_costs with adapter=)")
 
-        def layers(kinds: Sequence[str], num_tokens: int) -> float:
-            return sum(self._at(self.layer[kind], num_tokens) for kind in kinds)
-
         def shallow(num_tokens: int) -> float:
-            return (layers(layer_kinds[:exit_layer], num_tokens)
+            return (self._layers(layer_kinds[:exit_layer], num_tokens)
                     + (self._at(self.adapter, num_tokens) if adapter else 0.0))
 
         deep = layer_kinds[exit_layer:]
         return tree.round_from_passes(lambda n: shallow(n) + self._draft_head(n), shallow,
-                                      lambda n: layers(deep, n) + self._at(self.head, n))
+                                      lambda n: self._layers(deep, n) + self._at(self.head, n))
+
+    def drafted_round(self, layer_kinds: Sequence[str], tree: StaticTree, draft: LayerCosts,
+                      draft_kinds: Sequence[str]) -> float:
+        """Seconds of one round of a separate draft model (its costs `draft`, its layers'
+        kinds `draft_kinds`) drafting the static tree `tree` (`drafters.draft_model`): each
+        draft pass runs all its layers and its head, the commit its layers on the one token
+        it may not have run, and the verification this whole model on N + 1 tokens."""
+        return tree.round_from_passes(
+            lambda n: draft._layers(draft_kinds, n) + draft._at(draft.head, n),
+            lambda n: draft._layers(draft_kinds, 1),
+            lambda n: self._layers(layer_kinds, n) + self._at(self.head, n))
+
+    def _layers(self, layer_kinds: Sequence[str], num_tokens: int) -> float:
+        return sum(self._at(self.layer[kind], num_tokens) for kind in layer_kinds)
 
     def _draft_head(self, num_tokens: int) -> float:
         if self.draft_head is None:

@@ -11,7 +11,9 @@ figures are the benchmark's, so they compete with the probes as they are; so do 
 of the drafters that copy from the text (ngram, suffix: `played_speedup`), whose rounds are
 played over the same continuations, greedy or sampled, and costed by the same calibrated
 loop; so do selfspec's static trees, played over the exits' chances along the same
-continuations (`DraftExitReport.tree_speedup`; sampled, at most two children per node).
+continuations (`DraftExitReport.tree_speedup`; sampled, at most two children per node), and
+Kangaroo's and a draft model's chains and trees, played over runs of their own drafts from
+one teacher-forced pass (`exit_workload.ForcedPlays`) and priced by `FORCED_ROUNDS`.
 The best of each kind (a strategy's chains, its trees), the few best kinds, are confirmed
 on all the prompts with the benchmark's interleaved measurement (`tools.bench.run_benchmark`);
 the fastest wins, plain decoding when none beats it. Probes decode as many tokens as the
@@ -38,7 +40,7 @@ from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.tools.bench import StrategyResult, run_benchmark
 from specjax.tools.copied_play import play_copied
 from specjax.tools.exit_report import DraftExitReport
-from specjax.tools.exit_workload import ExitRuns
+from specjax.tools.exit_workload import ForcedPlays
 
 NUM_DRAFTS = (2, 4, 6)  # the grid of a chain's drafts per round
 TREE = "2,2,1,1"  # the static tree tried for each strategy that drafts trees
@@ -247,18 +249,19 @@ def tune(generator: Generator, build: Callable[[Candidate], Drafter],
 
 
 def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
-                   forced: Callable[[Drafter, ExitRuns], ExitRuns] | None = None) -> float | None:
+                   forced: ForcedPlays | None = None) -> float | None:
     """The speed-up of a drafter that copies from the text, played over the report's
     continuations (`copied_play.play_copied`) in their mode (greedy or sampled, its
     proposal drawn with the runs' sampling), costed by the report's calibrated loop and the
     proposal's measured seconds; of selfspec with a static tree the runs can play
     (`ExitRuns.plays_tree`: greedy, or sampled with at most two children per node), played
-    over the exit's chances there (`DraftExitReport.tree_speedup`); of Kangaroo (a drafter
-    that `plays_forced`), played over its own runs (`forced`: `exit_workload.ForcedPlays`)
-    as selfspec's chains and trees are, its round selfspec's plus the adapter's block in
-    each draft pass and on the leaves (`LayerCosts.tree_round`, when the report timed the
-    adapter). None for any other drafter or shape (a chain that stops early), or a report
-    not on a workload."""
+    over the exit's chances there (`DraftExitReport.tree_speedup`); of Kangaroo and a draft
+    model (drafters that `plays_forced`), played over their own runs (`forced`:
+    `exit_workload.ForcedPlays`) as selfspec's chains and trees are, each round priced by
+    `FORCED_ROUNDS`: Kangaroo's is selfspec's plus the adapter's block in each draft pass
+    and on the leaves (when the report timed the adapter), a draft model's its own passes
+    (its pieces timed once) and the target's whole verification. None for any other
+    drafter or shape (a chain that stops early), or a report not on a workload."""
     runs = report.runs
     if runs is None or report.loop is None:
         return None
@@ -276,24 +279,47 @@ def played_speedup(report: DraftExitReport, cfg: ModelConfig, drafter: Drafter,
 
 
 def _forced_speedup(report: DraftExitReport, drafter: Drafter,
-                    forced: Callable[[Drafter, ExitRuns], ExitRuns]) -> float | None:
-    """Kangaroo's speed-up played over its own runs (`played_speedup`); None for a chain
-    that stops early, a tree its runs cannot play, or a report that did not time the adapter
-    or drafts over another vocabulary."""
+                    forced: ForcedPlays) -> float | None:
+    """The speed-up of a drafter that `plays_forced`, played over its own runs and priced by
+    its entry in `FORCED_ROUNDS` (`played_speedup`); None for a chain that stops early, a
+    tree its runs cannot play, or a round its entry cannot price."""
     shape = drafter.shape
-    if not report.costs.adapter or drafter.draft_vocab != report.costs.draft_vocab:
-        return None
     if shape.is_chain and not (shape.stop_below or shape.stop_risk):
         tree = StaticTree.from_branching((1,) * shape.num_draft)
     elif isinstance(shape, StaticTree):
         tree = shape
     else:
         return None
-    own = forced(drafter, report.runs)
-    if not own.plays_tree(tree):
+    price = FORCED_ROUNDS.get(drafter.name)
+    own = None if price is None else forced(drafter, report.runs)
+    if own is None or not own.plays_tree(tree):
         return None
-    return report.round_speedup(own.tree_tau(FORCED_ROW, tree), report.costs.tree_round(
-        report.layer_kinds, drafter.exit_layer, tree, adapter=True))
+    seconds = price(report, drafter, tree, forced)
+    return None if seconds is None else report.round_speedup(own.tree_tau(FORCED_ROW, tree),
+                                                             seconds)
+
+
+def _kangaroo_round(report: DraftExitReport, drafter: Drafter, tree: StaticTree,
+                    forced: ForcedPlays) -> float | None:
+    """Selfspec's round at the adapter's exit plus the adapter's block in each draft pass and
+    on the leaves (None when the report did not time the adapter, or drafts over another
+    vocabulary than the drafter's)."""
+    if not report.costs.adapter or drafter.draft_vocab != report.costs.draft_vocab:
+        return None
+    return report.costs.tree_round(report.layer_kinds, drafter.exit_layer, tree, adapter=True)
+
+
+def _draft_model_round(report: DraftExitReport, drafter: Drafter, tree: StaticTree,
+                       forced: ForcedPlays) -> float:
+    """The draft model's passes (its own pieces, timed once per draft model in the runs'
+    mode: `ForcedPlays.draft_costs`) and the target's whole verification."""
+    draft, draft_kinds = forced.draft_costs(drafter, report.costs, report.runs.sampling)
+    return report.costs.drafted_round(report.layer_kinds, tree, draft, draft_kinds)
+
+
+# How the tuner prices a round of each drafter that `plays_forced`, by strategy name.
+FORCED_ROUNDS: dict[str, Callable[..., float | None]] = {
+    "kangaroo": _kangaroo_round, "draft": _draft_model_round}
 
 
 def _best_of_kinds(rows: Sequence[Row], count: int) -> list[Row]:

@@ -1,7 +1,8 @@
-"""Kangaroo played from one teacher-forced pass (`Drafter.plays_forced`,
-`exit_workload.exit_runs` with a drafter, `ForcedPlays`) against its real decode loop
-(greedy row by row, sampled in expectation), and its round priced with the adapter's block
-(`LayerCosts.tree_round`, `tune.played_speedup`)."""
+"""Kangaroo and a draft model played from one teacher-forced pass (`Drafter.plays_forced`,
+`exit_workload.exit_runs` with a drafter, `ForcedPlays`) against their real decode loops
+(greedy row by row, sampled in expectation), and their rounds priced: Kangaroo's with the
+adapter's block (`LayerCosts.tree_round`), the draft model's with its own pieces
+(`LayerCosts.drafted_round`, `ForcedPlays.draft_costs`), by `tune.played_speedup`."""
 
 import dataclasses
 import types
@@ -14,6 +15,7 @@ import specjax.tools.exit_workload as exit_workload_module
 import specjax.tools.layer_costs as layer_costs_module
 from specjax.config import ModelConfig
 from specjax.decoding.drafter import DraftWeights
+from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative
 from specjax.decoding.engine import Generator
@@ -31,7 +33,7 @@ from specjax.tools.exit_workload import (
     tree_rounds,
 )
 from specjax.tools.layer_costs import LayerCosts, measure_costs
-from tests.support.models import TINY_MODEL, damped_params, noisy
+from tests.support.models import TINY_MODEL, damped_params, first_layers, noisy
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
 PROMPTS = [[1, 2, 3, 4, 5], [7], list(range(40, 59))]
@@ -42,11 +44,14 @@ EXIT = 2
 @pytest.fixture(scope="module")
 def model():
     """The params, a generator holding a noisy adapter at exit 2 (its drafts are neither the
-    exit's nor the target's) whose ranking puts the continuations' ids first, the
-    continuations, and a draft vocabulary size that leaves 3 of their ids out."""
+    exit's nor the target's) and a noisy 2-layer draft model, whose ranking puts the
+    continuations' ids first, the continuations, and a draft vocabulary size that leaves 3
+    of their ids out."""
     params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    draft, draft_cfg = first_layers(params, CFG, 2)
     weights = {"kangaroo": DraftWeights(noisy(init_adapter(params, CFG, EXIT), 0.1),
-                                        exit_layer=EXIT)}
+                                        exit_layer=EXIT),
+               "draft": DraftWeights(noisy(draft, 0.05, seed=7), cfg=draft_cfg)}
     continuations = model_continuations(Generator(params, CFG), PROMPTS, max_new_tokens=NEW)
     counts = np.bincount(np.concatenate(continuations), minlength=CFG.vocab_size)
     ranking = np.argsort(-counts, kind="stable")
@@ -87,16 +92,40 @@ def test_kangaroos_played_rounds_are_its_real_loops_rounds(model, subset):
     assert len({tuple(p) for p in played_all}) == 3
 
 
-def test_kangaroos_sampled_played_rounds_are_its_loops_in_expectation(model):
-    """Sampled Kangaroo (top-p 0.9, over 200 of the 259 ids) drafting the tree 2,2,1 with children
-    without replacement, over 180 texts its loop made (6 seeds of 30 prompts): its rounds on
-    each text, less those played over its own sampled runs there, average zero
-    (|z| < 3.5). Catches q read over the whole vocabulary or without the sampling's
-    filters, the target's p in place of the adapter's q, and the second child left out."""
-    params, generator, _, size = model
+def test_a_draft_models_played_rounds_are_its_real_loops_rounds(model):
+    """Greedy, a noisy 2-layer draft model drafting chains of 1 and 3 and the tree 2,2,1:
+    the rounds played over its own runs (its teacher-forced pass over the text) equal the
+    rounds its real loop takes, row by row. Catches its drafts read one position off, the
+    target's head (or an exit's) in place of its own, and its pass run without the text
+    before each position."""
+    params, generator, continuations, _ = model
+    forced = ForcedPlays(generator, params)
+    runs = exit_runs(params, CFG, PROMPTS, continuations)
+    played_all = []
+    for shape in (Chain(1), Chain(3), StaticTree.from_branching((2, 2, 1))):
+        drafter = DraftModel(shape)
+        out = generator.generate(PROMPTS, max_new_tokens=NEW, strategy=drafter)
+        assert out.tokens == continuations
+        played = [_played(forced(drafter, runs), i, shape) for i in range(len(PROMPTS))]
+        assert played == [stats.rounds for stats in out.stats], shape
+        assert played != [_played(runs, i, shape, 2) for i in range(len(PROMPTS))]  # teeth
+        played_all.append(played)
+    assert len({tuple(p) for p in played_all}) == 3
+
+
+@pytest.mark.parametrize("drafter", [
+    Kangaroo(EXIT, StaticTree.from_branching((2, 2, 1)), draft_vocab=200),
+    DraftModel(StaticTree.from_branching((2, 2, 1)))], ids=lambda d: d.name)
+def test_sampled_played_rounds_are_the_loops_in_expectation(model, drafter):
+    """Sampled (top-p 0.9) Kangaroo over 200 of the 259 ids and the draft model, drafting
+    the tree 2,2,1 with children without replacement, over 180 texts each loop made (6
+    seeds of 30 prompts): its rounds on each text, less those played over its own sampled
+    runs there, average zero (|z| < 3.5). Catches q read over the whole vocabulary or
+    without the sampling's filters, the target's p in place of the drafter's q, and the
+    second child left out."""
+    params, generator, _, _ = model
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=0.9)
-    tree = StaticTree.from_branching((2, 2, 1))
-    drafter = Kangaroo(EXIT, tree, draft_vocab=200)
+    tree = drafter.shape
     prompts, rounds, texts = PROMPTS * 10, [], []
     for seed in range(6):
         out = generator.generate(prompts, max_new_tokens=NEW, strategy=drafter,
@@ -221,3 +250,75 @@ def test_the_adapters_block_is_timed_beside_the_pieces_and_scaled(monkeypatch):
     assert asked == [{(piece, n) for piece in alone for n in (1, 3)}]
     assert costs.adapter == {1: pytest.approx(3.0), 3: pytest.approx(6.0)}
     assert measure_costs(params, CFG, [3], context=4, repeats=3, inner=2).adapter == {}
+
+
+def test_a_draft_models_round_by_hand():
+    """A draft model of 2 attention layers (its layers 1 s on n tokens + 0.5 s a token, its
+    head 0.25 s + 0.25 s a token) drafting K=2 for a 4-layer target: two draft passes of
+    all its layers and its head on one token, its layers again on the one token the commit
+    runs, the target's 4 layers and head on 3 tokens; the tree 2,1 drafts on 1 then 2
+    tokens and still commits one token. Catches the draft's head left out, the commit
+    priced per leaf, and verification priced from an exit (selfspec's reuse)."""
+    kinds = ("attention",) * 4
+    draft = LayerCosts(layer={"attention": {n: 1.0 + 0.5 * (n - 1) for n in range(1, 10)}},
+                       head={n: 0.25 * n for n in range(1, 10)})
+    chain, tree = StaticTree.from_branching((1, 1)), StaticTree.from_branching((2, 1))
+    draft_kinds = ("attention",) * 2
+    assert ADAPTER_COSTS.drafted_round(kinds, chain, draft, draft_kinds) == pytest.approx(
+        2 * (2 * 1.0 + 0.25) + 2 * 1.0 + 4 * 2.5 + 0.7)
+    assert ADAPTER_COSTS.drafted_round(kinds, tree, draft, draft_kinds) == pytest.approx(
+        (2 * 1.0 + 0.25) + (2 * 1.5 + 0.5) + 2 * 1.0 + 4 * 3.0 + 0.9)
+
+
+def test_a_draft_model_is_played_and_priced_with_its_own_pieces():
+    """`played_speedup` plays the draft model's chains and trees over its own runs and
+    prices them with its own pieces (`ForcedPlays.draft_costs`, asked with the target's
+    costs and the runs' sampling) and the target's whole verification (`drafted_round`).
+    Catches the draft model priced with the target's pieces or as selfspec's round, and its
+    pieces timed greedy in a sampled tuning."""
+    kinds = ("attention",) * 4
+    sampling = SamplingParams(temperature=0.8, top_k=0, top_p=0.95)
+    runs = types.SimpleNamespace(sampling=sampling)
+    draft = LayerCosts(layer={"attention": {n: 1.0 + 0.5 * (n - 1) for n in range(1, 10)}},
+                       head={n: 0.25 * n for n in range(1, 10)})
+    asked = []
+
+    class Forced:
+        def __call__(self, drafter, played):
+            return types.SimpleNamespace(tree_tau=lambda row, tree: 3.0,
+                                         plays_tree=lambda tree: True)
+
+        def draft_costs(self, drafter, like, mode):
+            asked.append((like, mode))
+            return draft, ("attention",) * 2
+
+    report = types.SimpleNamespace(runs=runs, loop=object(), costs=ADAPTER_COSTS,
+                                   layer_kinds=kinds, round_speedup=lambda tau, s: (tau, s))
+    drafter = DraftModel(StaticTree.from_branching((2, 1)))  # unbound, as the tuner builds it
+    assert tuner.played_speedup(report, CFG, drafter, Forced()) == (3.0, pytest.approx(
+        ADAPTER_COSTS.drafted_round(kinds, drafter.shape, draft, ("attention",) * 2)))
+    assert asked == [(ADAPTER_COSTS, sampling)]
+
+
+def test_a_draft_models_pieces_are_timed_once_per_model_and_mode(model, monkeypatch):
+    """`ForcedPlays.draft_costs` times the draft model's own pieces (its weights, its config)
+    at the target's sizes and context, in the given mode, once per draft model and mode.
+    Catches the target's weights timed in its place, its pieces timed again for every
+    candidate, and a sampled tuning served the greedy pieces."""
+    params, generator, _, _ = model
+    timed = []
+    monkeypatch.setattr(exit_workload_module, "measure_costs",
+                        lambda p, cfg, sizes, **k: timed.append((p, cfg, sorted(sizes), k))
+                        or object())
+    forced = ForcedPlays(generator, params)
+    like = dataclasses.replace(ADAPTER_COSTS, context=64)
+    sampling = SamplingParams(temperature=0.8, top_k=0, top_p=0.95)
+    first = forced.draft_costs(DraftModel(Chain(2)), like, None)
+    weights = generator.draft_weights["draft"]
+    assert first[1] == weights.cfg.layer_kinds == ("attention",) * 2
+    again = forced.draft_costs(DraftModel(StaticTree.from_branching((2, 1))), like, None)
+    assert again[0] is first[0]
+    assert forced.draft_costs(DraftModel(Chain(2)), like, sampling)[0] is not first[0]
+    assert [(p is weights.params, cfg, sizes, k) for p, cfg, sizes, k in timed] == [
+        (True, weights.cfg, list(range(1, 10)), {"context": 64, "sampling": mode})
+        for mode in (None, sampling)]

@@ -65,14 +65,18 @@ def tuned(workdirs):
 def test_the_tuner_picks_the_draft_model_that_is_the_target(tuned):
     """Selfspec at the exit the report ranks first (its greedy figure, calibrated on these
     prompts, not probed), ngram (played over the same continuations, not probed) and the
-    draft model (probed) are all confirmed, and the draft model, which accepts everything at
-    an eighth of the cost, wins by its confirmed speed-up. Catches the slowest confirmed row
-    taken as the winner, a loaded draft model left out of the candidates, and a copying
-    drafter probed (a compilation) where its rounds can be played."""
+    draft model (played over its own teacher-forced runs, priced with its own pieces, not
+    probed) are all confirmed, and the draft model, which accepts everything at an eighth
+    of the cost, wins by its confirmed speed-up and is predicted the fastest. Catches the
+    slowest confirmed row taken as the winner, a loaded draft model left out of the
+    candidates, and a copying drafter or a draft model probed (a compilation) where its
+    rounds can be played."""
     assert tuned.confirmed
     assert (tuned.winner.strategy, dict(tuned.winner.options)) == ("draft", {"num_draft": 4})
     sources = {row.candidate.strategy: row.source for row in tuned.rows}
-    assert sources == {"selfspec": "exit report", "draft": "probe", "ngram": "played"}
+    assert sources == {"selfspec": "exit report", "draft": "played", "ngram": "played"}
+    predicted = {row.candidate.strategy: row.predicted for row in tuned.rows}
+    assert predicted["draft"] > max(predicted["selfspec"], predicted["ngram"])
     confirmed = {row.candidate.strategy: row.confirmed for row in tuned.rows}
     assert confirmed["draft"].stats.acceptance_rate >= 0.9  # all but the last round's ends
     assert confirmed["draft"].speedup > max(1.0, confirmed["selfspec"].speedup)

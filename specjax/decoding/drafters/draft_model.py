@@ -48,6 +48,7 @@ class DraftModel(DrafterBase):
     name: ClassVar[str] = "draft"
     mixable: ClassVar[bool] = False  # its cache holds the K/V of its own drafts
     needs_weights: ClassVar[bool] = True
+    plays_forced: ClassVar[bool] = True  # its cache holds the text's after each commit
     weights_hint: ClassVar[str] = (
         "pass --draft_workdir, a specjax workdir (trained or imported) with the same tokenizer")
     def bind(self, weights: DraftWeights) -> DraftModel:
@@ -81,6 +82,17 @@ class DraftModel(DrafterBase):
                                   embed(ctx.draft_params, self.cfg, prefilled.prompts), cache,
                                   prefilled.lengths)
         return cache.prefilled(prefilled.lengths)
+
+    def forced_logits(self, ctx: DraftContext, tokens: jax.Array, hidden: jax.Array,
+                      at: jax.Array) -> jax.Array:
+        """The draft model's own pass over the whole text, read at `at`."""
+        batch, steps = tokens.shape
+        out, _ = prefill_cached(ctx.draft_params, self.cfg,
+                                embed(ctx.draft_params, self.cfg, tokens),
+                                allocate_cache(self.cfg, batch, steps),
+                                jnp.full((batch,), steps, jnp.int32))
+        return exit_logits(ctx.draft_params, self.cfg,
+                           jnp.take_along_axis(out, at[..., None], axis=1))
 
     def propose(self, ctx: DraftContext, state: Cache, cache: Cache, pending: jax.Array,
                 key: jax.Array) -> tuple[Proposal, Cache, Cache]:

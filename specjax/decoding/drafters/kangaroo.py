@@ -64,7 +64,8 @@ class Kangaroo(HeadDrafter):
         return draft_with_layers(ctx, self.shape, cache, pending, key, ((0, self.exit_layer),),
                                  head, state)
 
-    def forced_logits(self, ctx: DraftContext, hidden: jax.Array, at: jax.Array) -> jax.Array:
+    def forced_logits(self, ctx: DraftContext, tokens: jax.Array, hidden: jax.Array,
+                      at: jax.Array) -> jax.Array:
         """The adapter on the exit's hidden states of the whole text, read at `at`."""
         out = adapter_output(ctx.draft_params, ctx.cfg, hidden[self.exit_layer - 1])
         return head_logits(ctx.params, ctx.cfg, jnp.take_along_axis(out, at[..., None], axis=1),

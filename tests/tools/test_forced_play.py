@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import pytest
 
+import specjax
+import specjax.tools.exit_report as exit_report_module
 import specjax.tools.exit_workload as exit_workload_module
 import specjax.tools.layer_costs as layer_costs_module
 from specjax.config import ModelConfig
@@ -25,6 +27,7 @@ from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.kangaroo import init_adapter
 from specjax.tools import tune as tuner
+from specjax.tools.exit_report import DraftExitReport
 from specjax.tools.exit_workload import (
     ExitRuns,
     ForcedPlays,
@@ -33,6 +36,8 @@ from specjax.tools.exit_workload import (
     tree_rounds,
 )
 from specjax.tools.layer_costs import LayerCosts, measure_costs
+from specjax.tools.loop_calibration import LoopCalibration
+from specjax.training.evaluate import ExitReport
 from tests.support.models import TINY_MODEL, damped_params, first_layers, noisy
 
 CFG = ModelConfig(**{**TINY_MODEL, "init_std": 0.3})
@@ -322,3 +327,102 @@ def test_a_draft_models_pieces_are_timed_once_per_model_and_mode(model, monkeypa
     assert [(p is weights.params, cfg, sizes, k) for p, cfg, sizes, k in timed] == [
         (True, weights.cfg, list(range(1, 10)), {"context": 64, "sampling": mode})
         for mode in (None, sampling)]
+
+
+def test_played_speedup_reads_kangaroos_own_row_at_any_exit(model):
+    """`played_speedup` on a real `ForcedPlays` for Kangaroo at exit 2 reads its own runs'
+    one row (`FORCED_ROW`), whatever its exit: the played tau is its runs' own and the
+    round Kangaroo's at exit 2. Catches the row read at the drafter's exit (an IndexError
+    from exit 2 on: the own runs hold one row) and a round priced at exit 1."""
+    params, generator, continuations, _ = model
+    runs = exit_runs(params, CFG, PROMPTS, continuations)
+    forced = ForcedPlays(generator, params)
+    report = types.SimpleNamespace(runs=runs, loop=object(), costs=ADAPTER_COSTS,
+                                   layer_kinds=CFG.layer_kinds,
+                                   round_speedup=lambda tau, pieces: (tau, pieces))
+    drafter = Kangaroo(EXIT, Chain(3))
+    chain = StaticTree.from_branching((1, 1, 1))
+    tau, pieces = tuner.played_speedup(report, CFG, drafter, forced)
+    assert tau == pytest.approx(forced(drafter, runs).tree_tau(tuner.FORCED_ROW, chain))
+    assert tau != pytest.approx(runs.tree_tau(EXIT, chain))  # the exit's own: teeth
+    assert pieces == pytest.approx(
+        ADAPTER_COSTS.tree_round(CFG.layer_kinds, EXIT, chain, adapter=True))
+
+
+def test_a_round_speed_up_is_taken_end_to_end_through_the_calibrated_loop():
+    """On a report with runs and a calibrated loop, `round_speedup` (a played tree's or a
+    played drafter's) maps the pieces by the loop's line and takes the whole call's
+    speed-up, prefill included, as the chains' `speedup` does: a chain's tree gives the
+    chain's figure. Catches played rounds left as decoding alone while chains are end to
+    end (the tuner would rank them on different scales)."""
+    runs = ExitRuns((np.array([[0, 1, 1, 0, 1, 1]] * 4, bool),),
+                    ranks=(np.array([[1, 0, 0, 2, 0, 0]] * 4),))
+    loop = LoopCalibration(token_seconds=3.0, prefill_seconds=2.0, scale=0.5, overhead=1.0,
+                           exit_layer=2, points=((2, 9.0, 8.0, 2.0),))
+    report = DraftExitReport(ExitReport(loss=(1.0,) * 4, accuracy=(0.5,) * 4,
+                                        agreement=(0.5,) * 4, tokens=10),
+                             ADAPTER_COSTS, CFG.layer_kinds, num_draft=(3,), runs=runs,
+                             loop=loop)
+    chain = StaticTree.from_branching((1, 1, 1))
+    assert report.tree_speedup(2, chain) == pytest.approx(report.speedup(2, 3))
+    pieces = ADAPTER_COSTS.tree_round(CFG.layer_kinds, 2, chain, adapter=True)
+    decode = 2.0 * 3.0 / (0.5 * pieces + 1.0)
+    assert report.round_speedup(2.0, pieces) == pytest.approx(
+        loop.end_to_end(decode, 1, runs.positions))
+    assert report.round_speedup(2.0, pieces) != pytest.approx(decode)
+
+
+def test_the_adapter_is_timed_on_n_tokens_after_the_context(monkeypatch):
+    """The adapter's timed call (`_adapter_loop`) runs its block on n new tokens at
+    positions context .. context + n - 1 of a K/V cache of context + n slots, as a layer
+    piece runs. Catches it timed on one token at every size, over an empty cache, or with
+    no room for the new tokens (the write then clamped)."""
+    seen = []
+
+    def spy(adapter, cfg, hidden, kv, slots, positions, mask):
+        jax.debug.callback(lambda p: seen.append((hidden.shape[1], kv.k.shape[1],
+                                                  np.asarray(p)[0].tolist())), positions)
+        return hidden, kv
+
+    monkeypatch.setattr(layer_costs_module, "run_adapter_cached", spy)
+    monkeypatch.setattr(layer_costs_module, "time_interleaved",
+                        lambda calls, items, count: ({key: [[1.0] * count] for key in calls},
+                                                     {}))
+    params = damped_params(CFG, jax.random.PRNGKey(0), 0.5)
+    measure_costs(params, CFG, [3], context=4, repeats=1, inner=1,
+                  adapter=init_adapter(params, CFG, 1))
+    assert sorted(set(map(lambda s: (s[0], s[1], tuple(s[2])), seen))) == [
+        (1, 5, (4,)), (3, 7, (4, 5, 6))]
+
+
+def test_the_tuners_report_times_the_loaded_adapter(model, monkeypatch, base_workdir):
+    """`model.tune` with Kangaroo's weights loaded and among the strategies hands the adapter
+    through its report (`_tune_report`, `_workload_report`, `model_exit_report`) to
+    `measure_costs`. Catches the adapter dropped on the way (Kangaroo then silently
+    probed: its rounds cannot be priced)."""
+    class Stop(Exception):
+        pass
+
+    def measured(params, cfg, sizes, **options):
+        raise Stop(options.get("adapter"))
+
+    monkeypatch.setattr(exit_report_module, "measure_costs", measured)
+    loaded = specjax.load(base_workdir)
+    adapter = init_adapter(loaded._loaded.params, loaded.config, 1)
+    loaded._loaded = dataclasses.replace(loaded._loaded, draft_weights={
+        "kangaroo": DraftWeights(adapter, exit_layer=1)})
+    with pytest.raises(Stop) as stopped:
+        loaded.tune(["def f("], strategies=["selfspec", "kangaroo"], num_draft=[2], trees=[],
+                    exits=1, write=False)
+    assert stopped.value.args[0] is adapter
+
+
+def test_the_costs_line_shows_the_adapters_own_times():
+    """The report's costs line names the adapter's own seconds (1.0 ms on one token, 5.0 ms
+    on 9), not another piece's. Catches the head's times printed as the adapter's."""
+    report = DraftExitReport(ExitReport(loss=(1.0,) * 4, accuracy=(0.5,) * 4,
+                                        agreement=(0.5,) * 4, tokens=10),
+                             dataclasses.replace(ADAPTER_COSTS, adapter={
+                                 n: 1e-3 * (1.0 + 0.5 * (n - 1)) for n in range(1, 10)}),
+                             CFG.layer_kinds, num_draft=(8,))
+    assert "kangaroo adapter 1.000 ms (1 token) / 5.000 ms (9 tokens)" in report.table()

@@ -8,6 +8,7 @@ import dataclasses
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -15,8 +16,9 @@ import specjax
 import specjax.tools.exit_report as exit_report_module
 import specjax.tools.exit_workload as exit_workload_module
 import specjax.tools.layer_costs as layer_costs_module
-from specjax.config import ModelConfig
-from specjax.decoding.drafter import DraftWeights
+from specjax import model as M
+from specjax.config import ModelConfig, SsmConfig
+from specjax.decoding.drafter import DraftContext, DraftWeights
 from specjax.decoding.drafters.draft_model import DraftModel
 from specjax.decoding.drafters.kangaroo import Kangaroo
 from specjax.decoding.drafters.layerskip import SelfSpeculative
@@ -26,6 +28,7 @@ from specjax.decoding.shapes.chain import Chain
 from specjax.decoding.shapes.dynamic_tree import DynamicTree
 from specjax.decoding.shapes.static_tree import StaticTree
 from specjax.heads.kangaroo import init_adapter
+from specjax.model import init_params, unstack_layers
 from specjax.tools import tune as tuner
 from specjax.tools.exit_report import DraftExitReport
 from specjax.tools.exit_workload import (
@@ -203,8 +206,9 @@ def test_kangaroo_is_played_and_priced_with_its_adapter():
     (`forced`) and prices them with the adapter (`round_speedup` of the played tau and
     `tree_round(..., adapter=True)` at its exit); a chain that stops early, a dynamic tree,
     another draft vocabulary, a report that timed no adapter or no `forced` are left to the
-    probe. Catches Kangaroo priced as selfspec (no adapter), played at the exit's runs, or
-    a stopping chain played as a full one."""
+    probe (so is a draft model's stopping chain). Catches Kangaroo priced as selfspec (no
+    adapter), played at the exit's runs, or a chain that stops early (on confidence or on
+    risk) played as a full one."""
     kinds = ("attention",) * 4
     runs = types.SimpleNamespace(tag="exits")
     own = types.SimpleNamespace(tree_tau=lambda row, tree: 2.0 + tree.num_nodes / 10 + row,
@@ -224,7 +228,8 @@ def test_kangaroo_is_played_and_priced_with_its_adapter():
     assert tuner.played_speedup(report, CFG, Kangaroo(1, tree), forced) == (
         3.4, ADAPTER_COSTS.tree_round(kinds, 1, tree, adapter=True))
     assert seen == [runs, runs]
-    for drafter in (Kangaroo(1, Chain(2, stop_below=0.5)), Kangaroo(1, DynamicTree(4, 2, 2)),
+    for drafter in (Kangaroo(1, Chain(2, stop_below=0.5)), Kangaroo(1, Chain(2, stop_risk=0.3)),
+                    DraftModel(Chain(2, stop_below=0.5)), Kangaroo(1, DynamicTree(4, 2, 2)),
                     Kangaroo(1, StaticTree.from_branching((3, 1))),
                     Kangaroo(1, Chain(2), draft_vocab=100)):
         assert tuner.played_speedup(report, CFG, drafter, forced) is None, drafter
@@ -426,3 +431,23 @@ def test_the_costs_line_shows_the_adapters_own_times():
                                  n: 1e-3 * (1.0 + 0.5 * (n - 1)) for n in range(1, 10)}),
                              CFG.layer_kinds, num_draft=(8,))
     assert "kangaroo adapter 1.000 ms (1 token) / 5.000 ms (9 tokens)" in report.table()
+
+
+def test_a_hybrid_draft_models_forced_drafts_are_its_own_forward_pass():
+    """A Mamba-2 / attention draft model's teacher-forced drafts (`DraftModel.forced_logits`,
+    run as a prefill of its cache) equal its plain uncached `model.forward` over the text at
+    every position read. Catches the prefill told its rows hold no tokens (prompt lengths
+    0): attention layers still write every slot, but a state-space layer then never updates
+    its state (argmax agreement fell to 81%)."""
+    cfg = ModelConfig(**{**TINY_MODEL, "init_std": 0.3, "num_layers": 2,
+                         "layer_pattern": ("mamba2", "attention"),
+                         "ssm": SsmConfig(num_heads=4, head_dim=8, state_size=8, groups=2,
+                                          chunk_size=4)})
+    params = init_params(cfg, jax.random.PRNGKey(5))
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 16), 0, cfg.vocab_size)
+    at = jnp.asarray([[3, 7, 14], [0, 9, 13]], jnp.int32)
+    ctx = DraftContext(params={}, draft_params=unstack_layers(params, cfg), sampling=None,
+                       cfg=CFG)
+    forced = DraftModel(Chain(2), cfg=cfg).forced_logits(ctx, tokens, None, at)
+    plain = jnp.take_along_axis(M.forward(params, cfg, tokens), at[..., None], axis=1)
+    np.testing.assert_allclose(forced, plain, atol=2e-4, rtol=1e-4)

@@ -59,9 +59,10 @@ class LayerCosts:
         return self.whole_pass(layer_kinds, 1)
 
     def whole_pass(self, layer_kinds: Sequence[str], num_tokens: int) -> float:
-        """Seconds of one pass of every layer and the head on `num_tokens` new tokens: what
-        verifying `num_tokens - 1` drafts costs."""
-        return sum(self.layer[kind][num_tokens] for kind in layer_kinds) + self.head[num_tokens]
+        """Seconds of one pass of the layers `layer_kinds` and the head on `num_tokens` new
+        tokens (every layer: what verifying `num_tokens - 1` drafts costs); sizes between
+        the measured ones are interpolated."""
+        return self._layers(layer_kinds, num_tokens) + self._at(self.head, num_tokens)
 
     def round(self, layer_kinds: Sequence[str], exit_layer: int, num_draft: int) -> float:
         """Seconds of one self-speculative round drafting a chain of `num_draft` tokens from
@@ -83,9 +84,8 @@ class LayerCosts:
             return (self._layers(layer_kinds[:exit_layer], num_tokens)
                     + (self._at(self.adapter, num_tokens) if adapter else 0.0))
 
-        deep = layer_kinds[exit_layer:]
         return tree.round_from_passes(lambda n: shallow(n) + self._draft_head(n), shallow,
-                                      lambda n: self._layers(deep, n) + self._at(self.head, n))
+                                      lambda n: self.whole_pass(layer_kinds[exit_layer:], n))
 
     def drafted_round(self, layer_kinds: Sequence[str], tree: StaticTree, draft: LayerCosts,
                       draft_kinds: Sequence[str]) -> float:
@@ -93,10 +93,9 @@ class LayerCosts:
         kinds `draft_kinds`) drafting the static tree `tree` (`drafters.draft_model`): each
         draft pass runs all its layers and its head, the commit its layers on the one token
         it may not have run, and the verification this whole model on N + 1 tokens."""
-        return tree.round_from_passes(
-            lambda n: draft._layers(draft_kinds, n) + draft._at(draft.head, n),
-            lambda n: draft._layers(draft_kinds, 1),
-            lambda n: self._layers(layer_kinds, n) + self._at(self.head, n))
+        return tree.round_from_passes(lambda n: draft.whole_pass(draft_kinds, n),
+                                      lambda n: draft._layers(draft_kinds, 1),
+                                      lambda n: self.whole_pass(layer_kinds, n))
 
     def _layers(self, layer_kinds: Sequence[str], num_tokens: int) -> float:
         return sum(self._at(self.layer[kind], num_tokens) for kind in layer_kinds)
